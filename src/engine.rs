@@ -1,0 +1,282 @@
+//! The engine: load a GGUF model, then generate — prefill, decode loop, sampling, stop
+//! conditions, streaming, stats. Async, so the same code serves native callers and the browser.
+
+use crate::chat::{ChatTemplate, Message};
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use web_time::Instant;
+
+/// Positions processed per prefill pass; longer prompts go in several passes.
+pub const PREFILL_CHUNK: usize = 256;
+/// Context used when the caller does not choose one: the model's, capped to keep the cache small.
+pub const DEFAULT_CONTEXT: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Cpu,
+    Gpu,
+}
+
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub backend: BackendKind,
+    /// Tokens the KV cache holds; None = min(model context, DEFAULT_CONTEXT).
+    pub context_length: Option<usize>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self { backend: BackendKind::Cpu, context_length: None }
+    }
+}
+
+/// What to generate from.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// Raw text, tokenized as is (BOS added when the model asks for it).
+    Text(String),
+    /// Messages rendered with the model's chat template, ending with the assistant's turn.
+    Chat(Vec<Message>),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Generation ends when the text contains one of these; the stop string is not emitted.
+    pub stop: Vec<String>,
+    /// Keep going past the end-of-sequence token.
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        Self { max_tokens: 256, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false }
+    }
+}
+
+/// One sampled token and the text it completed (empty while a character or a possible stop
+/// string is incomplete).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenEvent {
+    pub id: u32,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    Eos,
+    StopString,
+    MaxTokens,
+    Aborted,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stats {
+    pub prompt_tokens: usize,
+    /// Prompt tokens actually run: fewer than `prompt_tokens` when the KV cache held a prefix.
+    pub prefilled_tokens: usize,
+    pub generated_tokens: usize,
+    pub ttft_ms: f64,
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+    pub stop_reason: StopReason,
+}
+
+enum Backend {
+    Cpu { model: Box<CpuModel>, cache: CpuKvCache },
+}
+
+pub struct Engine {
+    pub config: ModelConfig,
+    pub tokenizer: Tokenizer,
+    chat_template: Option<ChatTemplate>,
+    context_length: usize,
+    backend: Backend,
+    /// Tokens whose keys and values are in the KV cache, in order.
+    cached: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+impl Engine {
+    /// Loads a model from the bytes of a GGUF file. `progress(done, total)` follows the weights.
+    pub async fn load(file: &[u8], options: LoadOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
+        let gguf = Gguf::parse(file)?;
+        let config = ModelConfig::from_gguf(&gguf)?;
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let chat_template = ChatTemplate::from_gguf(&gguf)?;
+        let context_length = options.context_length.unwrap_or(DEFAULT_CONTEXT).min(config.context_length);
+        progress(0, 1);
+        let backend = match options.backend {
+            BackendKind::Cpu => {
+                let model = Box::new(CpuModel::load(&gguf, file)?);
+                let cache = model.new_cache();
+                Backend::Cpu { model, cache }
+            }
+            BackendKind::Gpu => return Err(Error::BackendUnavailable("gpu")),
+        };
+        progress(1, 1);
+        Ok(Self { logits: vec![0.0; config.vocab_size], config, tokenizer, chat_template, context_length, backend, cached: Vec::new() })
+    }
+
+    pub fn context_length(&self) -> usize {
+        self.context_length
+    }
+
+    /// Tokens of a prompt as the model will see them.
+    pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        let text = match prompt {
+            Prompt::Tokens(ids) => return Ok(ids.clone()),
+            Prompt::Text(text) => text.clone(),
+            Prompt::Chat(messages) => self.chat_template.as_ref().ok_or(Error::NoChatTemplate)?.render(messages, true)?,
+        };
+        let mut ids = Vec::new();
+        if self.tokenizer.add_bos && matches!(prompt, Prompt::Text(_)) {
+            ids.extend(self.tokenizer.bos_id);
+        }
+        ids.extend(self.tokenizer.encode(&text)?);
+        Ok(ids)
+    }
+
+    /// Generates a continuation of `prompt`, calling `on_token` for every sampled token; the
+    /// callback returns false to abort. The KV cache keeps the conversation, so a prompt that
+    /// extends the previous one only runs its new tokens.
+    pub async fn generate(
+        &mut self,
+        prompt: &Prompt,
+        options: &GenerateOptions,
+        on_token: &mut dyn FnMut(&TokenEvent) -> bool,
+    ) -> Result<Stats> {
+        let tokens = self.prompt_tokens(prompt)?;
+        if tokens.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= self.config.vocab_size) {
+            return Err(Error::TokenOutOfRange { id, vocab_size: self.config.vocab_size });
+        }
+        if tokens.len() + options.max_tokens > self.context_length {
+            return Err(Error::ContextOverflow {
+                prompt_tokens: tokens.len(),
+                max_tokens: options.max_tokens,
+                context_length: self.context_length,
+            });
+        }
+        let mut sampler = Sampler::new(options.sampling.clone(), self.config.vocab_size)?;
+        tokens.iter().for_each(|&id| sampler.accept(id));
+
+        let start = Instant::now();
+        // At least the last prompt token is run, to get the logits that pick the first new token.
+        let reuse = common_prefix(&self.cached, &tokens).min(tokens.len() - 1);
+        self.truncate_cache(reuse);
+        for chunk in tokens[reuse..].chunks(PREFILL_CHUNK) {
+            self.forward(chunk)?;
+        }
+        let mut next = sampler.sample(&mut self.logits);
+        let ttft = start.elapsed().as_secs_f64();
+
+        let mut stream = StreamDecoder::new();
+        let mut stops = StopMatcher::new(&options.stop);
+        let mut generated = 0;
+        let decode_start = Instant::now();
+        let stop_reason = loop {
+            generated += 1;
+            if !options.ignore_eos && self.tokenizer.stop_ids.contains(&next) {
+                break StopReason::Eos;
+            }
+            let piece = stream.push(&self.tokenizer, next)?;
+            let (text, hit) = stops.push(&piece);
+            if !on_token(&TokenEvent { id: next, text }) {
+                break StopReason::Aborted;
+            }
+            if hit {
+                break StopReason::StopString;
+            }
+            if generated >= options.max_tokens {
+                break StopReason::MaxTokens;
+            }
+            sampler.accept(next);
+            self.forward(&[next])?;
+            next = sampler.sample(&mut self.logits);
+        };
+        let tail = stops.finish(&stream.finish(&self.tokenizer)?);
+        if !tail.is_empty() && stop_reason != StopReason::Aborted {
+            on_token(&TokenEvent { id: next, text: tail });
+        }
+        let decode_secs = decode_start.elapsed().as_secs_f64();
+        let prefilled = tokens.len() - reuse;
+        Ok(Stats {
+            prompt_tokens: tokens.len(),
+            prefilled_tokens: prefilled,
+            generated_tokens: generated,
+            ttft_ms: ttft * 1e3,
+            prefill_tok_s: prefilled as f64 / ttft.max(1e-9),
+            decode_tok_s: (generated - 1) as f64 / decode_secs.max(1e-9),
+            stop_reason,
+        })
+    }
+
+    /// Runs tokens after the cached ones; leaves the last position's logits in `self.logits`.
+    fn forward(&mut self, tokens: &[u32]) -> Result<()> {
+        match &mut self.backend {
+            Backend::Cpu { model, cache } => {
+                self.logits = model.forward(cache, tokens, Logits::Last)?;
+            }
+        }
+        self.cached.extend_from_slice(tokens);
+        Ok(())
+    }
+
+    fn truncate_cache(&mut self, len: usize) {
+        self.cached.truncate(len);
+        match &mut self.backend {
+            Backend::Cpu { cache, .. } => cache.truncate(len, self.config.kv_dim()),
+        }
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Finds stop strings in streamed text, holding back any tail that could start one.
+struct StopMatcher<'a> {
+    stops: &'a [String],
+    held: String,
+}
+
+impl<'a> StopMatcher<'a> {
+    fn new(stops: &'a [String]) -> Self {
+        Self { stops, held: String::new() }
+    }
+
+    /// Adds a piece; returns the text safe to emit and whether a stop string was reached.
+    fn push(&mut self, piece: &str) -> (String, bool) {
+        self.held.push_str(piece);
+        if let Some(at) = self.stops.iter().filter(|s| !s.is_empty()).filter_map(|s| self.held.find(s.as_str())).min() {
+            let out = self.held[..at].to_string();
+            self.held.clear();
+            return (out, true);
+        }
+        let keep = (1..=self.held.len())
+            .rev()
+            .filter(|&n| self.held.is_char_boundary(self.held.len() - n))
+            .find(|&n| self.stops.iter().any(|s| s.starts_with(&self.held[self.held.len() - n..])))
+            .unwrap_or(0);
+        let out = self.held[..self.held.len() - keep].to_string();
+        self.held.drain(..self.held.len() - keep);
+        (out, false)
+    }
+
+    /// The held-back text at the end, with a final piece appended.
+    fn finish(&mut self, piece: &str) -> String {
+        let (mut out, hit) = self.push(piece);
+        if !hit {
+            out.push_str(&std::mem::take(&mut self.held));
+        }
+        out
+    }
+}

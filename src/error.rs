@@ -1,0 +1,42 @@
+//! The one error type users meet: each variant says what was wrong and what to do about it.
+
+use crate::gguf::GgufError;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("model architecture {0:?} is not supported (supported: llama)")]
+    UnsupportedArchitecture(String),
+    #[error("the GGUF file lacks the metadata key {0:?}, which this model architecture needs")]
+    MissingMetadata(String),
+    #[error("the GGUF metadata value {key:?} = {value} is invalid: {reason}")]
+    InvalidMetadata { key: String, value: String, reason: String },
+    #[error("tensor {name:?} has type {ty}, which this engine cannot run yet (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)")]
+    UnsupportedTensorType { name: String, ty: &'static str },
+    #[error("the tokenizer {0} is not supported")]
+    UnsupportedTokenizer(String),
+    #[error("tokenizer error: {0}")]
+    Tokenizer(String),
+    #[error("chat template error: {0}")]
+    ChatTemplate(String),
+    #[error("the model has no chat template (tokenizer.chat_template); use a raw prompt instead")]
+    NoChatTemplate,
+    #[error("invalid sampling parameter {name} = {value}: {expected}")]
+    InvalidSamplingParameter { name: &'static str, value: String, expected: &'static str },
+    #[error("the prompt has {prompt_tokens} tokens and asks for {max_tokens} more, but the context holds {context_length}; shorten the prompt, lower max_tokens or load with a longer context")]
+    ContextOverflow { prompt_tokens: usize, max_tokens: usize, context_length: usize },
+    #[error("the prompt is empty: give at least one token")]
+    EmptyPrompt,
+    #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]
+    TokenOutOfRange { id: u32, vocab_size: usize },
+    #[error("generation was aborted")]
+    Aborted,
+    #[error("the {0} backend is not available yet: use --backend cpu")]
+    BackendUnavailable(&'static str),
+    #[error("I/O error on {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

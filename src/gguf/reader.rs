@@ -1,0 +1,74 @@
+//! A bounds-checked little-endian cursor over the file's bytes; every error carries the offset.
+
+use super::GgufError;
+
+pub(super) struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(bytes: &'a [u8]) -> Self {
+        Self { bytes, pos: 0 }
+    }
+
+    pub fn offset(&self) -> u64 {
+        self.pos as u64
+    }
+
+    pub fn remaining(&self) -> u64 {
+        (self.bytes.len() - self.pos) as u64
+    }
+
+    pub fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8], GgufError> {
+        if n > self.remaining() {
+            return Err(GgufError::Truncated {
+                what: what.into(),
+                offset: self.offset(),
+                needed: n,
+                file_len: self.bytes.len() as u64,
+            });
+        }
+        let start = self.pos;
+        self.pos += n as usize;
+        Ok(&self.bytes[start..self.pos])
+    }
+
+    pub fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], GgufError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N as u64, what)?);
+        Ok(out)
+    }
+
+    pub fn u8(&mut self, what: &str) -> Result<u8, GgufError> {
+        Ok(self.array::<1>(what)?[0])
+    }
+    pub fn u16(&mut self, what: &str) -> Result<u16, GgufError> {
+        Ok(u16::from_le_bytes(self.array(what)?))
+    }
+    pub fn u32(&mut self, what: &str) -> Result<u32, GgufError> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+    pub fn u64(&mut self, what: &str) -> Result<u64, GgufError> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    /// A count of items that each take at least `min_item_bytes`; rejects counts the rest of the
+    /// file cannot hold, so callers may allocate `count` items.
+    pub fn count(&mut self, what: &str, min_item_bytes: u64) -> Result<usize, GgufError> {
+        let offset = self.offset();
+        let count = self.u64(what)?;
+        let remaining = self.remaining();
+        if count.saturating_mul(min_item_bytes) > remaining {
+            return Err(GgufError::CountTooLarge { what: what.into(), offset, count, remaining });
+        }
+        Ok(count as usize)
+    }
+
+    pub fn string(&mut self, what: &str) -> Result<String, GgufError> {
+        let len = self.u64(what)?;
+        let offset = self.offset();
+        let bytes = self.take(len, what)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::InvalidUtf8 { offset })
+    }
+}

@@ -1,0 +1,12 @@
+//! webgpu-llm: runs a GGUF language model on the user's own GPU, in the browser through WebGPU
+//! and natively through wgpu. See DESIGN.md in the shared folder for the architecture.
+
+pub mod chat;
+pub mod engine;
+pub mod error;
+pub mod gguf;
+pub mod model;
+pub mod sampling;
+pub mod tokenizer;
+
+pub use error::Error;

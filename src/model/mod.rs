@@ -1,0 +1,10 @@
+//! The model: its configuration from GGUF metadata and the CPU f32 reference forward pass, which
+//! is the oracle every GPU kernel and the whole GPU model are tested against.
+
+mod config;
+mod cpu;
+mod weights;
+
+pub use config::ModelConfig;
+pub use cpu::{CpuKvCache, CpuModel, Logits};
+pub use weights::{LayerTensors, TensorNames};

@@ -1,0 +1,266 @@
+//! Sampling: parameters and the logits pipeline
+//! penalties -> temperature -> top-k -> top-p -> min-p -> seeded draw.
+//! The RNG and the exp are portable (xoshiro256**, libm), so one seed gives the same tokens
+//! natively and in wasm.
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy (argmax).
+    pub temperature: f32,
+    /// 0 means no top-k cut.
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    /// Divides positive logits and multiplies negative ones of tokens already in the context; 1 = off.
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token already in the context.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per occurrence in the context.
+    pub frequency_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.7,
+            top_k: 40,
+            top_p: 0.9,
+            min_p: 0.05,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        Self { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Self::default() }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |name, value: f32, expected| Err(Error::InvalidSamplingParameter { name, value: value.to_string(), expected });
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad("temperature", self.temperature, "must be a finite number >= 0 (0 = greedy)");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", self.top_p, "must be in (0, 1]");
+        }
+        if !(self.min_p >= 0.0 && self.min_p < 1.0) {
+            return bad("min_p", self.min_p, "must be in [0, 1)");
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return bad("repetition_penalty", self.repetition_penalty, "must be a finite number > 0 (1 = off)");
+        }
+        if !self.presence_penalty.is_finite() || self.presence_penalty.abs() > 2.0 {
+            return bad("presence_penalty", self.presence_penalty, "must be in [-2, 2]");
+        }
+        if !self.frequency_penalty.is_finite() || self.frequency_penalty.abs() > 2.0 {
+            return bad("frequency_penalty", self.frequency_penalty, "must be in [-2, 2]");
+        }
+        Ok(())
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+
+    fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+}
+
+/// xoshiro256** seeded through splitmix64: small, fast and the same on every target.
+#[derive(Debug, Clone)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        let mut z = seed;
+        let mut next = || {
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            x ^ (x >> 31)
+        };
+        Self { s: [next(), next(), next(), next()] }
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let result = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = self.s[1] << 17;
+        self.s[2] ^= self.s[0];
+        self.s[3] ^= self.s[1];
+        self.s[1] ^= self.s[2];
+        self.s[0] ^= self.s[3];
+        self.s[2] ^= t;
+        self.s[3] = self.s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in [0, 1) with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// One candidate token after the pipeline: its probability, and whether top-k/top-p/min-p kept it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    pub id: u32,
+    pub prob: f32,
+    pub kept: bool,
+}
+
+/// Samples tokens for one request; holds the counts the penalties need and the seeded RNG.
+/// Buffers are reused, so a step allocates nothing.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+    counts: Vec<u32>,
+    seen: Vec<u32>,
+    candidates: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, vocab_size: usize) -> Result<Self> {
+        params.validate()?;
+        Ok(Self { rng: Rng::new(params.seed), params, counts: vec![0; vocab_size], seen: Vec::new(), candidates: Vec::new() })
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Records a token of the context (prompt or generated) for the penalties.
+    pub fn accept(&mut self, id: u32) {
+        if let Some(c) = self.counts.get_mut(id as usize) {
+            if *c == 0 {
+                self.seen.push(id);
+            }
+            *c += 1;
+        }
+    }
+
+    /// Whether this sampler needs all logits (false: the argmax is enough).
+    pub fn needs_logits(&self) -> bool {
+        !self.params.is_greedy() || self.params.has_penalties()
+    }
+
+    /// Picks the next token from `logits` (modified in place by the penalties).
+    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.apply_penalties(logits);
+        if self.params.is_greedy() {
+            return argmax(logits);
+        }
+        self.filter(logits);
+        let total: f64 = self.candidates.iter().map(|&(_, p)| p as f64).sum();
+        let mut r = self.rng.next_f64() * total;
+        for &(id, p) in &self.candidates {
+            r -= p as f64;
+            if r < 0.0 {
+                return id;
+            }
+        }
+        self.candidates.last().map_or(0, |&(id, _)| id)
+    }
+
+    /// The distribution the last `sample` drew from: the `n` most likely tokens after temperature,
+    /// with the ones top-k/top-p/min-p kept marked. For display; allocates.
+    pub fn top_candidates(&mut self, logits: &[f32], n: usize) -> Vec<Candidate> {
+        let mut logits = logits.to_vec();
+        self.apply_penalties(&mut logits);
+        let temperature = if self.params.temperature > 0.0 { self.params.temperature } else { 1.0 };
+        let mut all: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l / temperature)).collect();
+        sort_desc(&mut all);
+        softmax_pairs(&mut all);
+        let kept: Vec<u32> = if self.params.is_greedy() {
+            vec![argmax(&logits)]
+        } else {
+            self.filter(&logits);
+            self.candidates.iter().map(|c| c.0).collect()
+        };
+        all.iter().take(n).map(|&(id, prob)| Candidate { id, prob, kept: kept.contains(&id) }).collect()
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32]) {
+        if !self.params.has_penalties() {
+            return;
+        }
+        let p = &self.params;
+        for &id in &self.seen {
+            let Some(l) = logits.get_mut(id as usize) else { continue };
+            if *l > 0.0 {
+                *l /= p.repetition_penalty;
+            } else {
+                *l *= p.repetition_penalty;
+            }
+            *l -= p.presence_penalty + p.frequency_penalty * self.counts[id as usize] as f32;
+        }
+    }
+
+    /// Fills `self.candidates` with the kept tokens and their (unnormalized) probabilities, most
+    /// likely first: temperature, then top-k, top-p and min-p.
+    fn filter(&mut self, logits: &[f32]) {
+        let p = &self.params;
+        let cands = &mut self.candidates;
+        cands.clear();
+        cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)));
+        if p.top_k > 0 && p.top_k < cands.len() {
+            cands.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            cands.truncate(p.top_k);
+        }
+        sort_desc(cands);
+        softmax_pairs(cands);
+        if p.top_p < 1.0 {
+            let mut mass = 0f64;
+            let keep = cands
+                .iter()
+                .position(|&(_, prob)| {
+                    mass += prob as f64;
+                    mass >= p.top_p as f64
+                })
+                .map_or(cands.len(), |i| i + 1);
+            cands.truncate(keep);
+        }
+        if p.min_p > 0.0 {
+            let threshold = cands[0].1 * p.min_p;
+            cands.retain(|&(_, prob)| prob >= threshold);
+        }
+    }
+}
+
+/// First index of the largest value (ties go to the lower id, as torch's argmax does).
+pub fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn sort_desc(c: &mut [(u32, f32)]) {
+    c.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+}
+
+/// Replaces the logits of `c` (sorted, largest first) with softmax probabilities.
+fn softmax_pairs(c: &mut [(u32, f32)]) {
+    let Some(&(_, max)) = c.first() else { return };
+    let mut sum = 0f64;
+    for e in c.iter_mut() {
+        e.1 = libm::expf(e.1 - max);
+        sum += e.1 as f64;
+    }
+    for e in c.iter_mut() {
+        e.1 = (e.1 as f64 / sum) as f32;
+    }
+}
