@@ -80,6 +80,7 @@ pub struct Stats {
     pub prompt_tokens: usize,
     /// Prompt tokens actually run: fewer than `prompt_tokens` when the KV cache held a prefix.
     pub prefilled_tokens: usize,
+    /// Tokens sampled and emitted (an end-of-sequence token that stopped generation is not counted).
     pub generated_tokens: usize,
     pub ttft_ms: f64,
     pub prefill_tok_s: f64,
@@ -158,6 +159,9 @@ impl Engine {
         if let Some(&id) = tokens.iter().find(|&&id| id as usize >= self.config.vocab_size) {
             return Err(Error::TokenOutOfRange { id, vocab_size: self.config.vocab_size });
         }
+        if options.max_tokens == 0 {
+            return Err(Error::InvalidSamplingParameter { name: "max_tokens", value: "0".into(), expected: "must be at least 1" });
+        }
         if tokens.len() + options.max_tokens > self.context_length {
             return Err(Error::ContextOverflow {
                 prompt_tokens: tokens.len(),
@@ -180,31 +184,39 @@ impl Engine {
 
         let mut stream = StreamDecoder::new();
         let mut stops = StopMatcher::new(&options.stop);
-        let mut generated = 0;
+        let (mut generated, mut decode_steps) = (0, 0);
         let decode_start = Instant::now();
         let stop_reason = loop {
-            generated += 1;
             if !options.ignore_eos && self.tokenizer.stop_ids.contains(&next) {
                 break StopReason::Eos;
             }
-            let piece = stream.push(&self.tokenizer, next)?;
-            let (text, hit) = stops.push(&piece);
+            generated += 1;
+            let last = generated >= options.max_tokens;
+            let mut piece = stream.push(&self.tokenizer, next)?;
+            if last {
+                piece.push_str(&stream.finish(&self.tokenizer)?);
+            }
+            let (text, hit) = if last { stops.finish(&piece) } else { stops.push(&piece) };
             if !on_token(&TokenEvent { id: next, text }) {
                 break StopReason::Aborted;
             }
             if hit {
                 break StopReason::StopString;
             }
-            if generated >= options.max_tokens {
+            if last {
                 break StopReason::MaxTokens;
             }
             sampler.accept(next);
             self.forward(&[next])?;
+            decode_steps += 1;
             next = sampler.sample(&mut self.logits);
         };
-        let tail = stops.finish(&stream.finish(&self.tokenizer)?);
-        if !tail.is_empty() && stop_reason != StopReason::Aborted {
-            on_token(&TokenEvent { id: next, text: tail });
+        if stop_reason == StopReason::Eos {
+            // Text held back for a possible stop string or an unfinished character ends here.
+            let (tail, _) = stops.finish(&stream.finish(&self.tokenizer)?);
+            if !tail.is_empty() {
+                on_token(&TokenEvent { id: next, text: tail });
+            }
         }
         let decode_secs = decode_start.elapsed().as_secs_f64();
         let prefilled = tokens.len() - reuse;
@@ -214,7 +226,7 @@ impl Engine {
             generated_tokens: generated,
             ttft_ms: ttft * 1e3,
             prefill_tok_s: prefilled as f64 / ttft.max(1e-9),
-            decode_tok_s: (generated - 1) as f64 / decode_secs.max(1e-9),
+            decode_tok_s: decode_steps as f64 / decode_secs.max(1e-9),
             stop_reason,
         })
     }
@@ -271,12 +283,10 @@ impl<'a> StopMatcher<'a> {
         (out, false)
     }
 
-    /// The held-back text at the end, with a final piece appended.
-    fn finish(&mut self, piece: &str) -> String {
+    /// Adds the final piece; returns all remaining text and whether a stop string was reached.
+    fn finish(&mut self, piece: &str) -> (String, bool) {
         let (mut out, hit) = self.push(piece);
-        if !hit {
-            out.push_str(&std::mem::take(&mut self.held));
-        }
-        out
+        out.push_str(&std::mem::take(&mut self.held));
+        (out, hit)
     }
 }

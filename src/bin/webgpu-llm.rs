@@ -1,6 +1,6 @@
 //! The native command-line tool: `webgpu-llm generate ...` streams a completion to stdout.
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -82,7 +82,16 @@ struct GenerateArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            if e.use_stderr() && !e.to_string().contains("Usage:") {
+                eprintln!("\n{}", Cli::command().render_usage());
+            }
+            return ExitCode::from(e.exit_code() as u8);
+        }
+    };
     let result = match cli.command {
         Command::Generate(args) => pollster::block_on(generate(args)),
     };

@@ -8,11 +8,13 @@ mod error;
 mod reader;
 mod types;
 mod value;
+mod writer;
 
 pub use dequant::{dequantize, dequantize_row_into};
 pub use error::GgufError;
 pub use types::GgmlType;
 pub use value::Value;
+pub use writer::GgufWriter;
 
 use reader::Reader;
 use std::collections::HashMap;

@@ -1,0 +1,111 @@
+//! Writes GGUF files: used to make small synthetic models and hand-made test files.
+
+use super::{GgmlType, Value};
+
+pub struct GgufWriter {
+    version: u32,
+    alignment: u64,
+    metadata: Vec<(String, Value)>,
+    tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
+}
+
+impl GgufWriter {
+    pub fn new(version: u32) -> Self {
+        Self { version, alignment: 32, metadata: Vec::new(), tensors: Vec::new() }
+    }
+
+    pub fn metadata(&mut self, key: &str, value: Value) -> &mut Self {
+        if key == "general.alignment" {
+            if let Some(a) = value.as_u64() {
+                self.alignment = a;
+            }
+        }
+        self.metadata.push((key.into(), value));
+        self
+    }
+
+    /// Adds a tensor; `data` must already be in the type's block layout.
+    pub fn tensor(&mut self, name: &str, shape: &[u64], ty: GgmlType, data: Vec<u8>) -> &mut Self {
+        self.tensors.push((name.into(), shape.to_vec(), ty, data));
+        self
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(b"GGUF");
+        out.extend_from_slice(&self.version.to_le_bytes());
+        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
+        for (key, value) in &self.metadata {
+            write_str(&mut out, key);
+            write_value(&mut out, value, true);
+        }
+        let mut offset = 0u64;
+        for (name, shape, ty, data) in &self.tensors {
+            write_str(&mut out, name);
+            out.extend_from_slice(&(shape.len() as u32).to_le_bytes());
+            shape.iter().for_each(|d| out.extend_from_slice(&d.to_le_bytes()));
+            out.extend_from_slice(&type_id(*ty).to_le_bytes());
+            out.extend_from_slice(&offset.to_le_bytes());
+            offset = (offset + data.len() as u64).next_multiple_of(self.alignment);
+        }
+        for (_, _, _, data) in &self.tensors {
+            out.resize((out.len() as u64).next_multiple_of(self.alignment) as usize, 0);
+            out.extend_from_slice(data);
+        }
+        out
+    }
+}
+
+fn type_id(ty: GgmlType) -> u32 {
+    (0..64).find(|&id| GgmlType::from_id(id) == Some(ty)).expect("every GgmlType has an id")
+}
+
+fn write_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn value_type(v: &Value) -> u32 {
+    match v {
+        Value::U8(_) => 0,
+        Value::I8(_) => 1,
+        Value::U16(_) => 2,
+        Value::I16(_) => 3,
+        Value::U32(_) => 4,
+        Value::I32(_) => 5,
+        Value::F32(_) => 6,
+        Value::Bool(_) => 7,
+        Value::String(_) => 8,
+        Value::Array(_) => 9,
+        Value::U64(_) => 10,
+        Value::I64(_) => 11,
+        Value::F64(_) => 12,
+    }
+}
+
+fn write_value(out: &mut Vec<u8>, v: &Value, with_type: bool) {
+    if with_type {
+        out.extend_from_slice(&value_type(v).to_le_bytes());
+    }
+    match v {
+        Value::U8(x) => out.push(*x),
+        Value::I8(x) => out.push(*x as u8),
+        Value::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::Bool(x) => out.push(*x as u8),
+        Value::String(s) => write_str(out, s),
+        Value::Array(items) => {
+            // An empty array is written as an array of u8.
+            out.extend_from_slice(&items.first().map_or(0, value_type).to_le_bytes());
+            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+            items.iter().for_each(|item| write_value(out, item, false));
+        }
+        Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+    }
+}

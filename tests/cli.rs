@@ -1,0 +1,84 @@
+//! The native CLI as a user runs it: golden ids with --json, stats on stderr, usage errors.
+
+mod common;
+
+use std::process::{Command, Output};
+
+fn cli(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_webgpu-llm"))
+        .args(args)
+        .arg("--model")
+        .arg(common::model_path())
+        .output()
+        .expect("the CLI runs")
+}
+
+#[test]
+fn json_greedy_generation_prints_the_golden_ids() {
+    let case = common::golden("generations.json")["cases"][0].clone();
+    assert_eq!(case["name"], "raw_capital_france");
+    let out = cli(&["generate", "--prompt", "The capital of France is", "--max-tokens", "16", "--temperature", "0", "--backend", "cpu", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect();
+    let (tokens, last) = lines.split_at(lines.len() - 1);
+    let ids: Vec<u32> = tokens.iter().map(|t| t["id"].as_u64().unwrap() as u32).collect();
+    assert_eq!(ids, common::ids(&case["generated_ids"])[..16]);
+    let text: String = tokens.iter().map(|t| t["text"].as_str().unwrap()).collect();
+    assert!(case["greedy_text"].as_str().unwrap().starts_with(&text));
+    let stats = &last[0]["stats"];
+    assert_eq!((stats["prompt_tokens"].as_u64(), stats["generated_tokens"].as_u64()), (Some(5), Some(16)));
+}
+
+#[test]
+fn plain_output_streams_text_and_reports_stats_on_stderr() {
+    let out = cli(&["generate", "--prompt", "What is the capital of France?", "--chat", "--max-tokens", "32", "--temperature", "0"]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "The capital of France is Paris.\n");
+    let err = String::from_utf8(out.stderr).unwrap();
+    let last = err.lines().last().unwrap();
+    for field in ["prompt tokens: 37", "generated tokens: 7", "TTFT", "prefill", "decode", "tok/s"] {
+        assert!(last.contains(field), "stats line {last:?} lacks {field}");
+    }
+}
+
+#[test]
+fn bad_arguments_get_a_usage_message_not_a_panic() {
+    for args in [vec!["generate"], vec!["generate", "--prompt", "x", "--max-tokens", "lots"], vec!["frobnicate"]] {
+        let out = cli(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("Usage"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"));
+    }
+    let out = cli(&["generate", "--prompt", "x", "--top-p", "1.5"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(err.contains("top_p") && !err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_missing_model_file_is_named() {
+    let out = Command::new(env!("CARGO_BIN_EXE_webgpu-llm"))
+        .args(["generate", "--prompt", "x", "--model", "/nonexistent/model.gguf"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(err.contains("/nonexistent/model.gguf"), "{err}");
+}
+
+#[test]
+fn a_file_that_is_not_gguf_is_an_error_not_a_panic() {
+    let path = std::env::temp_dir().join(format!("not-a-model-{}.gguf", std::process::id()));
+    std::fs::write(&path, b"<html>404 not found</html>").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_webgpu-llm"))
+        .args(["generate", "--prompt", "x", "--model"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(err.contains("not a GGUF file"), "{err}");
+}
