@@ -4,13 +4,13 @@
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
+use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, Readback};
 use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{argmax, Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use web_time::Instant;
 
-/// Positions processed per prefill pass; longer prompts go in several passes.
-pub const PREFILL_CHUNK: usize = 256;
+pub use crate::gpu::PREFILL_CHUNK;
 /// Context used when the caller does not choose one: the model's, capped to keep the cache small.
 pub const DEFAULT_CONTEXT: usize = 4096;
 
@@ -25,11 +25,12 @@ pub struct LoadOptions {
     pub backend: BackendKind,
     /// Tokens the KV cache holds; None = min(model context, DEFAULT_CONTEXT).
     pub context_length: Option<usize>,
+    pub gpu: GpuOptions,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { backend: BackendKind::Cpu, context_length: None }
+        Self { backend: BackendKind::Gpu, context_length: None, gpu: GpuOptions::from_env() }
     }
 }
 
@@ -86,10 +87,15 @@ pub struct Stats {
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
     pub stop_reason: StopReason,
+    /// Decode steps run (each after the first sampled token).
+    pub decode_steps: usize,
+    /// GPU objects created, submissions and bytes read back over the decode steps (GPU only).
+    pub decode_counters: Option<CounterSnapshot>,
 }
 
 enum Backend {
     Cpu { model: Box<CpuModel>, cache: CpuKvCache },
+    Gpu(Box<GpuModel>),
 }
 
 pub struct Engine {
@@ -111,21 +117,49 @@ impl Engine {
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat_template = ChatTemplate::from_gguf(&gguf)?;
         let context_length = options.context_length.unwrap_or(DEFAULT_CONTEXT).min(config.context_length);
-        progress(0, 1);
         let backend = match options.backend {
             BackendKind::Cpu => {
+                progress(0, 1);
                 let model = Box::new(CpuModel::load(&gguf, file)?);
                 let cache = model.new_cache();
+                progress(1, 1);
                 Backend::Cpu { model, cache }
             }
-            BackendKind::Gpu => return Err(Error::BackendUnavailable("gpu")),
+            BackendKind::Gpu => {
+                let gpu = Gpu::new(options.gpu).await?;
+                Backend::Gpu(Box::new(GpuModel::load(gpu, &gguf, file, context_length, progress)?))
+            }
         };
-        progress(1, 1);
         Ok(Self { logits: vec![0.0; config.vocab_size], config, tokenizer, chat_template, context_length, backend, cached: Vec::new() })
     }
 
     pub fn context_length(&self) -> usize {
         self.context_length
+    }
+
+    /// Where the model runs: "cpu", or the GPU adapter and the kernel path in use.
+    pub fn backend_description(&self) -> String {
+        match &self.backend {
+            Backend::Cpu { .. } => "cpu (f32 reference)".into(),
+            Backend::Gpu(m) => format!(
+                "gpu: {}; {} KV cache, {}",
+                m.gpu.adapter_name(),
+                if m.gpu.f16 { "f16" } else { "f32" },
+                if m.gpu.subgroups { "subgroups" } else { "no subgroups" }
+            ),
+        }
+    }
+
+    /// The GPU model, when running on the GPU (benchmarks and tests look at its counters).
+    pub fn gpu_model(&self) -> Option<&GpuModel> {
+        match &self.backend {
+            Backend::Gpu(m) => Some(m),
+            Backend::Cpu { .. } => None,
+        }
+    }
+
+    fn gpu_counters(&self) -> Option<CounterSnapshot> {
+        self.gpu_model().map(|m| m.gpu.counters())
     }
 
     /// Tokens of a prompt as the model will see them.
@@ -176,16 +210,14 @@ impl Engine {
         // At least the last prompt token is run, to get the logits that pick the first new token.
         let reuse = common_prefix(&self.cached, &tokens).min(tokens.len() - 1);
         self.truncate_cache(reuse);
-        for chunk in tokens[reuse..].chunks(PREFILL_CHUNK) {
-            self.forward(chunk)?;
-        }
-        let mut next = sampler.sample(&mut self.logits);
+        let mut next = self.run(&tokens[reuse..], &mut sampler).await?;
         let ttft = start.elapsed().as_secs_f64();
 
         let mut stream = StreamDecoder::new();
         let mut stops = StopMatcher::new(&options.stop);
         let (mut generated, mut decode_steps) = (0, 0);
         let decode_start = Instant::now();
+        let counters_start = self.gpu_counters();
         let stop_reason = loop {
             if !options.ignore_eos && self.tokenizer.stop_ids.contains(&next) {
                 break StopReason::Eos;
@@ -207,9 +239,8 @@ impl Engine {
                 break StopReason::MaxTokens;
             }
             sampler.accept(next);
-            self.forward(&[next])?;
+            next = self.run(&[next], &mut sampler).await?;
             decode_steps += 1;
-            next = sampler.sample(&mut self.logits);
         };
         if stop_reason == StopReason::Eos {
             // Text held back for a possible stop string or an unfinished character ends here.
@@ -219,6 +250,7 @@ impl Engine {
             }
         }
         let decode_secs = decode_start.elapsed().as_secs_f64();
+        let decode_counters = self.gpu_counters().zip(counters_start).map(|(end, start)| end - start);
         let prefilled = tokens.len() - reuse;
         Ok(Stats {
             prompt_tokens: tokens.len(),
@@ -228,24 +260,49 @@ impl Engine {
             prefill_tok_s: prefilled as f64 / ttft.max(1e-9),
             decode_tok_s: decode_steps as f64 / decode_secs.max(1e-9),
             stop_reason,
+            decode_steps,
+            decode_counters,
         })
     }
 
-    /// Runs tokens after the cached ones; leaves the last position's logits in `self.logits`.
-    fn forward(&mut self, tokens: &[u32]) -> Result<()> {
-        match &mut self.backend {
+    /// Runs tokens after the cached ones and samples the next token. Reads back only what the
+    /// sampler needs: the argmax for plain greedy decoding, else the logits.
+    async fn run(&mut self, tokens: &[u32], sampler: &mut Sampler) -> Result<u32> {
+        let want_logits = sampler.needs_logits();
+        let greedy_id = match &mut self.backend {
             Backend::Cpu { model, cache } => {
                 self.logits = model.forward(cache, tokens, Logits::Last)?;
+                Some(argmax(&self.logits))
             }
-        }
+            Backend::Gpu(model) => {
+                let mut start = self.cached.len();
+                let chunks = tokens.chunks(PREFILL_CHUNK).count();
+                let mut id = None;
+                for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+                    let readback = match (i + 1 == chunks, want_logits) {
+                        (false, _) => Readback::None,
+                        (true, false) => Readback::Argmax,
+                        (true, true) => Readback::Logits(&mut self.logits),
+                    };
+                    id = model.step(chunk, start, readback).await?;
+                    start += chunk.len();
+                }
+                id
+            }
+        };
         self.cached.extend_from_slice(tokens);
-        Ok(())
+        Ok(match greedy_id {
+            Some(id) if !want_logits => id,
+            _ => sampler.sample(&mut self.logits),
+        })
     }
 
     fn truncate_cache(&mut self, len: usize) {
         self.cached.truncate(len);
-        match &mut self.backend {
-            Backend::Cpu { cache, .. } => cache.truncate(len, self.config.kv_dim()),
+        // The GPU cache needs no truncation: positions from `len` on are overwritten before
+        // attention reads them (it reads only up to the current sequence length).
+        if let Backend::Cpu { cache, .. } = &mut self.backend {
+            cache.truncate(len, self.config.kv_dim());
         }
     }
 }

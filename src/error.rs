@@ -33,8 +33,16 @@ pub enum Error {
     TokenOutOfRange { id: u32, vocab_size: usize },
     #[error("generation was aborted")]
     Aborted,
-    #[error("the {0} backend is not available yet: use --backend cpu")]
-    BackendUnavailable(&'static str),
+    #[error("no GPU adapter found: WebGPU (in the browser) or Vulkan/Metal/DX12 (natively) is unavailable; {0}")]
+    NoAdapter(String),
+    #[error("the GPU device could not be created: {0}")]
+    DeviceRequest(String),
+    #[error("the GPU cannot hold this model: it needs {limit} = {needed} bytes, the adapter allows {available}")]
+    LimitExceeded { limit: &'static str, needed: u64, available: u64 },
+    #[error("GPU error: {0}")]
+    Gpu(String),
+    #[error("the GPU device was lost ({0}); reload the model")]
+    DeviceLost(String),
     #[error("I/O error on {path}: {source}")]
     Io { path: String, source: std::io::Error },
 }

@@ -5,6 +5,7 @@ pub mod chat;
 pub mod engine;
 pub mod error;
 pub mod gguf;
+pub mod gpu;
 pub mod model;
 pub mod sampling;
 pub mod tokenizer;

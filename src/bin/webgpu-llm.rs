@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use webgpu_llm::chat::Message;
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats};
+use webgpu_llm::gpu::GpuOptions;
 use webgpu_llm::sampling::SamplingParams;
 use webgpu_llm::Error;
 
@@ -22,6 +23,31 @@ struct Cli {
 enum Command {
     /// Generate a continuation of a prompt, streamed to stdout.
     Generate(GenerateArgs),
+    /// Measure prefill and decode speed (greedy, EOS ignored) and what a decode step costs.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// GGUF model file [default: the default model fetched by scripts/fetch-model]
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Where the model runs [default: gpu when an adapter exists, else cpu]
+    #[arg(long, value_enum)]
+    backend: Option<Backend>,
+    /// Tokens the KV cache holds [default: min(model context, 4096)]
+    #[arg(long)]
+    context_length: Option<usize>,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long, default_value_t = 512)]
+    prompt_tokens: usize,
+    #[arg(long, default_value_t = 128)]
+    gen_tokens: usize,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -32,9 +58,8 @@ enum Backend {
 
 #[derive(Args)]
 struct GenerateArgs {
-    /// GGUF model file [default: the default model fetched by scripts/fetch-model]
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
     /// The prompt text.
     #[arg(long)]
     prompt: String,
@@ -71,11 +96,6 @@ struct GenerateArgs {
     /// Keep generating past the end-of-sequence token.
     #[arg(long)]
     ignore_eos: bool,
-    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
-    backend: Backend,
-    /// Tokens the KV cache holds [default: min(model context, 4096)]
-    #[arg(long)]
-    context_length: Option<usize>,
     /// One JSON object per token on stdout ({"id", "text"}), then {"stats": {...}}.
     #[arg(long)]
     json: bool,
@@ -94,6 +114,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Generate(args) => pollster::block_on(generate(args)),
+        Command::Bench(args) => pollster::block_on(bench(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -115,32 +136,42 @@ fn model_path(arg: Option<PathBuf>) -> PathBuf {
     })
 }
 
-async fn generate(args: GenerateArgs) -> Result<(), Error> {
-    let path = model_path(args.model);
+/// Loads the model; without --backend, the GPU when an adapter exists, else the CPU.
+async fn load(args: &ModelArgs) -> Result<Engine, Error> {
+    let path = model_path(args.model.clone());
     let io_err = |source| Error::Io { path: path.display().to_string(), source };
     eprintln!("loading {}", path.display());
     let bytes = std::fs::read(&path).map_err(io_err)?;
-    let backend = match args.backend {
-        Backend::Cpu => BackendKind::Cpu,
-        Backend::Gpu => BackendKind::Gpu,
+    let start = std::time::Instant::now();
+    let mut progress = |done: usize, total: usize| eprint!("\rloading weights: {}%", done * 100 / total.max(1));
+    let options = |backend| LoadOptions { backend, context_length: args.context_length, gpu: GpuOptions::from_env() };
+    let engine = match args.backend {
+        Some(Backend::Cpu) => Engine::load(&bytes, options(BackendKind::Cpu), &mut progress).await?,
+        Some(Backend::Gpu) => Engine::load(&bytes, options(BackendKind::Gpu), &mut progress).await?,
+        None => match Engine::load(&bytes, options(BackendKind::Gpu), &mut progress).await {
+            Err(Error::NoAdapter(why)) => {
+                eprintln!("\rno GPU adapter ({why}); using the CPU backend");
+                Engine::load(&bytes, options(BackendKind::Cpu), &mut progress).await?
+            }
+            other => other?,
+        },
     };
-    let load_start = std::time::Instant::now();
-    let mut engine = Engine::load(&bytes, LoadOptions { backend, context_length: args.context_length }, &mut |done, total| {
-        eprint!("\rloading weights: {}%", done * 100 / total.max(1));
-    })
-    .await?;
     let c = &engine.config;
     eprintln!(
-        "\rloaded {:?} ({}, {} layers, d_model {}, vocab {}) in {:.2} s on the {} backend",
+        "\rloaded {:?} ({}, {} layers, d_model {}, vocab {}) in {:.2} s on {}",
         c.name,
         c.architecture,
         c.n_layers,
         c.d_model,
         c.vocab_size,
-        load_start.elapsed().as_secs_f64(),
-        if backend == BackendKind::Cpu { "cpu" } else { "gpu" },
+        start.elapsed().as_secs_f64(),
+        engine.backend_description(),
     );
+    Ok(engine)
+}
 
+async fn generate(args: GenerateArgs) -> Result<(), Error> {
+    let mut engine = load(&args.model).await?;
     let prompt = if args.chat {
         let mut messages: Vec<Message> = args.system.into_iter().map(|s| Message::new("system", s)).collect();
         messages.push(Message::new("user", args.prompt));
@@ -202,4 +233,46 @@ fn stats_json(s: &Stats, seed: u64) -> serde_json::Value {
         "stop_reason": format!("{:?}", s.stop_reason),
         "seed": seed,
     })
+}
+
+/// Text the benchmark prompt is cut from: plain prose, so the tokens are typical.
+const BENCH_TEXT: &str = "It is a truth universally acknowledged, that a single man in possession of a good fortune, \
+must be in want of a wife. However little known the feelings or views of such a man may be on his first entering \
+a neighbourhood, this truth is so well fixed in the minds of the surrounding families, that he is considered as \
+the rightful property of some one or other of their daughters. ";
+
+async fn bench(args: BenchArgs) -> Result<(), Error> {
+    let mut engine = load(&args.model).await?;
+    let text = BENCH_TEXT.repeat(args.prompt_tokens / 40 + 1);
+    let mut tokens = engine.tokenizer.encode(&text)?;
+    tokens.truncate(args.prompt_tokens);
+    let options = GenerateOptions {
+        max_tokens: args.gen_tokens,
+        sampling: SamplingParams::greedy(),
+        stop: Vec::new(),
+        ignore_eos: true,
+    };
+    // A first short run compiles the driver's shader variants and warms caches.
+    engine.generate(&Prompt::Tokens(tokens[..8.min(tokens.len())].to_vec()), &GenerateOptions { max_tokens: 2, ..options.clone() }, &mut |_| true).await?;
+    let mut fresh = tokens.clone();
+    fresh[0] = fresh[0].wrapping_add(1) % engine.config.vocab_size as u32;
+    let s = engine.generate(&Prompt::Tokens(fresh), &options, &mut |_| true).await?;
+    println!("backend:        {}", engine.backend_description());
+    println!("model:          {} ({} layers)", engine.config.name, engine.config.n_layers);
+    println!("prompt tokens:  {} (prefilled {})", s.prompt_tokens, s.prefilled_tokens);
+    println!("prefill:        {:.1} tok/s, TTFT {:.1} ms", s.prefill_tok_s, s.ttft_ms);
+    println!("decode:         {:.2} tok/s over {} steps, TPOT {:.2} ms", s.decode_tok_s, s.decode_steps, 1e3 / s.decode_tok_s.max(1e-9));
+    if let (Some(c), Some(m)) = (s.decode_counters, engine.gpu_model()) {
+        let steps = s.decode_steps.max(1) as f64;
+        println!(
+            "per decode step: {} dispatches, {:.2} submissions, {:.2} buffers created, {:.2} bind groups created, {:.2} pipelines created, {:.0} bytes read back",
+            m.decode_dispatches(),
+            c.submissions as f64 / steps,
+            c.buffers as f64 / steps,
+            c.bind_groups as f64 / steps,
+            c.pipelines as f64 / steps,
+            c.bytes_read_back as f64 / steps
+        );
+    }
+    Ok(())
 }

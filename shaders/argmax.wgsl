@@ -1,0 +1,37 @@
+// Greedy pick on the GPU: out[0] = index of the largest of the N logits (lowest index on ties),
+// so decode reads back 4 bytes instead of the vocabulary's logits.
+// Bindings: 0 logits, 1 out. Dispatch: (1, 1, 1).
+
+override N: u32;
+const WG: u32 = 256u;
+
+@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+
+var<workgroup> best_v: array<f32, WG>;
+var<workgroup> best_i: array<u32, WG>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) li: u32) {
+    var bv = -3.4e38;
+    var bi = 0xffffffffu;
+    for (var i = li; i < N; i += WG) {
+        let v = logits[i];
+        if (v > bv) { bv = v; bi = i; }
+    }
+    best_v[li] = bv;
+    best_i[li] = bi;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (li < s) {
+            let ov = best_v[li + s];
+            let oi = best_i[li + s];
+            if (ov > best_v[li] || (ov == best_v[li] && oi < best_i[li])) {
+                best_v[li] = ov;
+                best_i[li] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    if (li == 0u) { out[0] = best_i[0]; }
+}

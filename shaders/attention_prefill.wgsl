@@ -1,0 +1,89 @@
+// Prefill attention, tiled over query and key blocks (flash attention): a workgroup takes BQ
+// queries of one head and walks the causal key range in blocks of BK, keeping a running max and
+// sum per query (online softmax); invocation d owns output dimension d of the BQ queries.
+// Bindings: 0 params, 1 qkv (rows of Q_DIM + 2 KV_DIM), 2 k_cache, 3 v_cache, 4 out (rows of Q_DIM).
+// Dispatch: (ceil(n_tokens / BQ), N_HEADS, 1). HD, BQ, BK and `kv_t` come from the host.
+
+struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, pad: u32 }
+
+override Q_DIM: u32;
+override KV_DIM: u32;
+override GROUP: u32;
+override SCALE: f32;
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> qkv: array<f32>;
+@group(0) @binding(2) var<storage, read> k_cache: array<kv_t>;
+@group(0) @binding(3) var<storage, read> v_cache: array<kv_t>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+var<workgroup> qt: array<f32, BQ * HD>;
+var<workgroup> kt: array<f32, BK * HD>;
+var<workgroup> vt: array<f32, BK * HD>;
+var<workgroup> st: array<f32, BQ * BK>;
+var<workgroup> row_max: array<f32, BQ>;
+var<workgroup> row_sum: array<f32, BQ>;
+var<workgroup> row_scale: array<f32, BQ>;
+
+@compute @workgroup_size(HD)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d: u32) {
+    let n = params.n_tokens;
+    let start = params.start_pos;
+    let q0 = wg.x * BQ;
+    let h = wg.y;
+    let kv = (h / GROUP) * HD;
+    let row = Q_DIM + 2u * KV_DIM;
+    for (var r = 0u; r < BQ; r++) {
+        let t = q0 + r;
+        qt[r * HD + d] = select(0.0, qkv[t * row + h * HD + d] * SCALE, t < n);
+    }
+    if (d < BQ) { row_max[d] = -1.0e30; row_sum[d] = 0.0; }
+    var o: array<f32, BQ>;
+    for (var r = 0u; r < BQ; r++) { o[r] = 0.0; }
+    let n_keys = start + min(q0 + BQ, n);
+    workgroupBarrier();
+
+    for (var k0 = 0u; k0 < n_keys; k0 += BK) {
+        for (var j = 0u; j < BK; j++) {
+            let s = k0 + j;
+            let c = s * KV_DIM + kv + d;
+            kt[j * HD + d] = select(0.0, f32(k_cache[c]), s < n_keys);
+            vt[j * HD + d] = select(0.0, f32(v_cache[c]), s < n_keys);
+        }
+        workgroupBarrier();
+        for (var e = d; e < BQ * BK; e += HD) {
+            let r = e / BK;
+            let j = e % BK;
+            var acc = 0.0;
+            for (var i = 0u; i < HD; i++) { acc += qt[r * HD + i] * kt[j * HD + i]; }
+            let visible = k0 + j <= start + q0 + r && q0 + r < n;
+            st[e] = select(-1.0e30, acc, visible);
+        }
+        workgroupBarrier();
+        if (d < BQ) {
+            var m = row_max[d];
+            for (var j = 0u; j < BK; j++) { m = max(m, st[d * BK + j]); }
+            let scale = exp(row_max[d] - m);
+            var sum = 0.0;
+            for (var j = 0u; j < BK; j++) {
+                let p = exp(st[d * BK + j] - m);
+                st[d * BK + j] = p;
+                sum += p;
+            }
+            row_sum[d] = row_sum[d] * scale + sum;
+            row_max[d] = m;
+            row_scale[d] = scale;
+        }
+        workgroupBarrier();
+        for (var r = 0u; r < BQ; r++) {
+            var acc = o[r] * row_scale[r];
+            for (var j = 0u; j < BK; j++) { acc += st[r * BK + j] * vt[j * HD + d]; }
+            o[r] = acc;
+        }
+        workgroupBarrier();
+    }
+    for (var r = 0u; r < BQ; r++) {
+        let t = q0 + r;
+        if (t < n) { out[t * Q_DIM + h * HD + d] = o[r] / row_sum[r]; }
+    }
+}

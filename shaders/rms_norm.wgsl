@@ -1,0 +1,40 @@
+// RMSNorm: out[r] = x[r] / sqrt(mean(x[r]^2) + EPS) * weight, one workgroup per row.
+// With LAST_ONLY, only the last token's row is normalized, into out row 0 (for the logits).
+// Bindings: 0 params, 1 x, 2 weight, 3 out. Dispatch: (n_tokens or 1, 1, 1).
+
+struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, pad: u32 }
+
+override COLS: u32;
+override EPS: f32;
+override LAST_ONLY: bool = false;
+const WG: u32 = 256u;
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> weight: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+var<workgroup> partial: array<f32, WG>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    var row = wg.x;
+    var out_row = wg.x;
+    if (LAST_ONLY) { row = params.n_tokens - 1u; out_row = 0u; }
+    let base = row * COLS;
+    var acc = 0.0;
+    for (var i = li; i < COLS; i += WG) {
+        let v = x[base + i];
+        acc += v * v;
+    }
+    partial[li] = acc;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (li < s) { partial[li] += partial[li + s]; }
+        workgroupBarrier();
+    }
+    let inv = inverseSqrt(partial[0] / f32(COLS) + EPS);
+    for (var i = li; i < COLS; i += WG) {
+        out[out_row * COLS + i] = weight[i] * (x[base + i] * inv);
+    }
+}

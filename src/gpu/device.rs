@@ -1,0 +1,306 @@
+//! The GPU device: adapter choice, features (shader-f16, subgroups), limits, and the few helpers
+//! every kernel wrapper uses. Buffers, bind groups and pipelines are made through `Gpu` so that
+//! their creation is counted (the decode loop must create none).
+
+use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use wgpu::util::DeviceExt;
+
+/// Environment variable that forces the portable path (no shader-f16, no subgroups), so tests
+/// and users can check it on hardware that has both.
+pub const FORCE_F32_ENV: &str = "WEBGPU_LLM_FORCE_F32";
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuOptions {
+    /// Use neither shader-f16 nor subgroups even when the adapter has them.
+    pub force_f32: bool,
+}
+
+impl GpuOptions {
+    pub fn from_env() -> Self {
+        let force = std::env::var(FORCE_F32_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
+        Self { force_f32: force }
+    }
+}
+
+/// Objects created and bytes read back, for the "nothing per token" checks and the benchmark.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub buffers: AtomicU64,
+    pub bind_groups: AtomicU64,
+    pub pipelines: AtomicU64,
+    pub submissions: AtomicU64,
+    pub bytes_read_back: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CounterSnapshot {
+    pub buffers: u64,
+    pub bind_groups: u64,
+    pub pipelines: u64,
+    pub submissions: u64,
+    pub bytes_read_back: u64,
+}
+
+impl std::ops::Sub for CounterSnapshot {
+    type Output = Self;
+    fn sub(self, o: Self) -> Self {
+        Self {
+            buffers: self.buffers - o.buffers,
+            bind_groups: self.bind_groups - o.bind_groups,
+            pipelines: self.pipelines - o.pipelines,
+            submissions: self.submissions - o.submissions,
+            bytes_read_back: self.bytes_read_back - o.bytes_read_back,
+        }
+    }
+}
+
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub adapter_info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    /// shader-f16 is enabled: the KV cache is stored in f16.
+    pub f16: bool,
+    /// Subgroup operations are enabled and at most 32 wide (the reductions assume it).
+    pub subgroups: bool,
+    pub counters: Counters,
+    /// The first error the device reported asynchronously (validation, out of memory, lost).
+    failure: Arc<Mutex<Option<Error>>>,
+}
+
+impl Gpu {
+    /// Picks the high-performance adapter and creates a device with the features and limits the
+    /// engine can use.
+    pub async fn new(options: GpuOptions) -> Result<Self> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = if cfg!(target_arch = "wasm32") { wgpu::Backends::BROWSER_WEBGPU } else { wgpu::Backends::all() };
+        let instance = wgpu::Instance::new(desc);
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::NoAdapter(e.to_string()))?;
+        let adapter_info = adapter.get_info();
+        let available = adapter.features();
+        let f16 = !options.force_f32 && available.contains(wgpu::Features::SHADER_F16);
+        let subgroups = !options.force_f32
+            && available.contains(wgpu::Features::SUBGROUP)
+            && adapter_info.subgroup_max_size <= 32
+            && adapter_info.subgroup_min_size >= 1;
+        let mut features = wgpu::Features::empty();
+        if f16 {
+            features |= wgpu::Features::SHADER_F16;
+        }
+        if subgroups {
+            features |= wgpu::Features::SUBGROUP;
+        }
+        // WebGPU's defaults, raised to the adapter's where a model needs more (big weight
+        // bindings, workgroup memory for the attention tiles, many rows per dispatch).
+        let a = adapter.limits();
+        let limits = wgpu::Limits {
+            max_storage_buffer_binding_size: a.max_storage_buffer_binding_size,
+            max_buffer_size: a.max_buffer_size,
+            max_storage_buffers_per_shader_stage: a.max_storage_buffers_per_shader_stage,
+            max_compute_workgroup_storage_size: a.max_compute_workgroup_storage_size,
+            max_compute_workgroups_per_dimension: a.max_compute_workgroups_per_dimension,
+            ..wgpu::Limits::default()
+        };
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("webgpu-llm"),
+                required_features: features,
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::DeviceRequest(e.to_string()))?;
+        // wgpu's default for an uncaught device error is a panic; keep it as a typed error instead.
+        let failure = Arc::new(Mutex::new(None));
+        let sink = failure.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let err = match e {
+                wgpu::Error::OutOfMemory { .. } => Error::Gpu("out of GPU memory: try a smaller model or context length".into()),
+                wgpu::Error::Validation { source, .. } => Error::Gpu(error_chain(&*source)),
+                wgpu::Error::Internal { description, .. } => Error::Gpu(description),
+            };
+            sink.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(err);
+        }));
+        let sink = failure.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            sink.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(Error::DeviceLost(format!("{reason:?}: {message}")));
+        });
+        Ok(Self { device, queue, adapter_info, limits, f16, subgroups, counters: Counters::default(), failure })
+    }
+
+    /// Returns the first error the device reported since the last check.
+    pub fn check(&self) -> Result<()> {
+        match self.failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// "name (backend, type)" for logs and `info()`.
+    pub fn adapter_name(&self) -> String {
+        let i = &self.adapter_info;
+        let name = if i.name.is_empty() { "WebGPU adapter" } else { &i.name };
+        format!("{name} ({:?}, {:?})", i.backend, i.device_type)
+    }
+
+    pub fn counters(&self) -> CounterSnapshot {
+        let c = &self.counters;
+        CounterSnapshot {
+            buffers: c.buffers.load(Ordering::Relaxed),
+            bind_groups: c.bind_groups.load(Ordering::Relaxed),
+            pipelines: c.pipelines.load(Ordering::Relaxed),
+            submissions: c.submissions.load(Ordering::Relaxed),
+            bytes_read_back: c.bytes_read_back.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Fails with a typed error when a buffer of `size` bytes cannot be bound as one storage binding.
+    pub fn check_binding(&self, size: u64) -> Result<()> {
+        let max = self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size);
+        if size > max {
+            return Err(Error::LimitExceeded { limit: "maxStorageBufferBindingSize", needed: size, available: max });
+        }
+        Ok(())
+    }
+
+    pub fn storage(&self, label: &str, size: u64) -> Result<wgpu::Buffer> {
+        self.check_binding(size)?;
+        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.max(4).next_multiple_of(4),
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }))
+    }
+
+    pub fn storage_init(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
+        self.check_binding(bytes.len() as u64)?;
+        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
+        let padded;
+        let contents = if bytes.len() % 4 == 0 && !bytes.is_empty() {
+            bytes
+        } else {
+            padded = [bytes, &[0u8; 4][..(4 - bytes.len() % 4)]].concat();
+            &padded
+        };
+        Ok(self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        }))
+    }
+
+    pub fn uniform(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    pub fn readback(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.next_multiple_of(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    pub fn bind_group(&self, label: &str, pipeline: &wgpu::ComputePipeline, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        self.counters.bind_groups.fetch_add(1, Ordering::Relaxed);
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+            .collect();
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(label),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        })
+    }
+
+    /// Compiles `source` (already assembled with its preludes) with override constants.
+    pub fn pipeline(&self, label: &str, source: &str, constants: &[(&str, f64)]) -> wgpu::ComputePipeline {
+        self.counters.pipelines.fetch_add(1, Ordering::Relaxed);
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: wgpu::PipelineCompilationOptions { constants, zero_initialize_workgroup_memory: false },
+            cache: None,
+        })
+    }
+
+    pub fn submit(&self, encoder: wgpu::CommandEncoder) {
+        self.counters.submissions.fetch_add(1, Ordering::Relaxed);
+        self.queue.submit([encoder.finish()]);
+    }
+
+    /// Waits for the copy into `staging` (MAP_READ) and hands its first `len` bytes to `read`.
+    /// Natively this polls the device; in the browser it awaits the mapping callback.
+    pub async fn read_mapped<T>(&self, staging: &wgpu::Buffer, len: u64, read: impl FnOnce(&[u8]) -> T) -> Result<T> {
+        let slice = staging.slice(..len.next_multiple_of(4));
+        let (tx, rx) = futures_channel::oneshot::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::Gpu(e.to_string()))?;
+        rx.await
+            .map_err(|_| Error::DeviceLost("the buffer mapping was dropped".into()))?
+            .map_err(|e| Error::Gpu(e.to_string()))?;
+        self.check()?;
+        let out = {
+            let view = slice.get_mapped_range().map_err(|e| Error::Gpu(e.to_string()))?;
+            read(&view[..len as usize])
+        };
+        staging.unmap();
+        self.counters.bytes_read_back.fetch_add(len, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    /// Reads a whole storage buffer back (tests and one-off reads; allocates a staging buffer).
+    pub async fn read_buffer(&self, buffer: &wgpu::Buffer, len: u64) -> Result<Vec<u8>> {
+        let staging = self.readback("read_buffer", len);
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buffer, 0, &staging, 0, len.next_multiple_of(4));
+        self.submit(enc);
+        self.read_mapped(&staging, len, |b| b.to_vec()).await
+    }
+
+    pub async fn read_f32(&self, buffer: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
+        let bytes = self.read_buffer(buffer, n as u64 * 4).await?;
+        Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+}
+
+/// An error and its sources on one line: wgpu keeps the useful part (which shader line, which
+/// limit) in the sources.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        msg.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    msg
+}

@@ -1,0 +1,75 @@
+//! Wrappers of shaders/gemv.wgsl (decode, one token) and shaders/gemm.wgsl (prefill, tiled).
+
+use super::{Dispatch, Groups};
+use crate::gpu::shader::{Needs, PipelineCache};
+use crate::gpu::weights::Linear;
+use crate::gpu::Gpu;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Epilogue {
+    Store,
+    /// Adds to the output (residual connection).
+    Add,
+}
+
+/// y = W x for one token. Gated-pair parts write silu(gate) * up; others store or add.
+pub fn gemv(gpu: &Gpu, cache: &mut PipelineCache, w: &Linear, epilogue: Epilogue, x: &wgpu::Buffer, y: &wgpu::Buffer) -> Vec<Dispatch> {
+    w.parts
+        .iter()
+        .map(|p| {
+            let mode = match (p.pair, epilogue) {
+                (true, _) => 2,
+                (false, Epilogue::Add) => 1,
+                (false, Epilogue::Store) => 0,
+            };
+            let overrides = [
+                ("COLS", p.cols as f64),
+                ("ROW_WORDS", p.row_words as f64),
+                ("ROW_COUNT", p.rows as f64),
+                ("OUT", p.out as f64),
+                ("EPILOGUE", mode as f64),
+            ];
+            let needs = Needs { weights: Some(p.ty), reduce: true, kv: false };
+            let pipeline = cache.get(gpu, "gemv", include_str!("../../../shaders/gemv.wgsl"), needs, &[], &overrides);
+            let bind_group = gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y]);
+            let groups = Groups::spread((p.rows as u32).div_ceil(8), gpu.limits.max_compute_workgroups_per_dimension);
+            Dispatch { label: "gemv", pipeline, bind_group, groups }
+        })
+        .collect()
+}
+
+/// Y = X W^T for the pass's tokens; `y_stride` is Y's row length. Gated-pair parts write gate
+/// values to columns [0, rows) and up values to [rows, 2 rows) (silu_mul follows).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    params: &wgpu::Buffer,
+    w: &Linear,
+    epilogue: Epilogue,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    y_stride: usize,
+) -> Vec<Dispatch> {
+    w.parts
+        .iter()
+        .map(|p| {
+            let rows = if p.pair { 2 * p.rows } else { p.rows };
+            let overrides = [
+                ("COLS", p.cols as f64),
+                ("ROW_WORDS", p.row_words as f64),
+                ("ROW_COUNT", rows as f64),
+                ("Y_STRIDE", y_stride as f64),
+                ("OUT", p.out as f64),
+                ("EPILOGUE", (epilogue == Epilogue::Add) as u32 as f64),
+                ("PAIR", p.pair as u32 as f64),
+                ("HALF", p.rows as f64),
+                ("PAIR_OFFSET", w.rows as f64),
+            ];
+            let needs = Needs { weights: Some(p.ty), ..Default::default() };
+            let pipeline = cache.get(gpu, "gemm", include_str!("../../../shaders/gemm.wgsl"), needs, &[], &overrides);
+            let bind_group = gpu.bind_group("gemm", &pipeline, &[params, &p.buffer, x, y]);
+            Dispatch { label: "gemm", pipeline, bind_group, groups: Groups::per_token((rows as u32).div_ceil(64), 1, 16) }
+        })
+        .collect()
+}

@@ -1,0 +1,10 @@
+//! The GPU backend: device set-up, WGSL kernel wrappers, weight upload and the forward pass.
+
+mod device;
+pub mod kernels;
+mod model;
+pub mod shader;
+pub mod weights;
+
+pub use device::{CounterSnapshot, Gpu, GpuOptions, FORCE_F32_ENV};
+pub use model::{GpuModel, Readback, PREFILL_CHUNK};

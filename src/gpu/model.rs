@@ -1,0 +1,250 @@
+//! The forward pass on the GPU, read top to bottom as a list of named dispatches per layer.
+//! Everything — weights, KV cache, activations, pipelines, bind groups — is created at load;
+//! a step writes a 16-byte uniform (and the token ids), encodes the recorded dispatches in one
+//! compute pass, submits once, and reads back 4 bytes (greedy) or the logits (sampling).
+
+use super::kernels::{self, Dispatch, Epilogue, Params};
+use super::shader::PipelineCache;
+use super::weights::Linear;
+use super::Gpu;
+use crate::error::{Error, Result};
+use crate::gguf::{self, Gguf};
+use crate::model::{ModelConfig, TensorNames};
+
+/// Tokens per prefill pass; longer prompts run in several passes.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// What a step reads back.
+#[derive(Debug, PartialEq)]
+pub enum Readback<'a> {
+    /// Nothing (an intermediate prefill chunk).
+    None,
+    /// The argmax of the last position's logits (4 bytes).
+    Argmax,
+    /// The last position's logits, into the given slice (vocab values).
+    Logits(&'a mut [f32]),
+}
+
+struct LayerWeights {
+    attn_norm: wgpu::Buffer,
+    qkv: Linear,
+    wo: Linear,
+    ffn_norm: wgpu::Buffer,
+    /// Gated pairs when gate and up share a type; else gate rows then up rows.
+    gate_up: Linear,
+    w_down: Linear,
+}
+
+struct Buffers {
+    params: wgpu::Buffer,
+    tokens: wgpu::Buffer,
+    x: wgpu::Buffer,
+    xn: wgpu::Buffer,
+    qkv: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    gu: wgpu::Buffer,
+    h: wgpu::Buffer,
+    scores: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    argmax: wgpu::Buffer,
+    rope: wgpu::Buffer,
+    k_cache: Vec<wgpu::Buffer>,
+    v_cache: Vec<wgpu::Buffer>,
+    staging_argmax: wgpu::Buffer,
+    staging_logits: wgpu::Buffer,
+}
+
+pub struct GpuModel {
+    pub gpu: Gpu,
+    pub config: ModelConfig,
+    pub context: usize,
+    embd: Linear,
+    output_norm: wgpu::Buffer,
+    lm_head: Option<Linear>,
+    layers: Vec<LayerWeights>,
+    buf: Buffers,
+    decode: Vec<Dispatch>,
+    prefill: Vec<Dispatch>,
+    pipelines: PipelineCache,
+}
+
+impl GpuModel {
+    /// Uploads the model and records the decode and prefill passes. `progress(done, total)`
+    /// counts uploaded tensors.
+    pub fn load(gpu: Gpu, gguf: &Gguf, file: &[u8], context: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
+        let c = ModelConfig::from_gguf(gguf)?;
+        let names = TensorNames::new(&c);
+        names.validate(gguf, &c)?;
+        if c.head_dim > 256 || c.head_dim % 8 != 0 || c.d_model % 32 != 0 || c.ffn_dim % 32 != 0 {
+            return Err(Error::InvalidMetadata {
+                key: format!("{}.attention.head_count", c.architecture),
+                value: format!("head_dim {}, d_model {}, ffn {}", c.head_dim, c.d_model, c.ffn_dim),
+                reason: "the GPU kernels need head_dim <= 256 and a multiple of 8, d_model and ffn multiples of 32".into(),
+            });
+        }
+        let t = |name: &str| gguf.require_tensor(name);
+        let total = names.expected_shapes(&c).len();
+        let mut done = 0;
+        let mut tick = |n: usize| {
+            done += n;
+            progress(done, total);
+        };
+        let f32_buffer = |label: &str, name: &str| -> Result<wgpu::Buffer> {
+            let info = t(name)?;
+            let values = gguf::dequantize(info, info.data(file))?;
+            gpu.storage_init(label, bytemuck::cast_slice(&values))
+        };
+
+        let embd = Linear::new(&gpu, "token_embd", &[t(&names.token_embd)?], file)?;
+        tick(1);
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for l in &names.layers {
+            let gate_up = match Linear::gated_pair(&gpu, "gate_up", t(&l.w_gate)?, t(&l.w_up)?, file)? {
+                Some(pair) => pair,
+                None => Linear::new(&gpu, "gate_up", &[t(&l.w_gate)?, t(&l.w_up)?], file)?,
+            };
+            layers.push(LayerWeights {
+                attn_norm: f32_buffer("attn_norm", &l.attn_norm)?,
+                qkv: Linear::new(&gpu, "qkv", &[t(&l.wq)?, t(&l.wk)?, t(&l.wv)?], file)?,
+                wo: Linear::new(&gpu, "wo", &[t(&l.wo)?], file)?,
+                ffn_norm: f32_buffer("ffn_norm", &l.ffn_norm)?,
+                gate_up,
+                w_down: Linear::new(&gpu, "w_down", &[t(&l.w_down)?], file)?,
+            });
+            tick(9);
+        }
+        let output_norm = f32_buffer("output_norm", &names.output_norm)?;
+        let lm_head = if c.tied_output { None } else { Some(Linear::new(&gpu, "output", &[t(&names.output)?], file)?) };
+        tick(if c.tied_output { 1 } else { 2 });
+
+        let buf = Self::buffers(&gpu, &c, context)?;
+        let mut model = Self {
+            config: c,
+            context,
+            embd,
+            output_norm,
+            lm_head,
+            layers,
+            buf,
+            decode: Vec::new(),
+            prefill: Vec::new(),
+            pipelines: PipelineCache::default(),
+            gpu,
+        };
+        model.decode = model.record(false);
+        model.prefill = model.record(true);
+        model.gpu.check()?;
+        Ok(model)
+    }
+
+    fn buffers(gpu: &Gpu, c: &ModelConfig, context: usize) -> Result<Buffers> {
+        let n = PREFILL_CHUNK as u64;
+        let f = 4u64;
+        let kv_bytes = (context * c.kv_dim()) as u64 * if gpu.f16 { 2 } else { 4 };
+        let table = kernels::rope_table_for(c, context);
+        Ok(Buffers {
+            params: gpu.uniform("params", std::mem::size_of::<Params>() as u64),
+            tokens: gpu.storage("tokens", n * 4)?,
+            x: gpu.storage("x", n * c.d_model as u64 * f)?,
+            xn: gpu.storage("xn", n * c.d_model as u64 * f)?,
+            qkv: gpu.storage("qkv", n * (c.q_dim() + 2 * c.kv_dim()) as u64 * f)?,
+            attn: gpu.storage("attn", n * c.q_dim() as u64 * f)?,
+            gu: gpu.storage("gate_up", n * 2 * c.ffn_dim as u64 * f)?,
+            h: gpu.storage("ffn_hidden", n * c.ffn_dim as u64 * f)?,
+            scores: gpu.storage("scores", (c.n_heads * context) as u64 * f)?,
+            logits: gpu.storage("logits", c.vocab_size as u64 * f)?,
+            argmax: gpu.storage("argmax", 4)?,
+            rope: gpu.storage_init("rope", bytemuck::cast_slice(&table))?,
+            k_cache: (0..c.n_layers).map(|_| gpu.storage("k_cache", kv_bytes)).collect::<Result<_>>()?,
+            v_cache: (0..c.n_layers).map(|_| gpu.storage("v_cache", kv_bytes)).collect::<Result<_>>()?,
+            staging_argmax: gpu.readback("staging_argmax", 4),
+            staging_logits: gpu.readback("staging_logits", c.vocab_size as u64 * f),
+        })
+    }
+
+    /// The whole forward pass as dispatches: prefill (tiled gemm, flash attention) or decode
+    /// (gemv, single-query attention, fused gated activation).
+    fn record(&mut self, prefill: bool) -> Vec<Dispatch> {
+        let (gpu, c, b, p) = (&self.gpu, &self.config, &self.buf, &mut self.pipelines);
+        let params = &b.params;
+        let mut ops = kernels::embed(gpu, p, params, &self.embd, &b.tokens, &b.x);
+        let qkv_stride = c.q_dim() + 2 * c.kv_dim();
+        for (i, l) in self.layers.iter().enumerate() {
+            let (kc, vc) = (&b.k_cache[i], &b.v_cache[i]);
+            ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &l.attn_norm, &b.xn));
+            if prefill {
+                ops.extend(kernels::gemm(gpu, p, params, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
+                ops.push(kernels::rope_kv(gpu, p, params, c, &b.qkv, &b.rope, kc, vc));
+                ops.push(kernels::attention_prefill(gpu, p, params, c, &b.qkv, kc, vc, &b.attn));
+                ops.extend(kernels::gemm(gpu, p, params, &l.wo, Epilogue::Add, &b.attn, &b.x, c.d_model));
+                ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &l.ffn_norm, &b.xn));
+                ops.extend(kernels::gemm(gpu, p, params, &l.gate_up, Epilogue::Store, &b.xn, &b.gu, 2 * c.ffn_dim));
+                ops.push(kernels::silu_mul(gpu, p, params, c.ffn_dim, &b.gu, &b.h));
+                ops.extend(kernels::gemm(gpu, p, params, &l.w_down, Epilogue::Add, &b.h, &b.x, c.d_model));
+            } else {
+                ops.extend(kernels::gemv(gpu, p, &l.qkv, Epilogue::Store, &b.xn, &b.qkv));
+                ops.push(kernels::rope_kv(gpu, p, params, c, &b.qkv, &b.rope, kc, vc));
+                ops.push(kernels::attention_decode(gpu, p, params, c, self.context, &b.qkv, kc, vc, &b.scores, &b.attn));
+                ops.extend(kernels::gemv(gpu, p, &l.wo, Epilogue::Add, &b.attn, &b.x));
+                ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &l.ffn_norm, &b.xn));
+                if l.gate_up.parts.iter().all(|part| part.pair) {
+                    ops.extend(kernels::gemv(gpu, p, &l.gate_up, Epilogue::Store, &b.xn, &b.h));
+                } else {
+                    ops.extend(kernels::gemv(gpu, p, &l.gate_up, Epilogue::Store, &b.xn, &b.gu));
+                    ops.push(kernels::silu_mul(gpu, p, params, c.ffn_dim, &b.gu, &b.h));
+                }
+                ops.extend(kernels::gemv(gpu, p, &l.w_down, Epilogue::Add, &b.h, &b.x));
+            }
+        }
+        ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, true, &b.x, &self.output_norm, &b.xn));
+        let head = self.lm_head.as_ref().unwrap_or(&self.embd);
+        ops.extend(kernels::gemv(gpu, p, head, Epilogue::Store, &b.xn, &b.logits));
+        ops.push(kernels::argmax(gpu, p, c.vocab_size, &b.logits, &b.argmax));
+        ops
+    }
+
+    /// Dispatches in one decode step.
+    pub fn decode_dispatches(&self) -> usize {
+        self.decode.len()
+    }
+
+    /// Runs `tokens` at positions `start..` (one pass: at most PREFILL_CHUNK tokens), writing
+    /// their keys and values into the cache. Returns the argmax when asked for it.
+    pub async fn step(&mut self, tokens: &[u32], start: usize, readback: Readback<'_>) -> Result<Option<u32>> {
+        let n = tokens.len();
+        if n == 0 || n > PREFILL_CHUNK || start + n > self.context {
+            return Err(Error::ContextOverflow { prompt_tokens: start + n, max_tokens: 0, context_length: self.context });
+        }
+        let params = Params { n_tokens: n as u32, start_pos: start as u32, seq_len: (start + n) as u32, pad: 0 };
+        let q = &self.gpu.queue;
+        q.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
+        q.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(tokens));
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
+            let ops = if n == 1 { &self.decode } else { &self.prefill };
+            for op in ops {
+                op.encode(&mut pass, n as u32);
+            }
+        }
+        let b = &self.buf;
+        let logits_bytes = self.config.vocab_size as u64 * 4;
+        match readback {
+            Readback::None => {}
+            Readback::Argmax => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax, 0, 4),
+            Readback::Logits(_) => enc.copy_buffer_to_buffer(&b.logits, 0, &b.staging_logits, 0, logits_bytes),
+        }
+        self.gpu.submit(enc);
+        match readback {
+            Readback::None => self.gpu.check().map(|_| None),
+            Readback::Argmax => {
+                let id = self.gpu.read_mapped(&b.staging_argmax, 4, |bytes| u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])).await?;
+                Ok(Some(id))
+            }
+            Readback::Logits(out) => {
+                self.gpu.read_mapped(&b.staging_logits, logits_bytes, |bytes| out.copy_from_slice(bytemuck::cast_slice(bytes))).await?;
+                Ok(None)
+            }
+        }
+    }
+}
