@@ -48,6 +48,9 @@ struct BenchArgs {
     prompt_tokens: usize,
     #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
+    /// Also time each kernel family (one dispatch per submission) for a prefill and a decode step.
+    #[arg(long)]
+    profile: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -273,6 +276,14 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
             c.pipelines as f64 / steps,
             c.bytes_read_back as f64 / steps
         );
+        if args.profile {
+            for (what, n, start) in [("prefill", args.prompt_tokens.min(webgpu_llm::gpu::PREFILL_CHUNK), 0), ("decode", 1, args.prompt_tokens)] {
+                let times = m.profile(n, start)?;
+                let total: f64 = times.iter().map(|t| t.1).sum();
+                let parts: Vec<String> = times.iter().map(|(l, ms)| format!("{l} {ms:.1} ms")).collect();
+                println!("profile {what} ({n} tokens): {total:.1} ms = {}", parts.join(", "));
+            }
+        }
     }
     Ok(())
 }

@@ -25,6 +25,14 @@ pub enum Readback<'a> {
     Logits(&'a mut [f32]),
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum Pass<'a> {
+    Decode,
+    Prefill,
+    /// Prefill that writes every position's logits into the given buffer.
+    AllLogits(&'a wgpu::Buffer),
+}
+
 struct LayerWeights {
     attn_norm: wgpu::Buffer,
     qkv: Linear,
@@ -65,6 +73,8 @@ pub struct GpuModel {
     buf: Buffers,
     decode: Vec<Dispatch>,
     prefill: Vec<Dispatch>,
+    /// Prefill that keeps every position's logits (perplexity, tests); made on first use.
+    all_logits: Option<(Vec<Dispatch>, wgpu::Buffer)>,
     pipelines: PipelineCache,
 }
 
@@ -128,11 +138,12 @@ impl GpuModel {
             buf,
             decode: Vec::new(),
             prefill: Vec::new(),
+            all_logits: None,
             pipelines: PipelineCache::default(),
             gpu,
         };
-        model.decode = model.record(false);
-        model.prefill = model.record(true);
+        model.decode = model.record(Pass::Decode);
+        model.prefill = model.record(Pass::Prefill);
         model.gpu.check()?;
         Ok(model)
     }
@@ -164,7 +175,8 @@ impl GpuModel {
 
     /// The whole forward pass as dispatches: prefill (tiled gemm, flash attention) or decode
     /// (gemv, single-query attention, fused gated activation).
-    fn record(&mut self, prefill: bool) -> Vec<Dispatch> {
+    fn record(&mut self, pass: Pass<'_>) -> Vec<Dispatch> {
+        let prefill = pass != Pass::Decode;
         let (gpu, c, b, p) = (&self.gpu, &self.config, &self.buf, &mut self.pipelines);
         let params = &b.params;
         let mut ops = kernels::embed(gpu, p, params, &self.embd, &b.tokens, &b.x);
@@ -196,11 +208,72 @@ impl GpuModel {
                 ops.extend(kernels::gemv(gpu, p, &l.w_down, Epilogue::Add, &b.h, &b.x));
             }
         }
-        ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, true, &b.x, &self.output_norm, &b.xn));
         let head = self.lm_head.as_ref().unwrap_or(&self.embd);
+        if let Pass::AllLogits(logits) = pass {
+            ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &self.output_norm, &b.xn));
+            ops.extend(kernels::gemm(gpu, p, params, head, Epilogue::Store, &b.xn, logits, c.vocab_size));
+            return ops;
+        }
+        ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, true, &b.x, &self.output_norm, &b.xn));
         ops.extend(kernels::gemv(gpu, p, head, Epilogue::Store, &b.xn, &b.logits));
         ops.push(kernels::argmax(gpu, p, c.vocab_size, &b.logits, &b.argmax));
         ops
+    }
+
+    /// Runs `tokens` at positions `start..` (at most `all_logits_chunk()` of them) and returns
+    /// the logits of every position (`n * vocab`). For perplexity and tests, not the decode loop.
+    pub async fn logits_all(&mut self, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
+        let n = tokens.len();
+        if n == 0 || n > self.all_logits_chunk() || start + n > self.context {
+            return Err(Error::ContextOverflow { prompt_tokens: start + n, max_tokens: 0, context_length: self.context });
+        }
+        if self.all_logits.is_none() {
+            let buffer = self.gpu.storage("all_logits", (self.all_logits_chunk() * self.config.vocab_size * 4) as u64)?;
+            let ops = self.record(Pass::AllLogits(&buffer));
+            self.all_logits = Some((ops, buffer));
+        }
+        let (ops, buffer) = self.all_logits.as_ref().expect("recorded above");
+        let params = Params { n_tokens: n as u32, start_pos: start as u32, seq_len: (start + n) as u32, pad: 0 };
+        self.gpu.queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
+        self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(tokens));
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            ops.iter().for_each(|op| op.encode(&mut pass, n as u32));
+        }
+        self.gpu.submit(enc);
+        self.gpu.read_f32(buffer, n * self.config.vocab_size).await
+    }
+
+    /// Positions per `logits_all` call: a prefill chunk, fewer when its logits would not fit
+    /// one binding.
+    pub fn all_logits_chunk(&self) -> usize {
+        let per_token = self.config.vocab_size as u64 * 4;
+        let max = self.gpu.limits.max_storage_buffer_binding_size.min(self.gpu.limits.max_buffer_size);
+        PREFILL_CHUNK.min((max / per_token) as usize).max(1)
+    }
+
+    /// Time per kernel family for one pass of `n` tokens at `start` (each dispatch submitted and
+    /// waited for alone, so the sum exceeds a real step): where the time of a step goes.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn profile(&self, n: usize, start: usize) -> Result<Vec<(&'static str, f64)>> {
+        let params = Params { n_tokens: n as u32, start_pos: start as u32, seq_len: (start + n) as u32, pad: 0 };
+        self.gpu.queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
+        let mut totals: Vec<(&'static str, f64)> = Vec::new();
+        for op in if n == 1 { &self.decode } else { &self.prefill } {
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            op.encode(&mut enc.begin_compute_pass(&Default::default()), n as u32);
+            let t = std::time::Instant::now();
+            self.gpu.submit(enc);
+            self.gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::Gpu(e.to_string()))?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            match totals.iter_mut().find(|(l, _)| *l == op.label) {
+                Some(entry) => entry.1 += ms,
+                None => totals.push((op.label, ms)),
+            }
+        }
+        self.gpu.check()?;
+        Ok(totals)
     }
 
     /// Dispatches in one decode step.

@@ -69,7 +69,7 @@ pub fn gemm(
             let needs = Needs { weights: Some(p.ty), ..Default::default() };
             let pipeline = cache.get(gpu, "gemm", include_str!("../../../shaders/gemm.wgsl"), needs, &[], &overrides);
             let bind_group = gpu.bind_group("gemm", &pipeline, &[params, &p.buffer, x, y]);
-            Dispatch { label: "gemm", pipeline, bind_group, groups: Groups::per_token((rows as u32).div_ceil(64), 1, 16) }
+            Dispatch { label: "gemm", pipeline, bind_group, groups: Groups::per_token((rows as u32).div_ceil(64), 1, 64) }
         })
         .collect()
 }

@@ -1,0 +1,123 @@
+//! The whole GPU model (on lavapipe when there is no GPU) against the golden data, on the f32
+//! path and on the f16 path (f16 KV cache, subgroups) where the adapter has shader-f16.
+
+mod common;
+
+use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, Readback};
+
+fn load(force_f32: bool) -> GpuModel {
+    let gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32 })).expect("a GPU adapter (lavapipe in CI)");
+    GpuModel::load(gpu, common::model_gguf(), common::model_bytes(), 2048, &mut |_, _| {}).expect("the model uploads")
+}
+
+struct Tolerances {
+    logits: f64,
+    perplexity_rel: f64,
+    /// Compare greedy tokens only before the first step whose golden top-1/top-2 margin is below this.
+    min_margin: f64,
+}
+
+const F32: Tolerances = Tolerances { logits: 2e-3, perplexity_rel: 1e-3, min_margin: 0.0 };
+const F16: Tolerances = Tolerances { logits: 5e-2, perplexity_rel: 1e-2, min_margin: 0.05 };
+const STEPS: usize = 32;
+
+fn check_generations(model: &mut GpuModel, tol: &Tolerances) {
+    let golden = common::golden("generations.json");
+    let vocab = model.config.vocab_size;
+    let mut logits = vec![0f32; vocab];
+    let mut max_diff = 0f64;
+    for case in golden["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let prompt = common::ids(&case["prompt_ids"]);
+        let expected = common::ids(&case["generated_ids"]);
+        let margins = common::floats(&case["top1_top2_margins"]);
+        pollster::block_on(model.step(&prompt, 0, Readback::Logits(&mut logits))).unwrap();
+        let top = &case["top_logits"][0];
+        assert_eq!(top["step"], 0);
+        for (id, want) in common::ids(&top["ids"]).iter().zip(common::floats(&top["logits"])) {
+            let diff = (logits[*id as usize] as f64 - want).abs();
+            max_diff = max_diff.max(diff);
+            assert!(diff < tol.logits, "{name}: logit of {id} is {}, golden {want}", logits[*id as usize]);
+        }
+        let mut next = webgpu_llm::sampling::argmax(&logits);
+        let mut pos = prompt.len();
+        for step in 0..STEPS {
+            if margins[step] < tol.min_margin {
+                break;
+            }
+            assert_eq!(next, expected[step], "{name}: greedy token {step}");
+            next = pollster::block_on(model.step(&[next], pos, Readback::Argmax)).unwrap().unwrap();
+            pos += 1;
+        }
+    }
+    eprintln!("max |logit - golden| at the last prompt positions: {max_diff:.2e}");
+}
+
+fn check_perplexity(model: &mut GpuModel, tol: &Tolerances) {
+    let golden = common::golden("perplexity.json");
+    let ids = common::ids(&golden["ids"]);
+    let vocab = model.config.vocab_size;
+    let chunk = model.all_logits_chunk();
+    let mut nll = Vec::new();
+    for (c, tokens) in ids.chunks(chunk).enumerate() {
+        let logits = pollster::block_on(model.logits_all(tokens, c * chunk)).unwrap();
+        for (t, row) in logits.chunks_exact(vocab).enumerate() {
+            let Some(&target) = ids.get(c * chunk + t + 1) else { break };
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let log_sum = row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln() + max;
+            nll.push(log_sum - row[target as usize] as f64);
+        }
+    }
+    assert_eq!(nll.len(), ids.len() - 1);
+    let ppl = (nll.iter().sum::<f64>() / nll.len() as f64).exp();
+    let want = golden["perplexity"].as_f64().unwrap();
+    eprintln!("perplexity {ppl:.5} (golden {want:.5})");
+    assert!(((ppl - want) / want).abs() < tol.perplexity_rel, "perplexity {ppl}, golden {want}");
+}
+
+#[test]
+fn f32_path_greedy_tokens_and_logits_match_the_golden_data() {
+    let mut model = load(true);
+    assert!(!model.gpu.f16 && !model.gpu.subgroups);
+    check_generations(&mut model, &F32);
+}
+
+#[test]
+fn f32_path_perplexity_matches_the_golden_data() {
+    check_perplexity(&mut load(true), &F32);
+}
+
+#[test]
+fn f16_path_greedy_tokens_and_logits_match_the_golden_data() {
+    let mut model = load(false);
+    if !model.gpu.f16 {
+        eprintln!("the adapter has no shader-f16: the f16 path does not exist here");
+        return;
+    }
+    check_generations(&mut model, &F16);
+}
+
+#[test]
+fn f16_path_perplexity_matches_the_golden_data() {
+    let mut model = load(false);
+    if !model.gpu.f16 {
+        eprintln!("the adapter has no shader-f16: the f16 path does not exist here");
+        return;
+    }
+    check_perplexity(&mut model, &F16);
+}
+
+#[test]
+fn a_decode_step_creates_nothing_submits_once_and_reads_back_four_bytes() {
+    let mut model = load(false);
+    let prompt = [504u32, 3575, 282, 4649, 314];
+    let mut next = pollster::block_on(model.step(&prompt, 0, Readback::Argmax)).unwrap().unwrap();
+    let before = model.gpu.counters();
+    for pos in prompt.len()..prompt.len() + 50 {
+        next = pollster::block_on(model.step(&[next], pos, Readback::Argmax)).unwrap().unwrap();
+    }
+    let d = model.gpu.counters() - before;
+    assert_eq!((d.buffers, d.bind_groups, d.pipelines), (0, 0, 0), "objects created in the decode loop: {d:?}");
+    assert_eq!(d.submissions, 50);
+    assert_eq!(d.bytes_read_back, 50 * 4);
+}
