@@ -130,7 +130,15 @@ impl Engine {
                 Backend::Gpu(Box::new(GpuModel::load(gpu, &gguf, file, context_length, progress)?))
             }
         };
-        Ok(Self { logits: vec![0.0; config.vocab_size], config, tokenizer, chat_template, context_length, backend, cached: Vec::new() })
+        Ok(Self {
+            logits: vec![0.0; config.vocab_size],
+            config,
+            tokenizer,
+            chat_template,
+            context_length,
+            backend,
+            cached: Vec::new(),
+        })
     }
 
     pub fn context_length(&self) -> usize {
@@ -167,7 +175,9 @@ impl Engine {
         let text = match prompt {
             Prompt::Tokens(ids) => return Ok(ids.clone()),
             Prompt::Text(text) => text.clone(),
-            Prompt::Chat(messages) => self.chat_template.as_ref().ok_or(Error::NoChatTemplate)?.render(messages, true)?,
+            Prompt::Chat(messages) => {
+                self.chat_template.as_ref().ok_or(Error::NoChatTemplate)?.render(messages, true)?
+            }
         };
         let mut ids = Vec::new();
         if self.tokenizer.add_bos && matches!(prompt, Prompt::Text(_)) {
@@ -194,7 +204,11 @@ impl Engine {
             return Err(Error::TokenOutOfRange { id, vocab_size: self.config.vocab_size });
         }
         if options.max_tokens == 0 {
-            return Err(Error::InvalidSamplingParameter { name: "max_tokens", value: "0".into(), expected: "must be at least 1" });
+            return Err(Error::InvalidSamplingParameter {
+                name: "max_tokens",
+                value: "0".into(),
+                expected: "must be at least 1",
+            });
         }
         if tokens.len() + options.max_tokens > self.context_length {
             return Err(Error::ContextOverflow {

@@ -13,7 +13,9 @@ pub enum Error {
     MissingMetadata(String),
     #[error("the GGUF metadata value {key:?} = {value} is invalid: {reason}")]
     InvalidMetadata { key: String, value: String, reason: String },
-    #[error("tensor {name:?} has type {ty}, which this engine cannot run yet (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)")]
+    #[error(
+        "tensor {name:?} has type {ty}, which this engine cannot run yet (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)"
+    )]
     UnsupportedTensorType { name: String, ty: &'static str },
     #[error("the tokenizer {0} is not supported")]
     UnsupportedTokenizer(String),

@@ -43,7 +43,9 @@ impl SamplingParams {
     }
 
     pub fn validate(&self) -> Result<()> {
-        let bad = |name, value: f32, expected| Err(Error::InvalidSamplingParameter { name, value: value.to_string(), expected });
+        let bad = |name, value: f32, expected| {
+            Err(Error::InvalidSamplingParameter { name, value: value.to_string(), expected })
+        };
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
             return bad("temperature", self.temperature, "must be a finite number >= 0 (0 = greedy)");
         }
@@ -132,7 +134,13 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams, vocab_size: usize) -> Result<Self> {
         params.validate()?;
-        Ok(Self { rng: Rng::new(params.seed), params, counts: vec![0; vocab_size], seen: Vec::new(), candidates: Vec::new() })
+        Ok(Self {
+            rng: Rng::new(params.seed),
+            params,
+            counts: vec![0; vocab_size],
+            seen: Vec::new(),
+            candidates: Vec::new(),
+        })
     }
 
     pub fn params(&self) -> &SamplingParams {

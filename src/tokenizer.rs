@@ -31,7 +31,8 @@ pub struct Tokenizer {
 
 impl Tokenizer {
     pub fn from_gguf(gguf: &Gguf) -> Result<Self> {
-        let model = gguf.get_str("tokenizer.ggml.model")?.ok_or(Error::MissingMetadata("tokenizer.ggml.model".into()))?;
+        let model =
+            gguf.get_str("tokenizer.ggml.model")?.ok_or(Error::MissingMetadata("tokenizer.ggml.model".into()))?;
         if model != "gpt2" {
             return Err(Error::UnsupportedTokenizer(format!(
                 "model {model:?} (tokenizer.ggml.model); supported: \"gpt2\" (byte-level BPE)"
@@ -44,7 +45,8 @@ impl Tokenizer {
             None => vec![1; tokens.len()],
         };
 
-        let vocab: tokenizers::models::bpe::Vocab = tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect();
+        let vocab: tokenizers::models::bpe::Vocab =
+            tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect();
         let merges: Vec<(String, String)> = merges
             .iter()
             .map(|m| {
@@ -53,10 +55,8 @@ impl Tokenizer {
                     .ok_or_else(|| Error::Tokenizer(format!("merge {m:?} is not two tokens separated by a space")))
             })
             .collect::<Result<_>>()?;
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let bpe =
+            BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| Error::Tokenizer(e.to_string()))?;
 
         let pre = gguf.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
         let mut inner = tokenizers::Tokenizer::new(bpe);
@@ -110,7 +110,10 @@ impl Tokenizer {
 fn string_array<'a>(gguf: &'a Gguf, key: &str) -> Result<Vec<&'a str>> {
     let arr = gguf.get_array(key)?.ok_or_else(|| Error::MissingMetadata(key.into()))?;
     arr.iter()
-        .map(|v| v.as_str().ok_or_else(|| Error::Tokenizer(format!("{key} holds a {} where strings were expected", v.type_name()))))
+        .map(|v| {
+            v.as_str()
+                .ok_or_else(|| Error::Tokenizer(format!("{key} holds a {} where strings were expected", v.type_name())))
+        })
         .collect()
 }
 

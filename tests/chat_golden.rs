@@ -27,7 +27,8 @@ fn renders_every_golden_chat_prompt_exactly() {
 fn template_errors_are_reported_not_panicked() {
     let bad = ChatTemplate::new("{% for m in messages %}{{ m.content", String::new(), String::new());
     assert!(matches!(bad, Err(webgpu_llm::Error::ChatTemplate(_))));
-    let raising = ChatTemplate::new("{{ raise_exception('roles must alternate') }}", String::new(), String::new()).unwrap();
+    let raising =
+        ChatTemplate::new("{{ raise_exception('roles must alternate') }}", String::new(), String::new()).unwrap();
     let err = raising.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
     assert!(err.contains("roles must alternate"), "{err}");
 }

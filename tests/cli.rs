@@ -5,6 +5,7 @@ mod common;
 use std::process::{Command, Output};
 
 fn cli(args: &[&str]) -> Output {
+    // Bench and generate take --model; unknown subcommands fail before it matters.
     Command::new(env!("CARGO_BIN_EXE_webgpu-llm"))
         .args(args)
         .arg("--model")
@@ -17,10 +18,24 @@ fn cli(args: &[&str]) -> Output {
 fn json_greedy_generation_prints_the_golden_ids() {
     let case = common::golden("generations.json")["cases"][0].clone();
     assert_eq!(case["name"], "raw_capital_france");
-    let out = cli(&["generate", "--prompt", "The capital of France is", "--max-tokens", "16", "--temperature", "0", "--backend", "cpu", "--json"]);
+    let out = cli(&[
+        "generate",
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "16",
+        "--temperature",
+        "0",
+        "--backend",
+        "cpu",
+        "--json",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<serde_json::Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect();
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
     let (tokens, last) = lines.split_at(lines.len() - 1);
     let ids: Vec<u32> = tokens.iter().map(|t| t["id"].as_u64().unwrap() as u32).collect();
     assert_eq!(ids, common::ids(&case["generated_ids"])[..16]);
@@ -32,7 +47,16 @@ fn json_greedy_generation_prints_the_golden_ids() {
 
 #[test]
 fn plain_output_streams_text_and_reports_stats_on_stderr() {
-    let out = cli(&["generate", "--prompt", "What is the capital of France?", "--chat", "--max-tokens", "32", "--temperature", "0"]);
+    let out = cli(&[
+        "generate",
+        "--prompt",
+        "What is the capital of France?",
+        "--chat",
+        "--max-tokens",
+        "32",
+        "--temperature",
+        "0",
+    ]);
     assert!(out.status.success());
     assert_eq!(String::from_utf8(out.stdout).unwrap(), "The capital of France is Paris.\n");
     let err = String::from_utf8(out.stderr).unwrap();
@@ -81,4 +105,35 @@ fn a_file_that_is_not_gguf_is_an_error_not_a_panic() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
     assert!(err.contains("not a GGUF file"), "{err}");
+}
+
+#[test]
+fn the_gpu_is_the_default_backend_and_prints_the_golden_ids() {
+    let case = common::golden("generations.json")["cases"][0].clone();
+    let out = cli(&["generate", "--prompt", "The capital of France is", "--max-tokens", "16", "--temperature", "0", "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("on gpu: "), "the adapter is named on stderr: {err}");
+    let ids: Vec<u32> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].as_u64())
+        .map(|id| id as u32)
+        .collect();
+    assert_eq!(ids, common::ids(&case["generated_ids"])[..16]);
+}
+
+#[test]
+fn bench_reports_one_submission_no_allocation_and_four_bytes_per_decode_step() {
+    let out = cli(&["bench", "--prompt-tokens", "20", "--gen-tokens", "6"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for field in ["prefill:", "TTFT", "decode:", "TPOT", "backend:"] {
+        assert!(text.contains(field), "bench output lacks {field}: {text}");
+    }
+    let step = text.lines().find(|l| l.starts_with("per decode step:")).expect("a per-step line");
+    for want in ["1.00 submissions", "0.00 buffers created", "0.00 bind groups created", "0.00 pipelines created", " 4 bytes read back"]
+    {
+        assert!(step.contains(want), "{step:?} lacks {want:?}");
+    }
 }

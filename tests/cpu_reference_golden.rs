@@ -15,8 +15,28 @@ fn model_config_matches_the_golden_architecture() {
     let c = &m.config;
     let n = |k: &str| a[k].as_u64().unwrap() as usize;
     assert_eq!(
-        (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dim, c.ffn_dim, c.vocab_size, c.context_length),
-        (n("n_layers"), n("d_model"), n("n_heads"), n("n_kv_heads"), n("head_dim"), n("rope_dim"), n("ffn_dim"), n("vocab_size"), n("context_length"))
+        (
+            c.n_layers,
+            c.d_model,
+            c.n_heads,
+            c.n_kv_heads,
+            c.head_dim,
+            c.rope_dim,
+            c.ffn_dim,
+            c.vocab_size,
+            c.context_length
+        ),
+        (
+            n("n_layers"),
+            n("d_model"),
+            n("n_heads"),
+            n("n_kv_heads"),
+            n("head_dim"),
+            n("rope_dim"),
+            n("ffn_dim"),
+            n("vocab_size"),
+            n("context_length")
+        )
     );
     assert_eq!(c.rope_base as f64, a["rope_freq_base"].as_f64().unwrap());
     assert_eq!(c.rms_eps as f64, a["rms_norm_eps"].as_f64().unwrap());
@@ -47,7 +67,11 @@ fn greedy_generations_and_logits_match_transformers() {
                 for (id, want) in common::ids(&t["ids"]).iter().zip(common::floats(&t["logits"])) {
                     let diff = (logits[*id as usize] as f64 - want).abs();
                     max_diff = max_diff.max(diff);
-                    assert!(diff < LOGIT_TOLERANCE, "{name} step {step}: logit of {id} is {}, golden {want}", logits[*id as usize]);
+                    assert!(
+                        diff < LOGIT_TOLERANCE,
+                        "{name} step {step}: logit of {id} is {}, golden {want}",
+                        logits[*id as usize]
+                    );
                 }
             }
             let next = argmax(&logits);

@@ -163,17 +163,29 @@ fn rejects_corrupt_synthetic_files_with_typed_errors() {
     // First key's length larger than the file.
     assert!(matches!(parse_err(&patch(24, &(1u64 << 50).to_le_bytes())), GgufError::Truncated { offset: 32, .. }));
     // First value's type (after the 2-byte key "u8").
-    assert!(matches!(parse_err(&patch(34, &77u32.to_le_bytes())), GgufError::UnknownValueType { offset: 34, value_type: 77 }));
+    assert!(matches!(
+        parse_err(&patch(34, &77u32.to_le_bytes())),
+        GgufError::UnknownValueType { offset: 34, value_type: 77 }
+    ));
     // Invalid UTF-8 in the first key.
     assert!(matches!(parse_err(&patch(32, &[0xff])), GgufError::InvalidUtf8 { offset: 32 }));
 
     let a = tensor_info_at(&good, "a.weight"); // n_dims, dims, type, offset follow
     assert!(matches!(parse_err(&patch(a, &9u32.to_le_bytes())), GgufError::TooManyDims { n_dims: 9, .. }));
     assert!(matches!(parse_err(&patch(a + 4, &0u64.to_le_bytes())), GgufError::BadShape { .. }));
-    assert!(matches!(parse_err(&patch(a + 4, &16u64.to_le_bytes())), GgufError::ShapeNotBlockAligned { block: 32, .. }));
-    assert!(matches!(parse_err(&patch(a + 12, &99u32.to_le_bytes())), GgufError::UnknownTensorType { type_id: 99, .. }));
+    assert!(matches!(
+        parse_err(&patch(a + 4, &16u64.to_le_bytes())),
+        GgufError::ShapeNotBlockAligned { block: 32, .. }
+    ));
+    assert!(matches!(
+        parse_err(&patch(a + 12, &99u32.to_le_bytes())),
+        GgufError::UnknownTensorType { type_id: 99, .. }
+    ));
     assert!(matches!(parse_err(&patch(a + 16, &(1u64 << 20).to_le_bytes())), GgufError::TensorOutOfBounds { .. }));
-    assert!(matches!(parse_err(&patch(a + 16, &u64::MAX.to_le_bytes())), GgufError::MisalignedTensor { .. } | GgufError::TensorOutOfBounds { .. }));
+    assert!(matches!(
+        parse_err(&patch(a + 16, &u64::MAX.to_le_bytes())),
+        GgufError::MisalignedTensor { .. } | GgufError::TensorOutOfBounds { .. }
+    ));
     assert!(matches!(parse_err(&patch(a + 16, &1u64.to_le_bytes())), GgufError::MisalignedTensor { offset: 1, .. }));
     // b.weight moved onto a.weight's data.
     let b = tensor_info_at(&good, "b.weight");
@@ -226,19 +238,19 @@ fn flipped_header_bytes_of_the_real_model_are_errors() {
     let n_dims = first.shape.len();
     let type_at = t + 4 + 8 * n_dims;
     let mut flips: Vec<(usize, u8)> = vec![
-        (0, 0xff),  // magic
-        (3, 0x01),  // magic
-        (4, 0x07),  // version
-        (5, 0x01),  // version
-        (15, 0x80), // tensor count
-        (13, 0x10), // tensor count
-        (23, 0x40), // metadata count
-        (21, 0x01), // metadata count
-        (31, 0x20), // first key length
-        (28, 0x01), // first key length
-        (t, 0x08),  // n_dims
-        (t + 4 + 7, 0x10), // first dimension
-        (type_at, 0x40),   // tensor type
+        (0, 0xff),               // magic
+        (3, 0x01),               // magic
+        (4, 0x07),               // version
+        (5, 0x01),               // version
+        (15, 0x80),              // tensor count
+        (13, 0x10),              // tensor count
+        (23, 0x40),              // metadata count
+        (21, 0x01),              // metadata count
+        (31, 0x20),              // first key length
+        (28, 0x01),              // first key length
+        (t, 0x08),               // n_dims
+        (t + 4 + 7, 0x10),       // first dimension
+        (type_at, 0x40),         // tensor type
         (type_at + 4 + 6, 0x01), // data offset far out of the file
         (type_at + 4, 0x01),     // data offset misaligned
     ];

@@ -18,7 +18,10 @@ fn rng_follows_the_published_xoshiro256_starstar() {
     // From an independent Python implementation of splitmix64 seeding + xoshiro256** (whose
     // splitmix64(0) first output, 0xe220a8397b1dcdaf, is the published test vector).
     let mut rng = Rng::new(42);
-    assert_eq!([rng.next_u64(), rng.next_u64(), rng.next_u64()], [0x15780b2e0c2ec716, 0x6104d9866d113a7e, 0xae17533239e499a1]);
+    assert_eq!(
+        [rng.next_u64(), rng.next_u64(), rng.next_u64()],
+        [0x15780b2e0c2ec716, 0x6104d9866d113a7e, 0xae17533239e499a1]
+    );
 }
 
 #[test]

@@ -256,7 +256,13 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
         ignore_eos: true,
     };
     // A first short run compiles the driver's shader variants and warms caches.
-    engine.generate(&Prompt::Tokens(tokens[..8.min(tokens.len())].to_vec()), &GenerateOptions { max_tokens: 2, ..options.clone() }, &mut |_| true).await?;
+    engine
+        .generate(
+            &Prompt::Tokens(tokens[..8.min(tokens.len())].to_vec()),
+            &GenerateOptions { max_tokens: 2, ..options.clone() },
+            &mut |_| true,
+        )
+        .await?;
     let mut fresh = tokens.clone();
     fresh[0] = fresh[0].wrapping_add(1) % engine.config.vocab_size as u32;
     let s = engine.generate(&Prompt::Tokens(fresh), &options, &mut |_| true).await?;
@@ -264,7 +270,12 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
     println!("model:          {} ({} layers)", engine.config.name, engine.config.n_layers);
     println!("prompt tokens:  {} (prefilled {})", s.prompt_tokens, s.prefilled_tokens);
     println!("prefill:        {:.1} tok/s, TTFT {:.1} ms", s.prefill_tok_s, s.ttft_ms);
-    println!("decode:         {:.2} tok/s over {} steps, TPOT {:.2} ms", s.decode_tok_s, s.decode_steps, 1e3 / s.decode_tok_s.max(1e-9));
+    println!(
+        "decode:         {:.2} tok/s over {} steps, TPOT {:.2} ms",
+        s.decode_tok_s,
+        s.decode_steps,
+        1e3 / s.decode_tok_s.max(1e-9)
+    );
     if let (Some(c), Some(m)) = (s.decode_counters, engine.gpu_model()) {
         let steps = s.decode_steps.max(1) as f64;
         println!(
@@ -277,7 +288,10 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
             c.bytes_read_back as f64 / steps
         );
         if args.profile {
-            for (what, n, start) in [("prefill", args.prompt_tokens.min(webgpu_llm::gpu::PREFILL_CHUNK), 0), ("decode", 1, args.prompt_tokens)] {
+            for (what, n, start) in [
+                ("prefill", args.prompt_tokens.min(webgpu_llm::gpu::PREFILL_CHUNK), 0),
+                ("decode", 1, args.prompt_tokens),
+            ] {
                 let times = m.profile(n, start)?;
                 let total: f64 = times.iter().map(|t| t.1).sum();
                 let parts: Vec<String> = times.iter().map(|(l, ms)| format!("{l} {ms:.1} ms")).collect();

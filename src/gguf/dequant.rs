@@ -7,10 +7,8 @@ use half::{bf16, f16};
 /// Dequantizes a whole tensor to f32 (row-major, `shape[0]` contiguous).
 pub fn dequantize(info: &TensorInfo, data: &[u8]) -> Result<Vec<f32>, GgufError> {
     let mut out = vec![0f32; info.n_elements() as usize];
-    dequantize_row_into(info.ty, data, &mut out).ok_or_else(|| GgufError::UnsupportedTensorType {
-        name: info.name.clone(),
-        ty: info.ty.name(),
-    })?;
+    dequantize_row_into(info.ty, data, &mut out)
+        .ok_or_else(|| GgufError::UnsupportedTensorType { name: info.name.clone(), ty: info.ty.name() })?;
     Ok(out)
 }
 

@@ -175,9 +175,11 @@ impl Gguf {
     ) -> Result<Option<T>, GgufError> {
         match self.metadata.get(key) {
             None => Ok(None),
-            Some(v) => convert(v)
-                .map(Some)
-                .ok_or_else(|| GgufError::WrongValueType { key: key.into(), expected, found: v.type_name() }),
+            Some(v) => convert(v).map(Some).ok_or_else(|| GgufError::WrongValueType {
+                key: key.into(),
+                expected,
+                found: v.type_name(),
+            }),
         }
     }
 }

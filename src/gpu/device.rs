@@ -75,7 +75,8 @@ impl Gpu {
     /// engine can use.
     pub async fn new(options: GpuOptions) -> Result<Self> {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-        desc.backends = if cfg!(target_arch = "wasm32") { wgpu::Backends::BROWSER_WEBGPU } else { wgpu::Backends::all() };
+        desc.backends =
+            if cfg!(target_arch = "wasm32") { wgpu::Backends::BROWSER_WEBGPU } else { wgpu::Backends::all() };
         let instance = wgpu::Instance::new(desc);
         let adapter = instance
             .request_adapter(&wgpu::RequestAdapterOptions {
@@ -123,7 +124,9 @@ impl Gpu {
         let sink = failure.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             let err = match e {
-                wgpu::Error::OutOfMemory { .. } => Error::Gpu("out of GPU memory: try a smaller model or context length".into()),
+                wgpu::Error::OutOfMemory { .. } => {
+                    Error::Gpu("out of GPU memory: try a smaller model or context length".into())
+                }
                 wgpu::Error::Validation { source, .. } => Error::Gpu(error_chain(&*source)),
                 wgpu::Error::Internal { description, .. } => Error::Gpu(description),
             };
@@ -131,7 +134,9 @@ impl Gpu {
         }));
         let sink = failure.clone();
         device.set_device_lost_callback(move |reason, message| {
-            sink.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(Error::DeviceLost(format!("{reason:?}: {message}")));
+            sink.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(Error::DeviceLost(format!("{reason:?}: {message}")));
         });
         Ok(Self { device, queue, adapter_info, limits, f16, subgroups, counters: Counters::default(), failure })
     }
@@ -219,7 +224,12 @@ impl Gpu {
         })
     }
 
-    pub fn bind_group(&self, label: &str, pipeline: &wgpu::ComputePipeline, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+    pub fn bind_group(
+        &self,
+        label: &str,
+        pipeline: &wgpu::ComputePipeline,
+        buffers: &[&wgpu::Buffer],
+    ) -> wgpu::BindGroup {
         self.counters.bind_groups.fetch_add(1, Ordering::Relaxed);
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
@@ -245,7 +255,10 @@ impl Gpu {
             layout: None,
             module: &module,
             entry_point: Some("main"),
-            compilation_options: wgpu::PipelineCompilationOptions { constants, zero_initialize_workgroup_memory: false },
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants,
+                zero_initialize_workgroup_memory: false,
+            },
             cache: None,
         })
     }

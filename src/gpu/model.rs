@@ -81,7 +81,13 @@ pub struct GpuModel {
 impl GpuModel {
     /// Uploads the model and records the decode and prefill passes. `progress(done, total)`
     /// counts uploaded tensors.
-    pub fn load(gpu: Gpu, gguf: &Gguf, file: &[u8], context: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
+    pub fn load(
+        gpu: Gpu,
+        gguf: &Gguf,
+        file: &[u8],
+        context: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
         let c = ModelConfig::from_gguf(gguf)?;
         let names = TensorNames::new(&c);
         names.validate(gguf, &c)?;
@@ -89,7 +95,8 @@ impl GpuModel {
             return Err(Error::InvalidMetadata {
                 key: format!("{}.attention.head_count", c.architecture),
                 value: format!("head_dim {}, d_model {}, ffn {}", c.head_dim, c.d_model, c.ffn_dim),
-                reason: "the GPU kernels need head_dim <= 256 and a multiple of 8, d_model and ffn multiples of 32".into(),
+                reason: "the GPU kernels need head_dim <= 256 and a multiple of 8, d_model and ffn multiples of 32"
+                    .into(),
             });
         }
         let t = |name: &str| gguf.require_tensor(name);
@@ -196,7 +203,18 @@ impl GpuModel {
             } else {
                 ops.extend(kernels::gemv(gpu, p, &l.qkv, Epilogue::Store, &b.xn, &b.qkv));
                 ops.push(kernels::rope_kv(gpu, p, params, c, &b.qkv, &b.rope, kc, vc));
-                ops.push(kernels::attention_decode(gpu, p, params, c, self.context, &b.qkv, kc, vc, &b.scores, &b.attn));
+                ops.push(kernels::attention_decode(
+                    gpu,
+                    p,
+                    params,
+                    c,
+                    self.context,
+                    &b.qkv,
+                    kc,
+                    vc,
+                    &b.scores,
+                    &b.attn,
+                ));
                 ops.extend(kernels::gemv(gpu, p, &l.wo, Epilogue::Add, &b.attn, &b.x));
                 ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &l.ffn_norm, &b.xn));
                 if l.gate_up.parts.iter().all(|part| part.pair) {
@@ -225,10 +243,15 @@ impl GpuModel {
     pub async fn logits_all(&mut self, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
         let n = tokens.len();
         if n == 0 || n > self.all_logits_chunk() || start + n > self.context {
-            return Err(Error::ContextOverflow { prompt_tokens: start + n, max_tokens: 0, context_length: self.context });
+            return Err(Error::ContextOverflow {
+                prompt_tokens: start + n,
+                max_tokens: 0,
+                context_length: self.context,
+            });
         }
         if self.all_logits.is_none() {
-            let buffer = self.gpu.storage("all_logits", (self.all_logits_chunk() * self.config.vocab_size * 4) as u64)?;
+            let buffer =
+                self.gpu.storage("all_logits", (self.all_logits_chunk() * self.config.vocab_size * 4) as u64)?;
             let ops = self.record(Pass::AllLogits(&buffer));
             self.all_logits = Some((ops, buffer));
         }
@@ -286,7 +309,11 @@ impl GpuModel {
     pub async fn step(&mut self, tokens: &[u32], start: usize, readback: Readback<'_>) -> Result<Option<u32>> {
         let n = tokens.len();
         if n == 0 || n > PREFILL_CHUNK || start + n > self.context {
-            return Err(Error::ContextOverflow { prompt_tokens: start + n, max_tokens: 0, context_length: self.context });
+            return Err(Error::ContextOverflow {
+                prompt_tokens: start + n,
+                max_tokens: 0,
+                context_length: self.context,
+            });
         }
         let params = Params { n_tokens: n as u32, start_pos: start as u32, seq_len: (start + n) as u32, pad: 0 };
         let q = &self.gpu.queue;
@@ -294,7 +321,8 @@ impl GpuModel {
         q.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(tokens));
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
+            let mut pass =
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
             let ops = if n == 1 { &self.decode } else { &self.prefill };
             for op in ops {
                 op.encode(&mut pass, n as u32);
@@ -311,11 +339,20 @@ impl GpuModel {
         match readback {
             Readback::None => self.gpu.check().map(|_| None),
             Readback::Argmax => {
-                let id = self.gpu.read_mapped(&b.staging_argmax, 4, |bytes| u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])).await?;
+                let id = self
+                    .gpu
+                    .read_mapped(&b.staging_argmax, 4, |bytes| {
+                        u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+                    })
+                    .await?;
                 Ok(Some(id))
             }
             Readback::Logits(out) => {
-                self.gpu.read_mapped(&b.staging_logits, logits_bytes, |bytes| out.copy_from_slice(bytemuck::cast_slice(bytes))).await?;
+                self.gpu
+                    .read_mapped(&b.staging_logits, logits_bytes, |bytes| {
+                        out.copy_from_slice(bytemuck::cast_slice(bytes))
+                    })
+                    .await?;
                 Ok(None)
             }
         }

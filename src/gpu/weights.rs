@@ -60,7 +60,8 @@ pub struct Linear {
 }
 
 fn check_type(t: &TensorInfo) -> Result<usize> {
-    row_words(t.ty, t.shape[0] as usize).ok_or_else(|| Error::UnsupportedTensorType { name: t.name.clone(), ty: t.ty.name() })
+    row_words(t.ty, t.shape[0] as usize)
+        .ok_or_else(|| Error::UnsupportedTensorType { name: t.name.clone(), ty: t.ty.name() })
 }
 
 impl Linear {

@@ -50,7 +50,11 @@ impl ModelConfig {
             None => n_heads,
         };
         if n_heads % n_kv_heads != 0 {
-            return Err(invalid(&key("attention.head_count_kv"), n_kv_heads, "the head count must be a multiple of it"));
+            return Err(invalid(
+                &key("attention.head_count_kv"),
+                n_kv_heads,
+                "the head count must be a multiple of it",
+            ));
         }
         let head_dim = match gguf.get_u64(&key("attention.key_length"))? {
             Some(v) => positive(&key("attention.key_length"), v)?,

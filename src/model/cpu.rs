@@ -86,9 +86,7 @@ impl CpuModel {
             })
             .collect::<Result<Vec<_>>>()?;
         let output = if config.tied_output { None } else { Some(load(&names.output)?) };
-        let inv_freq = (0..config.rope_dim / 2)
-            .map(|i| (config.rope_base as f64).powf(-2.0 * i as f64 / config.rope_dim as f64))
-            .collect();
+        let inv_freq = rope_inv_freq(&config);
         Ok(Self {
             token_embd: load(&names.token_embd)?,
             output_norm: load(&names.output_norm)?,
@@ -144,12 +142,12 @@ impl CpuModel {
             matmul(&mut v, &xn, &layer.wv, d);
             for t in 0..n {
                 let pos = start + t;
-                self.rope(&mut q[t * c.q_dim()..(t + 1) * c.q_dim()], pos);
-                self.rope(&mut k[t * kv_dim..(t + 1) * kv_dim], pos);
+                rope(&mut q[t * c.q_dim()..(t + 1) * c.q_dim()], pos, c.head_dim, &self.inv_freq);
+                rope(&mut k[t * kv_dim..(t + 1) * kv_dim], pos, c.head_dim, &self.inv_freq);
             }
             cache.k[li].extend_from_slice(&k);
             cache.v[li].extend_from_slice(&v);
-            self.attention(&mut attn, &q, &cache.k[li], &cache.v[li], start);
+            attention(c, &mut attn, &q, &cache.k[li], &cache.v[li], start);
             matmul(&mut proj, &attn, &layer.wo, c.q_dim());
             add_in_place(&mut x, &proj);
 
@@ -174,53 +172,59 @@ impl CpuModel {
         matmul(&mut logits, &normed, self.output.as_deref().unwrap_or(&self.token_embd), d);
         Ok(logits)
     }
+}
 
-    /// GGUF stores llama's Q and K rows permuted so that RoPE rotates adjacent pairs (x[2i], x[2i+1]).
-    fn rope(&self, x: &mut [f32], pos: usize) {
-        let hd = self.config.head_dim;
-        for head in x.chunks_exact_mut(hd) {
-            for (i, &f) in self.inv_freq.iter().enumerate() {
-                let (sin, cos) = (pos as f64 * f).sin_cos();
-                let (a, b) = (head[2 * i] as f64, head[2 * i + 1] as f64);
-                head[2 * i] = (a * cos - b * sin) as f32;
-                head[2 * i + 1] = (a * sin + b * cos) as f32;
-            }
+/// RoPE inverse frequency of each rotated pair: base^(-2i / rope_dim).
+pub fn rope_inv_freq(c: &ModelConfig) -> Vec<f64> {
+    (0..c.rope_dim / 2).map(|i| (c.rope_base as f64).powf(-2.0 * i as f64 / c.rope_dim as f64)).collect()
+}
+
+/// RoPE of every head of `x` at `pos`. GGUF stores llama's Q and K rows permuted so that the
+/// rotation applies to adjacent pairs (x[2i], x[2i+1]).
+pub fn rope(x: &mut [f32], pos: usize, head_dim: usize, inv_freq: &[f64]) {
+    for head in x.chunks_exact_mut(head_dim) {
+        for (i, &f) in inv_freq.iter().enumerate() {
+            let (sin, cos) = (pos as f64 * f).sin_cos();
+            let (a, b) = (head[2 * i] as f64, head[2 * i + 1] as f64);
+            head[2 * i] = (a * cos - b * sin) as f32;
+            head[2 * i + 1] = (a * sin + b * cos) as f32;
         }
     }
+}
 
-    /// Causal grouped-query attention of the new queries (positions `start..`) over the cache.
-    fn attention(&self, out: &mut [f32], q: &[f32], k_cache: &[f32], v_cache: &[f32], start: usize) {
-        let c = &self.config;
-        let (hd, kv_dim, group) = (c.head_dim, c.kv_dim(), c.n_heads / c.n_kv_heads);
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut scores = Vec::new();
-        for (t, (q_t, out_t)) in q.chunks_exact(c.q_dim()).zip(out.chunks_exact_mut(c.q_dim())).enumerate() {
-            let n_keys = start + t + 1;
-            for h in 0..c.n_heads {
-                let kv_off = (h / group) * hd;
-                let qh = &q_t[h * hd..(h + 1) * hd];
-                scores.clear();
-                scores.extend((0..n_keys).map(|s| dot(qh, &k_cache[s * kv_dim + kv_off..s * kv_dim + kv_off + hd]) * scale));
-                softmax(&mut scores);
-                let oh = &mut out_t[h * hd..(h + 1) * hd];
-                oh.fill(0.0);
-                for (s, &p) in scores.iter().enumerate() {
-                    let vs = &v_cache[s * kv_dim + kv_off..s * kv_dim + kv_off + hd];
-                    for (o, &vv) in oh.iter_mut().zip(vs) {
-                        *o += p * vv;
-                    }
+/// Causal grouped-query attention of queries at positions `start..` (rows of `q`, `q_dim`
+/// wide) over the cache's keys and values (rows `kv_dim` wide, at least start + rows of q).
+pub fn attention(c: &ModelConfig, out: &mut [f32], q: &[f32], k_cache: &[f32], v_cache: &[f32], start: usize) {
+    let (hd, kv_dim, group) = (c.head_dim, c.kv_dim(), c.n_heads / c.n_kv_heads);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut scores = Vec::new();
+    for (t, (q_t, out_t)) in q.chunks_exact(c.q_dim()).zip(out.chunks_exact_mut(c.q_dim())).enumerate() {
+        let n_keys = start + t + 1;
+        for h in 0..c.n_heads {
+            let kv_off = (h / group) * hd;
+            let qh = &q_t[h * hd..(h + 1) * hd];
+            scores.clear();
+            scores
+                .extend((0..n_keys).map(|s| dot(qh, &k_cache[s * kv_dim + kv_off..s * kv_dim + kv_off + hd]) * scale));
+            softmax(&mut scores);
+            let oh = &mut out_t[h * hd..(h + 1) * hd];
+            oh.fill(0.0);
+            for (s, &p) in scores.iter().enumerate() {
+                let vs = &v_cache[s * kv_dim + kv_off..s * kv_dim + kv_off + hd];
+                for (o, &vv) in oh.iter_mut().zip(vs) {
+                    *o += p * vv;
                 }
             }
         }
     }
 }
 
-pub(crate) fn silu(x: f32) -> f32 {
+pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
 /// `out[t] = x[t] / rms(x[t]) * weight` for every row of `x`.
-pub(crate) fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
+pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
     let d = weight.len();
     for (o, xr) in out.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
         let mean_sq = xr.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / d as f64;
@@ -231,7 +235,7 @@ pub(crate) fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
     }
 }
 
-pub(crate) fn softmax(x: &mut [f32]) {
+pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f64;
     for v in x.iter_mut() {
@@ -246,7 +250,7 @@ fn add_in_place(x: &mut [f32], y: &[f32]) {
     x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
 }
 
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
     let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
@@ -260,7 +264,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// `out[t][j] = dot(x[t], w[j])` for rows `x[t]` of length `cols` and weight rows `w[j]`.
 /// Splits the work over the machine's cores: over tokens when there are several, else over rows.
-pub(crate) fn matmul(out: &mut [f32], x: &[f32], w: &[f32], cols: usize) {
+pub fn matmul(out: &mut [f32], x: &[f32], w: &[f32], cols: usize) {
     let (n, rows) = (x.len() / cols, w.len() / cols);
     let threads = worker_count();
     if threads <= 1 || rows * cols * n < 1 << 16 {

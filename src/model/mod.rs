@@ -7,4 +7,9 @@ mod weights;
 
 pub use config::ModelConfig;
 pub use cpu::{CpuKvCache, CpuModel, Logits};
+
+/// The CPU reference ops, one per GPU kernel family, for the kernels' tests.
+pub mod reference {
+    pub use super::cpu::{attention, dot, matmul, rms_norm, rope, rope_inv_freq, silu, softmax};
+}
 pub use weights::{LayerTensors, TensorNames};

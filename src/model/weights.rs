@@ -57,7 +57,8 @@ impl TensorNames {
 
     /// Every tensor the forward pass reads, with the shape (ggml order) it must have.
     pub fn expected_shapes(&self, c: &ModelConfig) -> Vec<(&str, Vec<u64>)> {
-        let (d, q, kv, f, v) = (c.d_model as u64, c.q_dim() as u64, c.kv_dim() as u64, c.ffn_dim as u64, c.vocab_size as u64);
+        let (d, q, kv, f, v) =
+            (c.d_model as u64, c.q_dim() as u64, c.kv_dim() as u64, c.ffn_dim as u64, c.vocab_size as u64);
         let mut out = vec![(self.token_embd.as_str(), vec![d, v]), (self.output_norm.as_str(), vec![d])];
         if !c.tied_output {
             out.push((self.output.as_str(), vec![d, v]));
@@ -101,7 +102,12 @@ fn check_shape(info: &TensorInfo, expected: &[u64]) -> Result<()> {
         s
     };
     if trimmed != expected {
-        return Err(GgufError::UnexpectedShape { name: info.name.clone(), expected: expected.to_vec(), found: info.shape.clone() }.into());
+        return Err(GgufError::UnexpectedShape {
+            name: info.name.clone(),
+            expected: expected.to_vec(),
+            found: info.shape.clone(),
+        }
+        .into());
     }
     Ok(())
 }

@@ -29,7 +29,14 @@ pub fn attention_decode(
         ("SCALE", 1.0 / (c.head_dim as f64).sqrt()),
     ];
     let needs = Needs { kv: true, ..Default::default() };
-    let pipeline = cache.get(gpu, "attention_decode", include_str!("../../../shaders/attention_decode.wgsl"), needs, &[], &overrides);
+    let pipeline = cache.get(
+        gpu,
+        "attention_decode",
+        include_str!("../../../shaders/attention_decode.wgsl"),
+        needs,
+        &[],
+        &overrides,
+    );
     let bind_group = gpu.bind_group("attention_decode", &pipeline, &[params, qkv, k_cache, v_cache, scores, out]);
     Dispatch { label: "attention_decode", pipeline, bind_group, groups: Groups::fixed(c.n_heads as u32, 1) }
 }
@@ -62,7 +69,14 @@ pub fn attention_prefill(
         ("SCALE", 1.0 / (c.head_dim as f64).sqrt()),
     ];
     let needs = Needs { kv: true, ..Default::default() };
-    let pipeline = cache.get(gpu, "attention_prefill", include_str!("../../../shaders/attention_prefill.wgsl"), needs, &consts, &overrides);
+    let pipeline = cache.get(
+        gpu,
+        "attention_prefill",
+        include_str!("../../../shaders/attention_prefill.wgsl"),
+        needs,
+        &consts,
+        &overrides,
+    );
     let bind_group = gpu.bind_group("attention_prefill", &pipeline, &[params, qkv, k_cache, v_cache, out]);
     let mut groups = Groups::per_token(1, 0, BQ);
     groups.fixed[1] = c.n_heads as u32;

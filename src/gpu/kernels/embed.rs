@@ -8,7 +8,14 @@ use crate::gpu::Gpu;
 const WG: u32 = 64;
 
 /// One dispatch per table part; each writes the rows of the tokens its part holds.
-pub fn embed(gpu: &Gpu, cache: &mut PipelineCache, params: &wgpu::Buffer, table: &Linear, tokens: &wgpu::Buffer, x: &wgpu::Buffer) -> Vec<Dispatch> {
+pub fn embed(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    params: &wgpu::Buffer,
+    table: &Linear,
+    tokens: &wgpu::Buffer,
+    x: &wgpu::Buffer,
+) -> Vec<Dispatch> {
     table
         .parts
         .iter()

@@ -13,7 +13,14 @@ pub enum Epilogue {
 }
 
 /// y = W x for one token. Gated-pair parts write silu(gate) * up; others store or add.
-pub fn gemv(gpu: &Gpu, cache: &mut PipelineCache, w: &Linear, epilogue: Epilogue, x: &wgpu::Buffer, y: &wgpu::Buffer) -> Vec<Dispatch> {
+pub fn gemv(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    w: &Linear,
+    epilogue: Epilogue,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+) -> Vec<Dispatch> {
     w.parts
         .iter()
         .map(|p| {
@@ -69,7 +76,12 @@ pub fn gemm(
             let needs = Needs { weights: Some(p.ty), ..Default::default() };
             let pipeline = cache.get(gpu, "gemm", include_str!("../../../shaders/gemm.wgsl"), needs, &[], &overrides);
             let bind_group = gpu.bind_group("gemm", &pipeline, &[params, &p.buffer, x, y]);
-            Dispatch { label: "gemm", pipeline, bind_group, groups: Groups::per_token((rows as u32).div_ceil(64), 1, 64) }
+            Dispatch {
+                label: "gemm",
+                pipeline,
+                bind_group,
+                groups: Groups::per_token((rows as u32).div_ceil(64), 1, 64),
+            }
         })
         .collect()
 }

@@ -18,7 +18,8 @@ pub fn rms_norm(
     out: &wgpu::Buffer,
 ) -> Dispatch {
     let overrides = [("COLS", cols as f64), ("EPS", eps as f64), ("LAST_ONLY", last_only as u32 as f64)];
-    let pipeline = cache.get(gpu, "rms_norm", include_str!("../../../shaders/rms_norm.wgsl"), Needs::default(), &[], &overrides);
+    let pipeline =
+        cache.get(gpu, "rms_norm", include_str!("../../../shaders/rms_norm.wgsl"), Needs::default(), &[], &overrides);
     let bind_group = gpu.bind_group("rms_norm", &pipeline, &[params, x, weight, out]);
     let groups = if last_only { Groups::fixed(1, 1) } else { Groups::per_token(1, 0, 1) };
     Dispatch { label: "rms_norm", pipeline, bind_group, groups }

@@ -8,11 +8,10 @@ use crate::model::ModelConfig;
 /// (cos, sin) per position and rotated pair, computed in f64: GPU sin/cos of large angles are
 /// not accurate enough (Vulkan only bounds their error on [-pi, pi]).
 pub fn rope_table(c: &ModelConfig, positions: usize) -> Vec<f32> {
-    let pairs = c.rope_dim / 2;
-    let mut table = Vec::with_capacity(positions * pairs * 2);
+    let inv_freq = crate::model::reference::rope_inv_freq(c);
+    let mut table = Vec::with_capacity(positions * inv_freq.len() * 2);
     for pos in 0..positions {
-        for i in 0..pairs {
-            let freq = (c.rope_base as f64).powf(-2.0 * i as f64 / c.rope_dim as f64);
+        for &freq in &inv_freq {
             let (sin, cos) = (pos as f64 * freq).sin_cos();
             table.extend([cos as f32, sin as f32]);
         }

@@ -1,0 +1,144 @@
+//! The engine's generation loop on both backends (the CPU reference and the GPU, lavapipe in
+//! CI): stop conditions, streaming, abort, context checks and KV-cache reuse across chat turns,
+//! against the golden data.
+
+mod common;
+
+use webgpu_llm::chat::Message;
+use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats, StopReason};
+use webgpu_llm::gpu::GpuOptions;
+use webgpu_llm::sampling::SamplingParams;
+use webgpu_llm::Error;
+
+const BACKENDS: [BackendKind; 2] = [BackendKind::Cpu, BackendKind::Gpu];
+
+fn engine(backend: BackendKind) -> Engine {
+    let opts = LoadOptions { backend, context_length: Some(1024), gpu: GpuOptions::default() };
+    pollster::block_on(Engine::load(common::model_bytes(), opts, &mut |_, _| {})).unwrap()
+}
+
+fn greedy(max_tokens: usize) -> GenerateOptions {
+    GenerateOptions { max_tokens, sampling: SamplingParams::greedy(), ..Default::default() }
+}
+
+fn run(engine: &mut Engine, prompt: &Prompt, opts: &GenerateOptions) -> (Vec<u32>, String, Stats) {
+    let (mut ids, mut text) = (Vec::new(), String::new());
+    let stats = pollster::block_on(engine.generate(prompt, opts, &mut |ev| {
+        ids.push(ev.id);
+        text.push_str(&ev.text);
+        true
+    }))
+    .unwrap();
+    (ids, text, stats)
+}
+
+fn golden_case(name: &str) -> serde_json::Value {
+    common::golden("generations.json")["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap().clone()
+}
+
+#[test]
+fn chat_generation_stops_at_eos_with_the_golden_text() {
+    for backend in BACKENDS {
+        eprintln!("backend: {backend:?}");
+        let case = golden_case("chat_capital_france");
+        let mut e = engine(backend);
+        let messages = vec![Message::new("user", "What is the capital of France?")];
+        assert_eq!(e.prompt_tokens(&Prompt::Chat(messages.clone())).unwrap(), common::ids(&case["prompt_ids"]));
+        let (ids, text, stats) = run(&mut e, &Prompt::Chat(messages), &greedy(64));
+        let eos_at = case["first_eos_index"].as_u64().unwrap() as usize;
+        assert_eq!(ids, common::ids(&case["generated_ids"])[..eos_at]);
+        assert_eq!(text, case["greedy_text_before_first_eos"].as_str().unwrap());
+        assert_eq!(stats.stop_reason, StopReason::Eos);
+        assert_eq!(stats.prompt_tokens, case["n_prompt_tokens"].as_u64().unwrap() as usize);
+        assert_eq!(stats.generated_tokens, eos_at);
+    }
+}
+
+#[test]
+fn ignore_eos_generates_the_golden_ids_and_text() {
+    for backend in BACKENDS {
+        eprintln!("backend: {backend:?}");
+        let case = golden_case("raw_capital_france");
+        let mut e = engine(backend);
+        let opts = GenerateOptions { ignore_eos: true, ..greedy(64) };
+        let (ids, text, stats) = run(&mut e, &Prompt::Text(case["prompt_text"].as_str().unwrap().into()), &opts);
+        assert_eq!(ids, common::ids(&case["generated_ids"]));
+        assert_eq!(text, case["greedy_text"].as_str().unwrap());
+        assert_eq!((stats.generated_tokens, stats.stop_reason), (64, StopReason::MaxTokens));
+    }
+}
+
+#[test]
+fn stop_strings_end_generation_and_are_not_emitted() {
+    for backend in BACKENDS {
+        eprintln!("backend: {backend:?}");
+        let case = golden_case("raw_capital_france");
+        let mut e = engine(backend);
+        let opts = GenerateOptions { stop: vec!["\n\n".into(), "never".into()], ..greedy(64) };
+        let (ids, text, stats) = run(&mut e, &Prompt::Text(case["prompt_text"].as_str().unwrap().into()), &opts);
+        // " Paris" "." "\n" "\n": the stop string spans two tokens; neither newline is emitted.
+        assert_eq!(text, " Paris.");
+        assert_eq!(ids, common::ids(&case["generated_ids"])[..4]);
+        assert_eq!(stats.stop_reason, StopReason::StopString);
+    }
+}
+
+#[test]
+fn abort_stops_generation_and_the_engine_stays_usable() {
+    for backend in BACKENDS {
+        eprintln!("backend: {backend:?}");
+        let case = golden_case("raw_once_upon");
+        let prompt = Prompt::Text(case["prompt_text"].as_str().unwrap().into());
+        let mut e = engine(backend);
+        let mut seen = 0;
+        let stats = pollster::block_on(e.generate(&prompt, &greedy(64), &mut |_| {
+            seen += 1;
+            seen < 3
+        }))
+        .unwrap();
+        assert_eq!((seen, stats.stop_reason), (3, StopReason::Aborted));
+        let (ids, _, _) = run(&mut e, &prompt, &greedy(10));
+        assert_eq!(ids, common::ids(&case["generated_ids"])[..10]);
+    }
+}
+
+#[test]
+fn a_request_longer_than_the_context_is_refused_before_any_work() {
+    for backend in BACKENDS {
+        eprintln!("backend: {backend:?}");
+        let mut e = engine(backend);
+        let err =
+            pollster::block_on(e.generate(&Prompt::Text("Hello".into()), &greedy(5000), &mut |_| true)).unwrap_err();
+        assert!(matches!(err, Error::ContextOverflow { context_length: 1024, max_tokens: 5000, .. }), "{err}");
+        assert!(err.to_string().contains("context"));
+        let err = pollster::block_on(e.generate(&Prompt::Tokens(vec![]), &greedy(5), &mut |_| true)).unwrap_err();
+        assert!(matches!(err, Error::EmptyPrompt));
+        let err = pollster::block_on(e.generate(&Prompt::Tokens(vec![49152]), &greedy(5), &mut |_| true)).unwrap_err();
+        assert!(matches!(err, Error::TokenOutOfRange { id: 49152, .. }));
+    }
+}
+
+#[test]
+fn a_second_chat_turn_reuses_the_cache_and_matches_a_fresh_run() {
+    for backend in BACKENDS {
+        eprintln!("backend: {backend:?}");
+        let mut e = engine(backend);
+        let mut messages = vec![Message::new("user", "What is the capital of France?")];
+        let (_, reply, first) = run(&mut e, &Prompt::Chat(messages.clone()), &greedy(40));
+        messages.push(Message::new("assistant", reply));
+        messages.push(Message::new("user", "And of Italy?"));
+        let (ids_reused, text_reused, second) = run(&mut e, &Prompt::Chat(messages.clone()), &greedy(24));
+
+        let (ids_fresh, text_fresh, fresh) = run(&mut engine(backend), &Prompt::Chat(messages), &greedy(24));
+        assert_eq!(ids_reused, ids_fresh);
+        assert_eq!(text_reused, text_fresh);
+        assert_eq!(fresh.prefilled_tokens, fresh.prompt_tokens);
+        assert!(
+            second.prefilled_tokens + first.prompt_tokens <= second.prompt_tokens,
+            "turn 2 prefilled {} of {} tokens; turn 1's {} prompt tokens should have been reused",
+            second.prefilled_tokens,
+            second.prompt_tokens,
+            first.prompt_tokens
+        );
+    }
+}

@@ -1,0 +1,476 @@
+//! Every GPU kernel against its CPU reference op on random inputs, on the forced-f32 path and
+//! on the adapter's own path (f16 KV cache and subgroups where available). Tolerances are
+//! stated per test: f32 sums in another order differ by a few ulps of the magnitudes summed.
+
+use half::f16;
+use webgpu_llm::gguf::{dequantize, GgmlType, TensorInfo};
+use webgpu_llm::gpu::kernels::{self, Dispatch, Epilogue, Params};
+use webgpu_llm::gpu::shader::PipelineCache;
+use webgpu_llm::gpu::weights::Linear;
+use webgpu_llm::gpu::{Gpu, GpuOptions};
+use webgpu_llm::model::{reference, ModelConfig};
+use webgpu_llm::sampling::Rng;
+
+struct Harness {
+    gpu: Gpu,
+    cache: PipelineCache,
+    params: wgpu::Buffer,
+}
+
+impl Harness {
+    fn new(force_f32: bool) -> Self {
+        let gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32 })).expect("a GPU adapter (lavapipe in CI)");
+        let params = gpu.uniform("params", 16);
+        Self { gpu, cache: PipelineCache::default(), params }
+    }
+    fn paths() -> Vec<Self> {
+        vec![Self::new(true), Self::new(false)]
+    }
+    fn set(&self, n_tokens: usize, start: usize) {
+        let p =
+            Params { n_tokens: n_tokens as u32, start_pos: start as u32, seq_len: (start + n_tokens) as u32, pad: 0 };
+        self.gpu.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
+    }
+    fn buf(&self, values: &[f32]) -> wgpu::Buffer {
+        self.gpu.storage_init("test", bytemuck::cast_slice(values)).unwrap()
+    }
+    fn u32_buf(&self, values: &[u32]) -> wgpu::Buffer {
+        self.gpu.storage_init("test", bytemuck::cast_slice(values)).unwrap()
+    }
+    /// A KV-cache buffer holding `values` in the path's storage type; returns it with the values
+    /// as the GPU sees them (rounded to f16 on the f16 path).
+    fn kv_buf(&self, values: &[f32]) -> (wgpu::Buffer, Vec<f32>) {
+        if self.gpu.f16 {
+            let h: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
+            let bytes: Vec<u8> = h.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (self.gpu.storage_init("kv", &bytes).unwrap(), h.iter().map(|v| v.to_f32()).collect())
+        } else {
+            (self.buf(values), values.to_vec())
+        }
+    }
+    fn read_kv(&self, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
+        if self.gpu.f16 {
+            let bytes = pollster::block_on(self.gpu.read_buffer(b, n as u64 * 2)).unwrap();
+            bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
+        } else {
+            self.read(b, n)
+        }
+    }
+    fn run(&self, ops: &[Dispatch], n_tokens: usize) {
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            ops.iter().for_each(|op| op.encode(&mut pass, n_tokens as u32));
+        }
+        self.gpu.submit(enc);
+    }
+    fn read(&self, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
+        let v = pollster::block_on(self.gpu.read_f32(b, n)).unwrap();
+        self.gpu.check().unwrap();
+        v
+    }
+    fn path(&self) -> &'static str {
+        if self.gpu.f16 || self.gpu.subgroups {
+            "f16/subgroup path"
+        } else {
+            "f32 path"
+        }
+    }
+}
+
+fn random(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale).collect()
+}
+
+/// A random tensor of `rows` x `cols` in the given GGUF layout, and its bytes.
+fn random_tensor(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> (TensorInfo, Vec<u8>) {
+    let n = rows * cols;
+    let mut bytes = Vec::new();
+    let f16_bytes = |v: f32, out: &mut Vec<u8>| out.extend(f16::from_f32(v).to_le_bytes());
+    let rand_bytes =
+        |k: usize, out: &mut Vec<u8>, rng: &mut Rng| (0..k).for_each(|_| out.push(rng.next_u64() as u8));
+    match ty {
+        GgmlType::F32 => random(rng, n, 1.0).iter().for_each(|v| bytes.extend(v.to_le_bytes())),
+        GgmlType::F16 => random(rng, n, 1.0).iter().for_each(|&v| f16_bytes(v, &mut bytes)),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
+            for _ in 0..n / 32 {
+                f16_bytes(0.005 + rng.next_f64() as f32 * 0.05, &mut bytes);
+                match ty {
+                    GgmlType::Q4_0 => rand_bytes(16, &mut bytes, rng),
+                    GgmlType::Q4_1 => {
+                        f16_bytes(-(rng.next_f64() as f32) * 0.4, &mut bytes);
+                        rand_bytes(16, &mut bytes, rng)
+                    }
+                    _ => rand_bytes(32, &mut bytes, rng),
+                }
+            }
+        }
+        _ => unreachable!(),
+    }
+    let info = TensorInfo {
+        name: format!("{ty:?}"),
+        shape: vec![cols as u64, rows as u64],
+        ty,
+        file_offset: 0,
+        byte_size: bytes.len() as u64,
+    };
+    (info, bytes)
+}
+
+const TYPES: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32];
+
+/// |got - want| <= rel * scale + 1e-5 where scale is the sum of |terms| of the dot product.
+fn assert_close(what: &str, got: &[f32], want: &[f64], scale: &[f64], rel: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
+        let bound = rel * s + 1e-5;
+        assert!((g as f64 - w).abs() <= bound, "{what}[{i}]: got {g}, want {w} (bound {bound:.2e})");
+    }
+}
+
+/// Reference y[t][r] = sum_k w[r][k] x[t][k] in f64, and the sums of |terms|.
+fn reference_matmul(w: &[f32], x: &[f32], cols: usize) -> (Vec<f64>, Vec<f64>) {
+    let (rows, n) = (w.len() / cols, x.len() / cols);
+    let mut y = Vec::with_capacity(n * rows);
+    let mut s = Vec::with_capacity(n * rows);
+    for xt in x.chunks_exact(cols) {
+        for wr in w.chunks_exact(cols) {
+            y.push(wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum());
+            s.push(wr.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum());
+        }
+    }
+    (y, s)
+}
+
+const MATMUL_REL: f64 = 1e-5;
+
+#[test]
+fn gemv_matches_the_cpu_product_for_every_weight_type_and_epilogue() {
+    let mut rng = Rng::new(1);
+    let (rows, cols) = (203, 256);
+    for mut h in Harness::paths() {
+        for ty in TYPES {
+            let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
+            let w = dequantize(&info, &bytes).unwrap();
+            let lin = Linear::new(&h.gpu, "w", &[&info], &bytes).unwrap();
+            let x = random(&mut rng, cols, 1.0);
+            let (want, scale) = reference_matmul(&w, &x, cols);
+            let xb = h.buf(&x);
+            let y0 = random(&mut rng, rows, 1.0);
+            let yb = h.buf(&y0);
+            let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Store, &xb, &yb);
+            h.run(&ops, 1);
+            assert_close(&format!("gemv {ty:?} store, {}", h.path()), &h.read(&yb, rows), &want, &scale, MATMUL_REL);
+            let yb = h.buf(&y0);
+            let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Add, &xb, &yb);
+            h.run(&ops, 1);
+            let added: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
+            assert_close(&format!("gemv {ty:?} add, {}", h.path()), &h.read(&yb, rows), &added, &scale, MATMUL_REL);
+        }
+    }
+}
+
+#[test]
+fn gated_gemv_computes_silu_of_gate_times_up() {
+    let mut rng = Rng::new(2);
+    let (rows, cols) = (150, 128);
+    for mut h in Harness::paths() {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            let (gi, gb) = random_tensor(&mut rng, ty, rows, cols);
+            let (ui, ub) = random_tensor(&mut rng, ty, rows, cols);
+            // Both tensors live in one "file": up's data follows gate's.
+            let file = [gb.clone(), ub.clone()].concat();
+            let ui = TensorInfo { file_offset: gb.len() as u64, ..ui };
+            let pair = Linear::gated_pair(&h.gpu, "gate_up", &gi, &ui, &file).unwrap().expect("same types pair up");
+            let x = random(&mut rng, cols, 1.0);
+            let (g, gs) = reference_matmul(&dequantize(&gi, &gb).unwrap(), &x, cols);
+            let (u, us) = reference_matmul(&dequantize(&ui, &ub).unwrap(), &x, cols);
+            let want: Vec<f64> = g.iter().zip(&u).map(|(&a, &b)| a / (1.0 + (-a).exp()) * b).collect();
+            let scale: Vec<f64> =
+                gs.iter().zip(&us).zip(&u).zip(&g).map(|(((a, b), u), g)| a * u.abs() + b * g.abs() + a * b).collect();
+            let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; rows]));
+            let ops = kernels::gemv(&h.gpu, &mut h.cache, &pair, Epilogue::Store, &xb, &yb);
+            h.run(&ops, 1);
+            assert_close(&format!("gated gemv {ty:?}, {}", h.path()), &h.read(&yb, rows), &want, &scale, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn gemm_matches_the_cpu_product_for_every_weight_type() {
+    let mut rng = Rng::new(3);
+    let (n, rows, cols) = (70, 130, 96);
+    for mut h in Harness::paths() {
+        h.set(n, 0);
+        for ty in TYPES {
+            let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
+            let w = dequantize(&info, &bytes).unwrap();
+            let lin = Linear::new(&h.gpu, "w", &[&info], &bytes).unwrap();
+            let x = random(&mut rng, n * cols, 1.0);
+            let (want, scale) = reference_matmul(&w, &x, cols);
+            let y0 = random(&mut rng, n * rows, 1.0);
+            let (xb, yb) = (h.buf(&x), h.buf(&y0));
+            let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, &lin, Epilogue::Add, &xb, &yb, rows);
+            h.run(&ops, n);
+            let added: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
+            assert_close(&format!("gemm {ty:?}, {}", h.path()), &h.read(&yb, n * rows), &added, &scale, MATMUL_REL);
+        }
+    }
+}
+
+#[test]
+fn gemm_of_a_gated_pair_writes_gate_then_up_columns_and_silu_mul_combines_them() {
+    let mut rng = Rng::new(4);
+    let (n, rows, cols) = (9, 40, 64);
+    for mut h in Harness::paths() {
+        h.set(n, 0);
+        let (gi, gb) = random_tensor(&mut rng, GgmlType::Q4_0, rows, cols);
+        let (ui, ub) = random_tensor(&mut rng, GgmlType::Q4_0, rows, cols);
+        let file = [gb.clone(), ub.clone()].concat();
+        let ui = TensorInfo { file_offset: gb.len() as u64, ..ui };
+        let pair = Linear::gated_pair(&h.gpu, "gate_up", &gi, &ui, &file).unwrap().unwrap();
+        let x = random(&mut rng, n * cols, 1.0);
+        let (g, _) = reference_matmul(&dequantize(&gi, &gb).unwrap(), &x, cols);
+        let (u, _) = reference_matmul(&dequantize(&ui, &ub).unwrap(), &x, cols);
+        let (xb, gub, hb) = (h.buf(&x), h.buf(&vec![0.0; n * 2 * rows]), h.buf(&vec![0.0; n * rows]));
+        let mut ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, &pair, Epilogue::Store, &xb, &gub, 2 * rows);
+        ops.push(kernels::silu_mul(&h.gpu, &mut h.cache, &h.params, rows, &gub, &hb));
+        h.run(&ops, n);
+        let gu = h.read(&gub, n * 2 * rows);
+        let got = h.read(&hb, n * rows);
+        for t in 0..n {
+            for r in 0..rows {
+                let (gv, uv) = (g[t * rows + r], u[t * rows + r]);
+                assert!((gu[t * 2 * rows + r] as f64 - gv).abs() < 1e-4, "gate column {t},{r}");
+                assert!((gu[t * 2 * rows + rows + r] as f64 - uv).abs() < 1e-4, "up column {t},{r}");
+                let want = reference::silu(gu[t * 2 * rows + r]) * gu[t * 2 * rows + rows + r];
+                assert!((got[t * rows + r] - want).abs() <= 1e-5 * want.abs().max(1.0), "silu_mul {t},{r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn embedding_lookup_matches_cpu_dequantization() {
+    let mut rng = Rng::new(5);
+    let (vocab, d) = (300, 64);
+    let tokens = [0u32, 299, 17, 17, 150];
+    for mut h in Harness::paths() {
+        h.set(tokens.len(), 0);
+        for ty in TYPES {
+            let (info, bytes) = random_tensor(&mut rng, ty, vocab, d);
+            let table = dequantize(&info, &bytes).unwrap();
+            let lin = Linear::new(&h.gpu, "embd", &[&info], &bytes).unwrap();
+            let (tb, xb) = (h.u32_buf(&tokens), h.buf(&vec![0.0; tokens.len() * d]));
+            let ops = kernels::embed(&h.gpu, &mut h.cache, &h.params, &lin, &tb, &xb);
+            h.run(&ops, tokens.len());
+            let want: Vec<f64> = tokens
+                .iter()
+                .flat_map(|&t| table[t as usize * d..(t as usize + 1) * d].iter().map(|&v| v as f64))
+                .collect();
+            let scale: Vec<f64> = want.iter().map(|v| v.abs()).collect();
+            assert_close(&format!("embed {ty:?}, {}", h.path()), &h.read(&xb, tokens.len() * d), &want, &scale, 1e-6);
+        }
+    }
+}
+
+#[test]
+fn rms_norm_matches_the_cpu_reference() {
+    let mut rng = Rng::new(6);
+    let (n, d, eps) = (5, 576, 1e-5);
+    for mut h in Harness::paths() {
+        h.set(n, 0);
+        let x = random(&mut rng, n * d, 3.0);
+        let w = random(&mut rng, d, 1.0);
+        let mut want = vec![0f32; n * d];
+        reference::rms_norm(&mut want, &x, &w, eps);
+        let (xb, wb, ob) = (h.buf(&x), h.buf(&w), h.buf(&vec![0.0; n * d]));
+        let all = kernels::rms_norm(&h.gpu, &mut h.cache, &h.params, d, eps, false, &xb, &wb, &ob);
+        h.run(&[all], n);
+        let got = h.read(&ob, n * d);
+        let want64: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+        let scale: Vec<f64> = want64.iter().map(|v| v.abs()).collect();
+        assert_close(&format!("rms_norm, {}", h.path()), &got, &want64, &scale, 1e-5);
+        let last = kernels::rms_norm(&h.gpu, &mut h.cache, &h.params, d, eps, true, &xb, &wb, &ob);
+        h.run(&[last], n);
+        assert_close(
+            &format!("rms_norm last row, {}", h.path()),
+            &h.read(&ob, d),
+            &want64[(n - 1) * d..],
+            &scale[(n - 1) * d..],
+            1e-5,
+        );
+    }
+}
+
+fn small_config() -> ModelConfig {
+    ModelConfig {
+        name: "test".into(),
+        architecture: "llama".into(),
+        n_layers: 1,
+        d_model: 6 * 32,
+        n_heads: 6,
+        n_kv_heads: 2,
+        head_dim: 32,
+        ffn_dim: 64,
+        vocab_size: 100,
+        context_length: 256,
+        rope_base: 10000.0,
+        rope_dim: 32,
+        rms_eps: 1e-5,
+        tied_output: true,
+    }
+}
+
+#[test]
+fn rope_rotates_q_and_k_and_writes_the_kv_cache() {
+    let mut rng = Rng::new(7);
+    let c = small_config();
+    let (n, start, ctx) = (7, 100, 128);
+    let (q, kv) = (c.q_dim(), c.kv_dim());
+    let row = q + 2 * kv;
+    for mut h in Harness::paths() {
+        h.set(n, start);
+        let qkv = random(&mut rng, n * row, 2.0);
+        let table = h.buf(&kernels::rope_table_for(&c, ctx));
+        let (kc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
+        let (vc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
+        let qb = h.buf(&qkv);
+        let op = kernels::rope_kv(&h.gpu, &mut h.cache, &h.params, &c, &qb, &table, &kc, &vc);
+        h.run(&[op], n);
+        let got_q = h.read(&qb, n * row);
+        let (got_k, got_v) = (h.read_kv(&kc, ctx * kv), h.read_kv(&vc, ctx * kv));
+        let inv = reference::rope_inv_freq(&c);
+        // f16 storage keeps 11 significant bits.
+        let kv_tol = if h.gpu.f16 { 1e-3 } else { 1e-6 };
+        for t in 0..n {
+            let r = &qkv[t * row..(t + 1) * row];
+            let (mut wq, mut wk) = (r[..q].to_vec(), r[q..q + kv].to_vec());
+            reference::rope(&mut wq, start + t, c.head_dim, &inv);
+            reference::rope(&mut wk, start + t, c.head_dim, &inv);
+            for i in 0..q {
+                assert!((got_q[t * row + i] - wq[i]).abs() < 1e-5, "q[{t}][{i}], {}", h.path());
+            }
+            let p = (start + t) * kv;
+            for i in 0..kv {
+                assert!(
+                    (got_k[p + i] - wk[i]).abs() <= kv_tol * wk[i].abs().max(1.0),
+                    "k cache[{t}][{i}], {}",
+                    h.path()
+                );
+                assert!(
+                    (got_v[p + i] - r[q + kv + i]).abs() <= kv_tol * r[q + kv + i].abs().max(1.0),
+                    "v cache[{t}][{i}]"
+                );
+            }
+        }
+    }
+}
+
+/// Runs decode (n = 1) or prefill attention for queries at `start..start + n` against a
+/// random cache, and compares with the CPU reference on the values the GPU stores.
+fn check_attention(h: &mut Harness, n: usize, start: usize, rng: &mut Rng) {
+    let c = small_config();
+    let ctx = 256;
+    let (q, kv) = (c.q_dim(), c.kv_dim());
+    let row = q + 2 * kv;
+    h.set(n, start);
+    let qkv = random(rng, n * row, 1.0);
+    let (kc, k_seen) = h.kv_buf(&random(rng, ctx * kv, 2.0));
+    let (vc, v_seen) = h.kv_buf(&random(rng, ctx * kv, 1.0));
+    let (qb, out) = (h.buf(&qkv), h.buf(&vec![0.0; n * q]));
+    let op = if n == 1 {
+        let scores = h.buf(&vec![0.0; c.n_heads * ctx]);
+        kernels::attention_decode(&h.gpu, &mut h.cache, &h.params, &c, ctx, &qb, &kc, &vc, &scores, &out)
+    } else {
+        kernels::attention_prefill(&h.gpu, &mut h.cache, &h.params, &c, &qb, &kc, &vc, &out)
+    };
+    h.run(&[op], n);
+    let got = h.read(&out, n * q);
+    let queries: Vec<f32> = qkv.chunks_exact(row).flat_map(|r| r[..q].to_vec()).collect();
+    let mut want = vec![0f32; n * q];
+    reference::attention(&c, &mut want, &queries, &k_seen, &v_seen, start);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() < 1e-4, "attention n={n} start={start} [{i}]: got {g}, want {w}, {}", h.path());
+    }
+}
+
+#[test]
+fn decode_attention_matches_the_cpu_reference_with_grouped_heads() {
+    let mut rng = Rng::new(8);
+    for mut h in Harness::paths() {
+        for start in [0, 1, 57, 255] {
+            check_attention(&mut h, 1, start, &mut rng);
+        }
+    }
+}
+
+#[test]
+fn prefill_attention_matches_the_cpu_reference_across_query_and_key_blocks() {
+    let mut rng = Rng::new(9);
+    for mut h in Harness::paths() {
+        for (n, start) in [(2, 0), (70, 0), (21, 37), (9, 200)] {
+            check_attention(&mut h, n, start, &mut rng);
+        }
+    }
+}
+
+#[test]
+fn argmax_picks_the_largest_logit_and_the_lowest_index_on_ties() {
+    let mut rng = Rng::new(10);
+    for mut h in Harness::paths() {
+        for n in [1, 255, 49152] {
+            let mut logits = random(&mut rng, n, 10.0);
+            let best = n * 2 / 3;
+            logits[best] = 50.0;
+            if n > 1 {
+                logits[n - 1] = 50.0;
+            }
+            let (lb, ob) = (h.buf(&logits), h.u32_buf(&[u32::MAX]));
+            let op = kernels::argmax(&h.gpu, &mut h.cache, n, &lb, &ob);
+            h.run(&[op], 1);
+            let got = pollster::block_on(h.gpu.read_buffer(&ob, 4)).unwrap();
+            assert_eq!(u32::from_le_bytes(got[..4].try_into().unwrap()), best as u32, "n = {n}, {}", h.path());
+        }
+    }
+}
+
+#[test]
+fn matrices_larger_than_one_binding_are_split_into_parts_with_the_same_results() {
+    let mut rng = Rng::new(11);
+    let (n, rows, cols) = (5, 100, 64);
+    for mut h in Harness::paths() {
+        h.set(n, 0);
+        let (a, ab) = random_tensor(&mut rng, GgmlType::Q8_0, rows, cols);
+        let (b, bb) = random_tensor(&mut rng, GgmlType::Q4_1, 30, cols);
+        let file = [ab.clone(), bb.clone()].concat();
+        let b = TensorInfo { file_offset: ab.len() as u64, ..b };
+        // 1 KiB bindings: a's 100 rows of 72 bytes need 8 parts; b (another type) its own parts.
+        h.gpu.limits.max_storage_buffer_binding_size = 1024;
+        let lin = Linear::new(&h.gpu, "split", &[&a, &b], &file).unwrap();
+        assert!(lin.parts.len() >= 9, "{} parts", lin.parts.len());
+        h.gpu.limits.max_storage_buffer_binding_size = 1 << 27;
+        let w: Vec<f32> = [dequantize(&a, &ab).unwrap(), dequantize(&b, &bb).unwrap()].concat();
+        let x = random(&mut rng, n * cols, 1.0);
+        let (want, scale) = reference_matmul(&w, &x, cols);
+        let total = rows + 30;
+        let (x1, y1) = (h.buf(&x[..cols]), h.buf(&vec![0.0; total]));
+        let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Store, &x1, &y1);
+        h.run(&ops, 1);
+        assert_close("split gemv", &h.read(&y1, total), &want[..total], &scale[..total], MATMUL_REL);
+        let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; n * total]));
+        let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, &lin, Epilogue::Store, &xb, &yb, total);
+        h.run(&ops, n);
+        assert_close("split gemm", &h.read(&yb, n * total), &want, &scale, MATMUL_REL);
+        let tokens = [0u32, 99, 100, 129, 42];
+        let (tb, eb) = (h.u32_buf(&tokens), h.buf(&vec![0.0; tokens.len() * cols]));
+        let ops = kernels::embed(&h.gpu, &mut h.cache, &h.params, &lin, &tb, &eb);
+        h.run(&ops, tokens.len());
+        let want: Vec<f64> = tokens
+            .iter()
+            .flat_map(|&t| w[t as usize * cols..(t as usize + 1) * cols].iter().map(|&v| v as f64))
+            .collect();
+        let scale: Vec<f64> = want.iter().map(|v| v.abs()).collect();
+        assert_close("split embedding", &h.read(&eb, tokens.len() * cols), &want, &scale, 1e-6);
+    }
+}
