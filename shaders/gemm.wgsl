@@ -3,10 +3,12 @@
 // 64 tokens x 64 rows, stepping through K in blocks of 32 values: the X tile and the dequantized
 // W tile go to workgroup memory (k-major, so 4 tokens or 4 rows are one vec4), and each
 // invocation accumulates a 4 x 4 block of outputs: 16 multiply-adds per two vec4 loads.
+// DIRECT (CPU adapters): the same 4 x 4 blocks, read straight from storage with no workgroup
+// memory and no barriers; the CPU's caches do the tiling.
 // PAIR: the part holds HALF gate rows then HALF up rows; row r >= HALF is written to column
 // PAIR_OFFSET + OUT + r - HALF (silu * mul follows in a separate pass).
 // EPILOGUE 0: store. 1: add (residual).
-// Bindings: 0 params, 1 w, 2 x, 3 y. Dispatch: (ceil(ROW_COUNT / 64), ceil(n_tokens / 64), 1).
+// Bindings: 0 params, 1 w, 2 x (vec4), 3 y. Dispatch: (ceil(ROW_COUNT / 64), ceil(n_tokens / 64), 1).
 
 struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, pad: u32 }
 
@@ -19,6 +21,7 @@ override EPILOGUE: u32 = 0u;
 override PAIR: bool = false;
 override HALF: u32 = 0u;
 override PAIR_OFFSET: u32 = 0u;
+override DIRECT: bool = false;
 
 const TM: u32 = 64u;
 const TN: u32 = 64u;
@@ -26,7 +29,7 @@ const TK: u32 = 32u;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
-@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
 var<workgroup> xs: array<vec4<f32>, 512>;  // [TK][TM / 4]
@@ -47,10 +50,27 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let lk = (li % 4u) * 8u;
     let wr = li / 4u;
     let wg8 = li % 4u;
-    for (var k0 = 0u; k0 < COLS; k0 += TK) {
+    if (DIRECT) {
+        for (var g = 0u; g < COLS / 8u; g++) {
+            var wv: array<Dq8, 4>;
+            for (var j = 0u; j < 4u; j++) {
+                let r = min(row0 + tx * 4u + j, ROW_COUNT - 1u);
+                wv[j] = dq8(r * ROW_WORDS, g);
+            }
+            for (var i = 0u; i < 4u; i++) {
+                let t = min(tok0 + ty * 4u + i, n - 1u);
+                let xa = x[(t * COLS) / 4u + g * 2u];
+                let xb = x[(t * COLS) / 4u + g * 2u + 1u];
+                acc[i] += vec4<f32>(dot(wv[0].a, xa) + dot(wv[0].b, xb), dot(wv[1].a, xa) + dot(wv[1].b, xb),
+                                    dot(wv[2].a, xa) + dot(wv[2].b, xb), dot(wv[3].a, xa) + dot(wv[3].b, xb));
+            }
+        }
+    }
+    for (var k0 = 0u; k0 < select(COLS, 0u, DIRECT); k0 += TK) {
         let t = tok0 + lt;
         for (var i = 0u; i < 8u; i++) {
-            xs[(lk + i) * 16u + lt / 4u][lt % 4u] = select(0.0, x[t * COLS + k0 + lk + i], t < n);
+            let e = t * COLS + k0 + lk + i;
+            xs[(lk + i) * 16u + lt / 4u][lt % 4u] = select(0.0, x[e / 4u][e % 4u], t < n);
         }
         var v = Dq8(vec4<f32>(0.0), vec4<f32>(0.0));
         if (row0 + wr < ROW_COUNT) { v = dq8((row0 + wr) * ROW_WORDS, k0 / 8u + wg8); }

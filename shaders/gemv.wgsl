@@ -1,15 +1,18 @@
 // Matrix-vector product for decode: y[OUT + r] (= or +=) dot(w[r], x) for the ROW_COUNT weight
-// rows of this part, dequantizing on the fly. 8 rows per workgroup, 32 lanes per row, each lane
-// taking groups of 8 values; lanes are summed with row_sum32 (subgroups when available).
+// rows of this part, dequantizing on the fly. 256 / LANES rows per workgroup, LANES lanes per
+// row each taking groups of 8 values, summed with row_sum (subgroups when available). GPUs use
+// 32 lanes; CPU adapters 1, so that a row needs no reduction and the kernel no barrier.
 // EPILOGUE 0: store. 1: add (residual). 2: gated pair: the part holds ROW_COUNT gate rows then
 // ROW_COUNT up rows, and y[OUT + r] = silu(gate_r . x) * (up_r . x).
-// Bindings: 0 w, 1 x (vec4), 2 y. Dispatch: ceil(ROW_COUNT / 8) workgroups, spread over x and y.
+// Bindings: 0 w, 1 x (vec4), 2 y. Dispatch: ceil(ROW_COUNT / (256 / LANES)) workgroups, spread
+// over x and y.
 
 override COLS: u32;
 override ROW_WORDS: u32;
 override ROW_COUNT: u32;
 override OUT: u32 = 0u;
 override EPILOGUE: u32 = 0u;
+override LANES: u32 = 32u;
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
@@ -17,13 +20,13 @@ override EPILOGUE: u32 = 0u;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
-    let r = (wg.y * nwg.x + wg.x) * 8u + lane.li / 32u;
-    let k = lane.li & 31u;
+    let r = (wg.y * nwg.x + wg.x) * (256u / LANES) + lane.li / LANES;
+    let k = lane.li & (LANES - 1u);
     var a = 0.0;
     var b = 0.0;
     if (r < ROW_COUNT) {
         let base = r * ROW_WORDS;
-        for (var g = k; g < COLS / 8u; g += 32u) {
+        for (var g = k; g < COLS / 8u; g += LANES) {
             let xa = x[g * 2u];
             let xb = x[g * 2u + 1u];
             let v = dq8(base, g);
@@ -34,8 +37,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             }
         }
     }
-    a = row_sum32(a, lane);
-    if (EPILOGUE == 2u) { b = row_sum32(b, lane); }
+    a = row_sum(a, lane);
+    if (EPILOGUE == 2u) { b = row_sum(b, lane); }
     if (k == 0u && r < ROW_COUNT) {
         let o = OUT + r;
         switch EPILOGUE {

@@ -1,5 +1,5 @@
-// Row reduction with subgroup operations (used when the adapter's subgroups are at most 32 wide,
-// so a subgroup never spans two rows). Same contract as reduce_workgroup.wgsl.
+// Row reduction with subgroup operations, used when every subgroup fits within a row (the host
+// checks LANES >= the adapter's largest subgroup). Same contract as reduce_workgroup.wgsl.
 
 struct Lane {
     @builtin(local_invocation_index) li: u32,
@@ -9,12 +9,14 @@ struct Lane {
 
 var<workgroup> red: array<f32, 256>;
 
-fn row_sum32(v: f32, lane: Lane) -> f32 {
+fn row_sum(v: f32, lane: Lane) -> f32 {
+    if (LANES == 1u) { return v; }
     let s = subgroupAdd(v);
+    if (lane.sg_size == LANES) { return s; }
     if (lane.sg_lane == 0u) { red[lane.li / lane.sg_size] = s; }
     workgroupBarrier();
-    let per_row = 32u / lane.sg_size;
-    let first = (lane.li / 32u) * per_row;
+    let per_row = LANES / lane.sg_size;
+    let first = (lane.li / LANES) * per_row;
     var r = 0.0;
     for (var i = 0u; i < per_row; i++) { r += red[first + i]; }
     workgroupBarrier();

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, Readback};
 use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
-use crate::sampling::{argmax, Sampler, SamplingParams};
+use crate::sampling::{argmax, Candidate, Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use web_time::Instant;
 
@@ -52,20 +52,45 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// Keep going past the end-of-sequence token.
     pub ignore_eos: bool,
+    /// Attach the this many most likely candidates to every token event (reads the logits back
+    /// every step; 0 = off, the fast path).
+    pub top_candidates: usize,
 }
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        Self { max_tokens: 256, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false }
+        Self {
+            max_tokens: 256,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            ignore_eos: false,
+            top_candidates: 0,
+        }
     }
 }
 
 /// One sampled token and the text it completed (empty while a character or a possible stop
 /// string is incomplete).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TokenEvent {
     pub id: u32,
     pub text: String,
+    /// Tokens in the KV cache once this one is fed back: what the next step attends over.
+    pub position: usize,
+    /// The distribution this token was drawn from (when `top_candidates` > 0).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub candidates: Vec<TokenCandidate>,
+}
+
+/// A candidate of the sampling distribution, with its text.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TokenCandidate {
+    pub id: u32,
+    pub text: String,
+    /// Probability after penalties and temperature, before the top-k/top-p/min-p cut.
+    pub prob: f32,
+    /// Survived top-k, top-p and min-p.
+    pub kept: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,7 +249,9 @@ impl Engine {
         // At least the last prompt token is run, to get the logits that pick the first new token.
         let reuse = common_prefix(&self.cached, &tokens).min(tokens.len() - 1);
         self.truncate_cache(reuse);
-        let mut next = self.run(&tokens[reuse..], &mut sampler).await?;
+        let want_candidates = options.top_candidates;
+        let mut candidates = Vec::new();
+        let mut next = self.run(&tokens[reuse..], &mut sampler, want_candidates, &mut candidates).await?;
         let ttft = start.elapsed().as_secs_f64();
 
         let mut stream = StreamDecoder::new();
@@ -243,7 +270,13 @@ impl Engine {
                 piece.push_str(&stream.finish(&self.tokenizer)?);
             }
             let (text, hit) = if last { stops.finish(&piece) } else { stops.push(&piece) };
-            if !on_token(&TokenEvent { id: next, text }) {
+            let event = TokenEvent {
+                id: next,
+                text,
+                position: self.cached.len() + 1,
+                candidates: std::mem::take(&mut candidates),
+            };
+            if !on_token(&event) {
                 break StopReason::Aborted;
             }
             if hit {
@@ -253,14 +286,14 @@ impl Engine {
                 break StopReason::MaxTokens;
             }
             sampler.accept(next);
-            next = self.run(&[next], &mut sampler).await?;
+            next = self.run(&[next], &mut sampler, want_candidates, &mut candidates).await?;
             decode_steps += 1;
         };
         if stop_reason == StopReason::Eos {
             // Text held back for a possible stop string or an unfinished character ends here.
             let (tail, _) = stops.finish(&stream.finish(&self.tokenizer)?);
             if !tail.is_empty() {
-                on_token(&TokenEvent { id: next, text: tail });
+                on_token(&TokenEvent { id: next, text: tail, position: self.cached.len(), candidates: Vec::new() });
             }
         }
         let decode_secs = decode_start.elapsed().as_secs_f64();
@@ -281,8 +314,14 @@ impl Engine {
 
     /// Runs tokens after the cached ones and samples the next token. Reads back only what the
     /// sampler needs: the argmax for plain greedy decoding, else the logits.
-    async fn run(&mut self, tokens: &[u32], sampler: &mut Sampler) -> Result<u32> {
-        let want_logits = sampler.needs_logits();
+    async fn run(
+        &mut self,
+        tokens: &[u32],
+        sampler: &mut Sampler,
+        top: usize,
+        candidates: &mut Vec<TokenCandidate>,
+    ) -> Result<u32> {
+        let want_logits = sampler.needs_logits() || top > 0;
         let greedy_id = match &mut self.backend {
             Backend::Cpu { model, cache } => {
                 self.logits = model.forward(cache, tokens, Logits::Last)?;
@@ -305,6 +344,19 @@ impl Engine {
             }
         };
         self.cached.extend_from_slice(tokens);
+        if top > 0 {
+            let tok = &self.tokenizer;
+            *candidates = sampler
+                .top_candidates(&self.logits, top)
+                .into_iter()
+                .map(|Candidate { id, prob, kept }| TokenCandidate {
+                    id,
+                    text: tok.decode(&[id]).unwrap_or_default(),
+                    prob,
+                    kept,
+                })
+                .collect();
+        }
         Ok(match greedy_id {
             Some(id) if !want_logits => id,
             _ => sampler.sample(&mut self.logits),

@@ -9,5 +9,7 @@ pub mod gpu;
 pub mod model;
 pub mod sampling;
 pub mod tokenizer;
+#[cfg(target_arch = "wasm32")]
+pub mod wasm;
 
 pub use error::Error;

@@ -110,7 +110,16 @@ fn a_file_that_is_not_gguf_is_an_error_not_a_panic() {
 #[test]
 fn the_gpu_is_the_default_backend_and_prints_the_golden_ids() {
     let case = common::golden("generations.json")["cases"][0].clone();
-    let out = cli(&["generate", "--prompt", "The capital of France is", "--max-tokens", "16", "--temperature", "0", "--json"]);
+    let out = cli(&[
+        "generate",
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "16",
+        "--temperature",
+        "0",
+        "--json",
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("on gpu: "), "the adapter is named on stderr: {err}");
@@ -132,8 +141,13 @@ fn bench_reports_one_submission_no_allocation_and_four_bytes_per_decode_step() {
         assert!(text.contains(field), "bench output lacks {field}: {text}");
     }
     let step = text.lines().find(|l| l.starts_with("per decode step:")).expect("a per-step line");
-    for want in ["1.00 submissions", "0.00 buffers created", "0.00 bind groups created", "0.00 pipelines created", " 4 bytes read back"]
-    {
+    for want in [
+        "1.00 submissions",
+        "0.00 buffers created",
+        "0.00 bind groups created",
+        "0.00 pipelines created",
+        " 4 bytes read back",
+    ] {
         assert!(step.contains(want), "{step:?} lacks {want:?}");
     }
 }

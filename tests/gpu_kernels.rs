@@ -7,7 +7,7 @@ use webgpu_llm::gguf::{dequantize, GgmlType, TensorInfo};
 use webgpu_llm::gpu::kernels::{self, Dispatch, Epilogue, Params};
 use webgpu_llm::gpu::shader::PipelineCache;
 use webgpu_llm::gpu::weights::Linear;
-use webgpu_llm::gpu::{Gpu, GpuOptions};
+use webgpu_llm::gpu::{Gpu, GpuOptions, KernelStyle};
 use webgpu_llm::model::{reference, ModelConfig};
 use webgpu_llm::sampling::Rng;
 
@@ -23,8 +23,17 @@ impl Harness {
         let params = gpu.uniform("params", 16);
         Self { gpu, cache: PipelineCache::default(), params }
     }
+    /// The forced-f32 path and the adapter's own, each with both kernel styles.
     fn paths() -> Vec<Self> {
-        vec![Self::new(true), Self::new(false)]
+        let mut all = Vec::new();
+        for force_f32 in [true, false] {
+            for style in [KernelStyle::Gpu, KernelStyle::Cpu] {
+                let mut h = Self::new(force_f32);
+                h.gpu.style = style;
+                all.push(h);
+            }
+        }
+        all
     }
     fn set(&self, n_tokens: usize, start: usize) {
         let p =
@@ -69,12 +78,9 @@ impl Harness {
         self.gpu.check().unwrap();
         v
     }
-    fn path(&self) -> &'static str {
-        if self.gpu.f16 || self.gpu.subgroups {
-            "f16/subgroup path"
-        } else {
-            "f32 path"
-        }
+    fn path(&self) -> String {
+        let p = if self.gpu.f16 || self.gpu.subgroups { "f16/subgroup path" } else { "f32 path" };
+        format!("{p}, {:?} kernels", self.gpu.style)
     }
 }
 
@@ -87,8 +93,7 @@ fn random_tensor(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> (Tens
     let n = rows * cols;
     let mut bytes = Vec::new();
     let f16_bytes = |v: f32, out: &mut Vec<u8>| out.extend(f16::from_f32(v).to_le_bytes());
-    let rand_bytes =
-        |k: usize, out: &mut Vec<u8>, rng: &mut Rng| (0..k).for_each(|_| out.push(rng.next_u64() as u8));
+    let rand_bytes = |k: usize, out: &mut Vec<u8>, rng: &mut Rng| (0..k).for_each(|_| out.push(rng.next_u64() as u8));
     match ty {
         GgmlType::F32 => random(rng, n, 1.0).iter().for_each(|v| bytes.extend(v.to_le_bytes())),
         GgmlType::F16 => random(rng, n, 1.0).iter().for_each(|&v| f16_bytes(v, &mut bytes)),

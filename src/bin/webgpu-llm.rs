@@ -199,6 +199,7 @@ async fn generate(args: GenerateArgs) -> Result<(), Error> {
         },
         stop: args.stop,
         ignore_eos: args.ignore_eos,
+        top_candidates: 0,
     };
 
     let json = args.json;
@@ -252,8 +253,8 @@ async fn bench(args: BenchArgs) -> Result<(), Error> {
     let options = GenerateOptions {
         max_tokens: args.gen_tokens,
         sampling: SamplingParams::greedy(),
-        stop: Vec::new(),
         ignore_eos: true,
+        ..GenerateOptions::default()
     };
     // A first short run compiles the driver's shader variants and warms caches.
     engine

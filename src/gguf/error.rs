@@ -34,7 +34,7 @@ pub enum GgufError {
     ShapeNotBlockAligned { name: String, shape: Vec<u64>, ty: &'static str, block: u64 },
     #[error("GGUF tensor {name:?} data offset {offset} is not a multiple of the alignment {alignment}")]
     MisalignedTensor { name: String, offset: u64, alignment: u64 },
-    #[error("GGUF tensor {name:?} data [{start}, {end}) lies outside the file's data section of {data_len} bytes (data section starts at file offset {data_start})")]
+    #[error("GGUF tensor {name:?} data [{start}, {end}) lies outside the file's data section of {data_len} bytes (which starts at file offset {data_start}): the file is truncated or corrupt")]
     TensorOutOfBounds { name: String, start: u64, end: u64, data_start: u64, data_len: u64 },
     #[error("GGUF tensors {first:?} and {second:?} overlap in the data section (at data offset {offset})")]
     TensorsOverlap { first: String, second: String, offset: u64 },

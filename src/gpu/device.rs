@@ -11,6 +11,18 @@ use wgpu::util::DeviceExt;
 /// and users can check it on hardware that has both.
 pub const FORCE_F32_ENV: &str = "WEBGPU_LLM_FORCE_F32";
 
+/// Lanes per row of the matrix-vector kernel on GPUs.
+const GPU_LANES: u32 = 32;
+
+/// How kernels spread work: GPUs want many invocations cooperating through workgroup memory;
+/// CPU adapters (lavapipe, SwiftShader) run faster with one invocation per output block and no
+/// barriers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelStyle {
+    Gpu,
+    Cpu,
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GpuOptions {
     /// Use neither shader-f16 nor subgroups even when the adapter has them.
@@ -63,9 +75,11 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// shader-f16 is enabled: the KV cache is stored in f16.
     pub f16: bool,
-    /// Subgroup operations are enabled and at most 32 wide (the reductions assume it).
+    /// Subgroup operations are enabled (their width is at most GPU_LANES, as the reductions need).
     pub subgroups: bool,
     pub counters: Counters,
+    /// Chosen from the adapter's type; tests set it to check both variants on one adapter.
+    pub style: KernelStyle,
     /// The first error the device reported asynchronously (validation, out of memory, lost).
     failure: Arc<Mutex<Option<Error>>>,
 }
@@ -90,7 +104,7 @@ impl Gpu {
         let f16 = !options.force_f32 && available.contains(wgpu::Features::SHADER_F16);
         let subgroups = !options.force_f32
             && available.contains(wgpu::Features::SUBGROUP)
-            && adapter_info.subgroup_max_size <= 32
+            && adapter_info.subgroup_max_size <= GPU_LANES
             && adapter_info.subgroup_min_size >= 1;
         let mut features = wgpu::Features::empty();
         if f16 {
@@ -138,7 +152,17 @@ impl Gpu {
                 .unwrap_or_else(|p| p.into_inner())
                 .get_or_insert(Error::DeviceLost(format!("{reason:?}: {message}")));
         });
-        Ok(Self { device, queue, adapter_info, limits, f16, subgroups, counters: Counters::default(), failure })
+        let style = if adapter_info.device_type == wgpu::DeviceType::Cpu { KernelStyle::Cpu } else { KernelStyle::Gpu };
+        Ok(Self { device, queue, adapter_info, limits, f16, subgroups, counters: Counters::default(), style, failure })
+    }
+
+    /// Lanes that share one row in the matrix-vector kernel: a warp's worth on GPUs; one on CPU
+    /// adapters, where a workgroup barrier costs more than it saves.
+    pub fn gemv_lanes(&self) -> u32 {
+        match self.style {
+            KernelStyle::Cpu => 1,
+            KernelStyle::Gpu => GPU_LANES,
+        }
     }
 
     /// Returns the first error the device reported since the last check.

@@ -15,7 +15,7 @@ pub const REDUCE_SUBGROUP: &str = include_str!("../../shaders/reduce_subgroup.wg
 pub struct Needs {
     /// Reads weights of this type through `dq8`.
     pub weights: Option<GgmlType>,
-    /// Uses `row_sum32`.
+    /// Uses `row_sum` (the kernel declares `LANES`).
     pub reduce: bool,
     /// Uses `kv_t`.
     pub kv: bool,

@@ -3,7 +3,7 @@
 use super::{Dispatch, Groups};
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::weights::Linear;
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, KernelStyle};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Epilogue {
@@ -35,11 +35,16 @@ pub fn gemv(
                 ("ROW_COUNT", p.rows as f64),
                 ("OUT", p.out as f64),
                 ("EPILOGUE", mode as f64),
+                ("LANES", gpu.gemv_lanes() as f64),
             ];
             let needs = Needs { weights: Some(p.ty), reduce: true, kv: false };
             let pipeline = cache.get(gpu, "gemv", include_str!("../../../shaders/gemv.wgsl"), needs, &[], &overrides);
             let bind_group = gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y]);
-            let groups = Groups::spread((p.rows as u32).div_ceil(8), gpu.limits.max_compute_workgroups_per_dimension);
+            let rows_per_group = 256 / gpu.gemv_lanes();
+            let groups = Groups::spread(
+                (p.rows as u32).div_ceil(rows_per_group),
+                gpu.limits.max_compute_workgroups_per_dimension,
+            );
             Dispatch { label: "gemv", pipeline, bind_group, groups }
         })
         .collect()
@@ -72,6 +77,7 @@ pub fn gemm(
                 ("PAIR", p.pair as u32 as f64),
                 ("HALF", p.rows as f64),
                 ("PAIR_OFFSET", w.rows as f64),
+                ("DIRECT", (gpu.style == KernelStyle::Cpu) as u32 as f64),
             ];
             let needs = Needs { weights: Some(p.ty), ..Default::default() };
             let pipeline = cache.get(gpu, "gemm", include_str!("../../../shaders/gemm.wgsl"), needs, &[], &overrides);

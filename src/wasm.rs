@@ -1,0 +1,296 @@
+//! The wasm-bindgen API: the npm package's surface. `pkg/index.js` wraps it into the
+//! `Engine` class with async iterators; this layer turns JS values into engine options and
+//! engine errors into JS `Error`s. Nothing here panics on bad input.
+
+use crate::chat::Message;
+use crate::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats};
+use crate::gpu::GpuOptions;
+use crate::sampling::SamplingParams;
+use serde::{Deserialize, Serialize};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use wasm_bindgen::prelude::*;
+
+#[wasm_bindgen(start)]
+fn start() {
+    console_error_panic_hook::set_once();
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct JsLoadOptions {
+    context_length: Option<usize>,
+    /// Run on the CPU reference instead of WebGPU (slow; for tests and machines without WebGPU).
+    cpu: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct JsGenerateOptions {
+    temperature: f32,
+    top_p: f32,
+    top_k: usize,
+    min_p: f32,
+    repetition_penalty: f32,
+    presence_penalty: f32,
+    frequency_penalty: f32,
+    max_tokens: usize,
+    seed: Option<f64>,
+    stop: Vec<String>,
+    ignore_eos: bool,
+    /// Attach the top-N candidates to each token (the page's "inside the engine" panel).
+    candidates: usize,
+}
+
+impl Default for JsGenerateOptions {
+    fn default() -> Self {
+        let s = SamplingParams::default();
+        Self {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: s.top_k,
+            min_p: s.min_p,
+            repetition_penalty: s.repetition_penalty,
+            presence_penalty: s.presence_penalty,
+            frequency_penalty: s.frequency_penalty,
+            max_tokens: 256,
+            seed: None,
+            stop: Vec::new(),
+            ignore_eos: false,
+            candidates: 0,
+        }
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsStats {
+    prompt_tokens: usize,
+    prefilled_tokens: usize,
+    generated_tokens: usize,
+    ttft_ms: f64,
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+    stop_reason: String,
+}
+
+impl From<&Stats> for JsStats {
+    fn from(s: &Stats) -> Self {
+        Self {
+            prompt_tokens: s.prompt_tokens,
+            prefilled_tokens: s.prefilled_tokens,
+            generated_tokens: s.generated_tokens,
+            ttft_ms: s.ttft_ms,
+            prefill_tok_s: s.prefill_tok_s,
+            decode_tok_s: s.decode_tok_s,
+            stop_reason: format!("{:?}", s.stop_reason).to_lowercase(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsInfo {
+    model_name: String,
+    architecture: String,
+    context_length: usize,
+    n_layers: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    vocab_size: usize,
+    /// Bytes per cached key or value element (2 with an f16 KV cache, else 4).
+    kv_bytes_per_value: usize,
+    backend: String,
+    adapter: String,
+    f16: bool,
+    subgroups: bool,
+}
+
+fn js_err(e: impl std::fmt::Display) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+/// The engine as JS sees it. Cheap to clone internally so that async calls own what they use.
+#[wasm_bindgen]
+pub struct WasmEngine {
+    engine: Rc<RefCell<Option<Engine>>>,
+    aborted: Rc<Cell<bool>>,
+    busy: Rc<Cell<bool>>,
+    last_stats: Rc<RefCell<Option<Stats>>>,
+}
+
+#[wasm_bindgen]
+impl WasmEngine {
+    /// Loads a GGUF model from its bytes. `on_progress(done, total)` follows the upload.
+    pub async fn load(
+        bytes: js_sys::Uint8Array,
+        options: JsValue,
+        on_progress: Option<js_sys::Function>,
+    ) -> Result<WasmEngine, JsError> {
+        let opts: JsLoadOptions = if options.is_undefined() || options.is_null() {
+            Default::default()
+        } else {
+            serde_wasm_bindgen::from_value(options)?
+        };
+        let file = bytes.to_vec();
+        let load = LoadOptions {
+            backend: if opts.cpu { BackendKind::Cpu } else { BackendKind::Gpu },
+            context_length: opts.context_length,
+            gpu: GpuOptions::default(),
+        };
+        let mut progress = |done: usize, total: usize| {
+            if let Some(f) = &on_progress {
+                let _ = f.call2(&JsValue::NULL, &JsValue::from(done as f64), &JsValue::from(total as f64));
+            }
+        };
+        let engine = Engine::load(&file, load, &mut progress).await.map_err(js_err)?;
+        Ok(WasmEngine {
+            engine: Rc::new(RefCell::new(Some(engine))),
+            aborted: Rc::new(Cell::new(false)),
+            busy: Rc::new(Cell::new(false)),
+            last_stats: Rc::new(RefCell::new(None)),
+        })
+    }
+
+    /// Model and device facts: name, architecture, context length, adapter, f16/subgroup use.
+    pub fn info(&self) -> Result<JsValue, JsError> {
+        let guard = self.engine.try_borrow().map_err(|_| js_err("the engine is busy"))?;
+        let e = guard.as_ref().ok_or_else(|| js_err("the model was unloaded"))?;
+        let c = &e.config;
+        let gpu = e.gpu_model().map(|m| &m.gpu);
+        let info = JsInfo {
+            model_name: c.name.clone(),
+            architecture: c.architecture.clone(),
+            context_length: e.context_length(),
+            n_layers: c.n_layers,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            vocab_size: c.vocab_size,
+            kv_bytes_per_value: match gpu {
+                Some(g) if g.f16 => 2,
+                _ => 4,
+            },
+            backend: e.backend_description(),
+            adapter: gpu.map(|g| g.adapter_name()).unwrap_or_else(|| "cpu".into()),
+            f16: gpu.is_some_and(|g| g.f16),
+            subgroups: gpu.is_some_and(|g| g.subgroups),
+        };
+        Ok(serde_wasm_bindgen::to_value(&info)?)
+    }
+
+    /// Generates from a raw prompt (string) or chat messages ([{role, content}]), calling
+    /// `on_token({id, text, position, candidates?})` per token; resolves to the stats.
+    pub fn generate(
+        &self,
+        prompt: JsValue,
+        chat: bool,
+        options: JsValue,
+        on_token: js_sys::Function,
+    ) -> js_sys::Promise {
+        let (engine, aborted, busy, last) =
+            (self.engine.clone(), self.aborted.clone(), self.busy.clone(), self.last_stats.clone());
+        wasm_bindgen_futures::future_to_promise(async move {
+            if busy.replace(true) {
+                return Err(JsError::new("a generation is already running: await it or call abort() first").into());
+            }
+            let result = generate(&engine, &aborted, prompt, chat, options, &on_token).await;
+            busy.set(false);
+            let stats = result.map_err(JsValue::from)?;
+            let js = serde_wasm_bindgen::to_value(&JsStats::from(&stats))?;
+            *last.borrow_mut() = Some(stats);
+            Ok(js)
+        })
+    }
+
+    /// Stops the running generation after the current token; the engine stays usable.
+    pub fn abort(&self) {
+        if self.busy.get() {
+            self.aborted.set(true);
+        }
+    }
+
+    /// Stats of the last finished generation, or null.
+    pub fn stats(&self) -> Result<JsValue, JsError> {
+        match self.last_stats.borrow().as_ref() {
+            Some(s) => Ok(serde_wasm_bindgen::to_value(&JsStats::from(s))?),
+            None => Ok(JsValue::NULL),
+        }
+    }
+
+    /// Frees the model's GPU memory; the engine cannot be used afterwards.
+    pub fn unload(&self) -> Result<(), JsError> {
+        let mut guard =
+            self.engine.try_borrow_mut().map_err(|_| js_err("abort the running generation before unloading"))?;
+        guard.take();
+        Ok(())
+    }
+}
+
+async fn generate(
+    engine: &Rc<RefCell<Option<Engine>>>,
+    aborted: &Rc<Cell<bool>>,
+    prompt: JsValue,
+    chat: bool,
+    options: JsValue,
+    on_token: &js_sys::Function,
+) -> Result<Stats, JsError> {
+    let o: JsGenerateOptions = if options.is_undefined() || options.is_null() {
+        Default::default()
+    } else {
+        serde_wasm_bindgen::from_value(options)?
+    };
+    let prompt = if chat {
+        let messages: Vec<Message> = serde_wasm_bindgen::from_value(prompt)
+            .map_err(|e| js_err(format!("messages must be an array of {{role, content}} strings: {e}")))?;
+        Prompt::Chat(messages)
+    } else {
+        Prompt::Text(prompt.as_string().ok_or_else(|| js_err("the prompt must be a string"))?)
+    };
+    let seed = match o.seed {
+        Some(s) if s.is_finite() && s >= 0.0 => s as u64,
+        Some(s) => return Err(js_err(format!("invalid seed {s}: use a non-negative integer"))),
+        None => (js_sys::Math::random() * 9007199254740991.0) as u64,
+    };
+    let options = GenerateOptions {
+        max_tokens: o.max_tokens,
+        sampling: SamplingParams {
+            temperature: o.temperature,
+            top_k: o.top_k,
+            top_p: o.top_p,
+            min_p: o.min_p,
+            repetition_penalty: o.repetition_penalty,
+            presence_penalty: o.presence_penalty,
+            frequency_penalty: o.frequency_penalty,
+            seed,
+        },
+        stop: o.stop,
+        ignore_eos: o.ignore_eos,
+        top_candidates: o.candidates,
+    };
+    // The engine is taken out for the duration, so a concurrent info()/unload() gets an error
+    // instead of a borrow panic.
+    let mut e = engine.borrow_mut().take().ok_or_else(|| js_err("the model was unloaded"))?;
+    aborted.set(false);
+    let mut callback_error = None;
+    let result = {
+        let mut on = |ev: &crate::engine::TokenEvent| match serde_wasm_bindgen::to_value(ev)
+            .map_err(JsValue::from)
+            .and_then(|v| on_token.call1(&JsValue::NULL, &v))
+        {
+            Ok(_) => !aborted.get(),
+            Err(err) => {
+                callback_error = Some(err);
+                false
+            }
+        };
+        e.generate(&prompt, &options, &mut on).await
+    };
+    *engine.borrow_mut() = Some(e);
+    if let Some(err) = callback_error {
+        return Err(js_err(format!(
+            "the token callback threw: {}",
+            err.as_string().unwrap_or_else(|| format!("{err:?}"))
+        )));
+    }
+    result.map_err(js_err)
+}
