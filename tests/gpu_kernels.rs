@@ -1,6 +1,25 @@
 //! Every GPU kernel against its CPU reference op on random inputs, on the forced-f32 path and
-//! on the adapter's own path (f16 KV cache and subgroups where available). Tolerances are
-//! stated per test: f32 sums in another order differ by a few ulps of the magnitudes summed.
+//! on the adapter's own path (f16 KV cache and subgroups where available), each with the GPU
+//! and the CPU-adapter kernel variants. Tolerances are stated per test: f32 sums in another
+//! order differ by a few ulps of the magnitudes summed. The same tests run natively (lavapipe
+//! in CI) and in headless Chromium's WebGPU (wasm-bindgen-test).
+
+#[cfg(target_arch = "wasm32")]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
+
+/// A test body that runs natively under pollster and in the browser as an async test.
+macro_rules! gpu_test {
+    (async fn $name:ident() $body:block) => {
+        #[cfg(not(target_arch = "wasm32"))]
+        #[test]
+        fn $name() {
+            pollster::block_on(async $body)
+        }
+        #[cfg(target_arch = "wasm32")]
+        #[wasm_bindgen_test::wasm_bindgen_test]
+        async fn $name() $body
+    };
+}
 
 use half::f16;
 use webgpu_llm::gguf::{dequantize, GgmlType, TensorInfo};
@@ -18,17 +37,17 @@ struct Harness {
 }
 
 impl Harness {
-    fn new(force_f32: bool) -> Self {
-        let gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32 })).expect("a GPU adapter (lavapipe in CI)");
+    async fn new(force_f32: bool) -> Self {
+        let gpu = Gpu::new(GpuOptions { force_f32 }).await.expect("a GPU adapter (lavapipe in CI, WebGPU in the browser)");
         let params = gpu.uniform("params", 16);
         Self { gpu, cache: PipelineCache::default(), params }
     }
     /// The forced-f32 path and the adapter's own, each with both kernel styles.
-    fn paths() -> Vec<Self> {
+    async fn paths() -> Vec<Self> {
         let mut all = Vec::new();
         for force_f32 in [true, false] {
             for style in [KernelStyle::Gpu, KernelStyle::Cpu] {
-                let mut h = Self::new(force_f32);
+                let mut h = Self::new(force_f32).await;
                 h.gpu.style = style;
                 all.push(h);
             }
@@ -57,12 +76,12 @@ impl Harness {
             (self.buf(values), values.to_vec())
         }
     }
-    fn read_kv(&self, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
+    async fn read_kv(&self, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
         if self.gpu.f16 {
-            let bytes = pollster::block_on(self.gpu.read_buffer(b, n as u64 * 2)).unwrap();
+            let bytes = self.gpu.read_buffer(b, n as u64 * 2).await.unwrap();
             bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
         } else {
-            self.read(b, n)
+            self.read(b, n).await
         }
     }
     fn run(&self, ops: &[Dispatch], n_tokens: usize) {
@@ -73,8 +92,8 @@ impl Harness {
         }
         self.gpu.submit(enc);
     }
-    fn read(&self, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
-        let v = pollster::block_on(self.gpu.read_f32(b, n)).unwrap();
+    async fn read(&self, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
+        let v = self.gpu.read_f32(b, n).await.unwrap();
         self.gpu.check().unwrap();
         v
     }
@@ -149,162 +168,168 @@ fn reference_matmul(w: &[f32], x: &[f32], cols: usize) -> (Vec<f64>, Vec<f64>) {
 
 const MATMUL_REL: f64 = 1e-5;
 
-#[test]
-fn gemv_matches_the_cpu_product_for_every_weight_type_and_epilogue() {
-    let mut rng = Rng::new(1);
-    let (rows, cols) = (203, 256);
-    for mut h in Harness::paths() {
-        for ty in TYPES {
-            let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
-            let w = dequantize(&info, &bytes).unwrap();
-            let lin = Linear::new(&h.gpu, "w", &[&info], &bytes).unwrap();
-            let x = random(&mut rng, cols, 1.0);
-            let (want, scale) = reference_matmul(&w, &x, cols);
-            let xb = h.buf(&x);
-            let y0 = random(&mut rng, rows, 1.0);
-            let yb = h.buf(&y0);
-            let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Store, &xb, &yb);
-            h.run(&ops, 1);
-            assert_close(&format!("gemv {ty:?} store, {}", h.path()), &h.read(&yb, rows), &want, &scale, MATMUL_REL);
-            let yb = h.buf(&y0);
-            let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Add, &xb, &yb);
-            h.run(&ops, 1);
-            let added: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
-            assert_close(&format!("gemv {ty:?} add, {}", h.path()), &h.read(&yb, rows), &added, &scale, MATMUL_REL);
-        }
-    }
-}
-
-#[test]
-fn gated_gemv_computes_silu_of_gate_times_up() {
-    let mut rng = Rng::new(2);
-    let (rows, cols) = (150, 128);
-    for mut h in Harness::paths() {
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
-            let (gi, gb) = random_tensor(&mut rng, ty, rows, cols);
-            let (ui, ub) = random_tensor(&mut rng, ty, rows, cols);
-            // Both tensors live in one "file": up's data follows gate's.
-            let file = [gb.clone(), ub.clone()].concat();
-            let ui = TensorInfo { file_offset: gb.len() as u64, ..ui };
-            let pair = Linear::gated_pair(&h.gpu, "gate_up", &gi, &ui, &file).unwrap().expect("same types pair up");
-            let x = random(&mut rng, cols, 1.0);
-            let (g, gs) = reference_matmul(&dequantize(&gi, &gb).unwrap(), &x, cols);
-            let (u, us) = reference_matmul(&dequantize(&ui, &ub).unwrap(), &x, cols);
-            let want: Vec<f64> = g.iter().zip(&u).map(|(&a, &b)| a / (1.0 + (-a).exp()) * b).collect();
-            let scale: Vec<f64> =
-                gs.iter().zip(&us).zip(&u).zip(&g).map(|(((a, b), u), g)| a * u.abs() + b * g.abs() + a * b).collect();
-            let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; rows]));
-            let ops = kernels::gemv(&h.gpu, &mut h.cache, &pair, Epilogue::Store, &xb, &yb);
-            h.run(&ops, 1);
-            assert_close(&format!("gated gemv {ty:?}, {}", h.path()), &h.read(&yb, rows), &want, &scale, 1e-5);
-        }
-    }
-}
-
-#[test]
-fn gemm_matches_the_cpu_product_for_every_weight_type() {
-    let mut rng = Rng::new(3);
-    let (n, rows, cols) = (70, 130, 96);
-    for mut h in Harness::paths() {
-        h.set(n, 0);
-        for ty in TYPES {
-            let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
-            let w = dequantize(&info, &bytes).unwrap();
-            let lin = Linear::new(&h.gpu, "w", &[&info], &bytes).unwrap();
-            let x = random(&mut rng, n * cols, 1.0);
-            let (want, scale) = reference_matmul(&w, &x, cols);
-            let y0 = random(&mut rng, n * rows, 1.0);
-            let (xb, yb) = (h.buf(&x), h.buf(&y0));
-            let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, &lin, Epilogue::Add, &xb, &yb, rows);
-            h.run(&ops, n);
-            let added: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
-            assert_close(&format!("gemm {ty:?}, {}", h.path()), &h.read(&yb, n * rows), &added, &scale, MATMUL_REL);
-        }
-    }
-}
-
-#[test]
-fn gemm_of_a_gated_pair_writes_gate_then_up_columns_and_silu_mul_combines_them() {
-    let mut rng = Rng::new(4);
-    let (n, rows, cols) = (9, 40, 64);
-    for mut h in Harness::paths() {
-        h.set(n, 0);
-        let (gi, gb) = random_tensor(&mut rng, GgmlType::Q4_0, rows, cols);
-        let (ui, ub) = random_tensor(&mut rng, GgmlType::Q4_0, rows, cols);
-        let file = [gb.clone(), ub.clone()].concat();
-        let ui = TensorInfo { file_offset: gb.len() as u64, ..ui };
-        let pair = Linear::gated_pair(&h.gpu, "gate_up", &gi, &ui, &file).unwrap().unwrap();
-        let x = random(&mut rng, n * cols, 1.0);
-        let (g, _) = reference_matmul(&dequantize(&gi, &gb).unwrap(), &x, cols);
-        let (u, _) = reference_matmul(&dequantize(&ui, &ub).unwrap(), &x, cols);
-        let (xb, gub, hb) = (h.buf(&x), h.buf(&vec![0.0; n * 2 * rows]), h.buf(&vec![0.0; n * rows]));
-        let mut ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, &pair, Epilogue::Store, &xb, &gub, 2 * rows);
-        ops.push(kernels::silu_mul(&h.gpu, &mut h.cache, &h.params, rows, &gub, &hb));
-        h.run(&ops, n);
-        let gu = h.read(&gub, n * 2 * rows);
-        let got = h.read(&hb, n * rows);
-        for t in 0..n {
-            for r in 0..rows {
-                let (gv, uv) = (g[t * rows + r], u[t * rows + r]);
-                assert!((gu[t * 2 * rows + r] as f64 - gv).abs() < 1e-4, "gate column {t},{r}");
-                assert!((gu[t * 2 * rows + rows + r] as f64 - uv).abs() < 1e-4, "up column {t},{r}");
-                let want = reference::silu(gu[t * 2 * rows + r]) * gu[t * 2 * rows + rows + r];
-                assert!((got[t * rows + r] - want).abs() <= 1e-5 * want.abs().max(1.0), "silu_mul {t},{r}");
+gpu_test! {
+    async fn gemv_matches_the_cpu_product_for_every_weight_type_and_epilogue() {
+        let mut rng = Rng::new(1);
+        let (rows, cols) = (203, 256);
+        for mut h in Harness::paths().await {
+            for ty in TYPES {
+                let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
+                let w = dequantize(&info, &bytes).unwrap();
+                let lin = Linear::new(&h.gpu, "w", &[&info], &bytes).unwrap();
+                let x = random(&mut rng, cols, 1.0);
+                let (want, scale) = reference_matmul(&w, &x, cols);
+                let xb = h.buf(&x);
+                let y0 = random(&mut rng, rows, 1.0);
+                let yb = h.buf(&y0);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Store, &xb, &yb);
+                h.run(&ops, 1);
+                assert_close(&format!("gemv {ty:?} store, {}", h.path()), &h.read(&yb, rows).await, &want, &scale, MATMUL_REL);
+                let yb = h.buf(&y0);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Add, &xb, &yb);
+                h.run(&ops, 1);
+                let added: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
+                assert_close(&format!("gemv {ty:?} add, {}", h.path()), &h.read(&yb, rows).await, &added, &scale, MATMUL_REL);
             }
         }
     }
 }
 
-#[test]
-fn embedding_lookup_matches_cpu_dequantization() {
-    let mut rng = Rng::new(5);
-    let (vocab, d) = (300, 64);
-    let tokens = [0u32, 299, 17, 17, 150];
-    for mut h in Harness::paths() {
-        h.set(tokens.len(), 0);
-        for ty in TYPES {
-            let (info, bytes) = random_tensor(&mut rng, ty, vocab, d);
-            let table = dequantize(&info, &bytes).unwrap();
-            let lin = Linear::new(&h.gpu, "embd", &[&info], &bytes).unwrap();
-            let (tb, xb) = (h.u32_buf(&tokens), h.buf(&vec![0.0; tokens.len() * d]));
-            let ops = kernels::embed(&h.gpu, &mut h.cache, &h.params, &lin, &tb, &xb);
-            h.run(&ops, tokens.len());
-            let want: Vec<f64> = tokens
-                .iter()
-                .flat_map(|&t| table[t as usize * d..(t as usize + 1) * d].iter().map(|&v| v as f64))
-                .collect();
-            let scale: Vec<f64> = want.iter().map(|v| v.abs()).collect();
-            assert_close(&format!("embed {ty:?}, {}", h.path()), &h.read(&xb, tokens.len() * d), &want, &scale, 1e-6);
+gpu_test! {
+    async fn gated_gemv_computes_silu_of_gate_times_up() {
+        let mut rng = Rng::new(2);
+        let (rows, cols) = (150, 128);
+        for mut h in Harness::paths().await {
+            for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+                let (gi, gb) = random_tensor(&mut rng, ty, rows, cols);
+                let (ui, ub) = random_tensor(&mut rng, ty, rows, cols);
+                // Both tensors live in one "file": up's data follows gate's.
+                let file = [gb.clone(), ub.clone()].concat();
+                let ui = TensorInfo { file_offset: gb.len() as u64, ..ui };
+                let pair = Linear::gated_pair(&h.gpu, "gate_up", &gi, &ui, &file).unwrap().expect("same types pair up");
+                let x = random(&mut rng, cols, 1.0);
+                let (g, gs) = reference_matmul(&dequantize(&gi, &gb).unwrap(), &x, cols);
+                let (u, us) = reference_matmul(&dequantize(&ui, &ub).unwrap(), &x, cols);
+                let want: Vec<f64> = g.iter().zip(&u).map(|(&a, &b)| a / (1.0 + (-a).exp()) * b).collect();
+                let scale: Vec<f64> =
+                    gs.iter().zip(&us).zip(&u).zip(&g).map(|(((a, b), u), g)| a * u.abs() + b * g.abs() + a * b).collect();
+                let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; rows]));
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, &pair, Epilogue::Store, &xb, &yb);
+                h.run(&ops, 1);
+                assert_close(&format!("gated gemv {ty:?}, {}", h.path()), &h.read(&yb, rows).await, &want, &scale, 1e-5);
+            }
         }
     }
 }
 
-#[test]
-fn rms_norm_matches_the_cpu_reference() {
-    let mut rng = Rng::new(6);
-    let (n, d, eps) = (5, 576, 1e-5);
-    for mut h in Harness::paths() {
-        h.set(n, 0);
-        let x = random(&mut rng, n * d, 3.0);
-        let w = random(&mut rng, d, 1.0);
-        let mut want = vec![0f32; n * d];
-        reference::rms_norm(&mut want, &x, &w, eps);
-        let (xb, wb, ob) = (h.buf(&x), h.buf(&w), h.buf(&vec![0.0; n * d]));
-        let all = kernels::rms_norm(&h.gpu, &mut h.cache, &h.params, d, eps, false, &xb, &wb, &ob);
-        h.run(&[all], n);
-        let got = h.read(&ob, n * d);
-        let want64: Vec<f64> = want.iter().map(|&v| v as f64).collect();
-        let scale: Vec<f64> = want64.iter().map(|v| v.abs()).collect();
-        assert_close(&format!("rms_norm, {}", h.path()), &got, &want64, &scale, 1e-5);
-        let last = kernels::rms_norm(&h.gpu, &mut h.cache, &h.params, d, eps, true, &xb, &wb, &ob);
-        h.run(&[last], n);
-        assert_close(
-            &format!("rms_norm last row, {}", h.path()),
-            &h.read(&ob, d),
-            &want64[(n - 1) * d..],
-            &scale[(n - 1) * d..],
-            1e-5,
-        );
+gpu_test! {
+    async fn gemm_matches_the_cpu_product_for_every_weight_type() {
+        let mut rng = Rng::new(3);
+        let (n, rows, cols) = (70, 130, 96);
+        for mut h in Harness::paths().await {
+            h.set(n, 0);
+            for ty in TYPES {
+                let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
+                let w = dequantize(&info, &bytes).unwrap();
+                let lin = Linear::new(&h.gpu, "w", &[&info], &bytes).unwrap();
+                let x = random(&mut rng, n * cols, 1.0);
+                let (want, scale) = reference_matmul(&w, &x, cols);
+                let y0 = random(&mut rng, n * rows, 1.0);
+                let (xb, yb) = (h.buf(&x), h.buf(&y0));
+                let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, &lin, Epilogue::Add, &xb, &yb, rows);
+                h.run(&ops, n);
+                let added: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
+                assert_close(&format!("gemm {ty:?}, {}", h.path()), &h.read(&yb, n * rows).await, &added, &scale, MATMUL_REL);
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn gemm_of_a_gated_pair_writes_gate_then_up_columns_and_silu_mul_combines_them() {
+        let mut rng = Rng::new(4);
+        let (n, rows, cols) = (9, 40, 64);
+        for mut h in Harness::paths().await {
+            h.set(n, 0);
+            let (gi, gb) = random_tensor(&mut rng, GgmlType::Q4_0, rows, cols);
+            let (ui, ub) = random_tensor(&mut rng, GgmlType::Q4_0, rows, cols);
+            let file = [gb.clone(), ub.clone()].concat();
+            let ui = TensorInfo { file_offset: gb.len() as u64, ..ui };
+            let pair = Linear::gated_pair(&h.gpu, "gate_up", &gi, &ui, &file).unwrap().unwrap();
+            let x = random(&mut rng, n * cols, 1.0);
+            let (g, _) = reference_matmul(&dequantize(&gi, &gb).unwrap(), &x, cols);
+            let (u, _) = reference_matmul(&dequantize(&ui, &ub).unwrap(), &x, cols);
+            let (xb, gub, hb) = (h.buf(&x), h.buf(&vec![0.0; n * 2 * rows]), h.buf(&vec![0.0; n * rows]));
+            let mut ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, &pair, Epilogue::Store, &xb, &gub, 2 * rows);
+            ops.push(kernels::silu_mul(&h.gpu, &mut h.cache, &h.params, rows, &gub, &hb));
+            h.run(&ops, n);
+            let gu = h.read(&gub, n * 2 * rows).await;
+            let got = h.read(&hb, n * rows).await;
+            for t in 0..n {
+                for r in 0..rows {
+                    let (gv, uv) = (g[t * rows + r], u[t * rows + r]);
+                    assert!((gu[t * 2 * rows + r] as f64 - gv).abs() < 1e-4, "gate column {t},{r}");
+                    assert!((gu[t * 2 * rows + rows + r] as f64 - uv).abs() < 1e-4, "up column {t},{r}");
+                    let want = reference::silu(gu[t * 2 * rows + r]) * gu[t * 2 * rows + rows + r];
+                    assert!((got[t * rows + r] - want).abs() <= 1e-5 * want.abs().max(1.0), "silu_mul {t},{r}");
+                }
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn embedding_lookup_matches_cpu_dequantization() {
+        let mut rng = Rng::new(5);
+        let (vocab, d) = (300, 64);
+        let tokens = [0u32, 299, 17, 17, 150];
+        for mut h in Harness::paths().await {
+            h.set(tokens.len(), 0);
+            for ty in TYPES {
+                let (info, bytes) = random_tensor(&mut rng, ty, vocab, d);
+                let table = dequantize(&info, &bytes).unwrap();
+                let lin = Linear::new(&h.gpu, "embd", &[&info], &bytes).unwrap();
+                let (tb, xb) = (h.u32_buf(&tokens), h.buf(&vec![0.0; tokens.len() * d]));
+                let ops = kernels::embed(&h.gpu, &mut h.cache, &h.params, &lin, &tb, &xb);
+                h.run(&ops, tokens.len());
+                let want: Vec<f64> = tokens
+                    .iter()
+                    .flat_map(|&t| table[t as usize * d..(t as usize + 1) * d].iter().map(|&v| v as f64))
+                    .collect();
+                let scale: Vec<f64> = want.iter().map(|v| v.abs()).collect();
+                assert_close(&format!("embed {ty:?}, {}", h.path()), &h.read(&xb, tokens.len() * d).await, &want, &scale, 1e-6);
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn rms_norm_matches_the_cpu_reference() {
+        let mut rng = Rng::new(6);
+        let (n, d, eps) = (5, 576, 1e-5);
+        for mut h in Harness::paths().await {
+            h.set(n, 0);
+            let x = random(&mut rng, n * d, 3.0);
+            let w = random(&mut rng, d, 1.0);
+            let mut want = vec![0f32; n * d];
+            reference::rms_norm(&mut want, &x, &w, eps);
+            let (xb, wb, ob) = (h.buf(&x), h.buf(&w), h.buf(&vec![0.0; n * d]));
+            let all = kernels::rms_norm(&h.gpu, &mut h.cache, &h.params, d, eps, false, &xb, &wb, &ob);
+            h.run(&[all], n);
+            let got = h.read(&ob, n * d).await;
+            let want64: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+            let scale: Vec<f64> = want64.iter().map(|v| v.abs()).collect();
+            assert_close(&format!("rms_norm, {}", h.path()), &got, &want64, &scale, 1e-5);
+            let last = kernels::rms_norm(&h.gpu, &mut h.cache, &h.params, d, eps, true, &xb, &wb, &ob);
+            h.run(&[last], n);
+            assert_close(
+                &format!("rms_norm last row, {}", h.path()),
+                &h.read(&ob, d).await,
+                &want64[(n - 1) * d..],
+                &scale[(n - 1) * d..],
+                1e-5,
+            );
+        }
     }
 }
 
@@ -327,46 +352,47 @@ fn small_config() -> ModelConfig {
     }
 }
 
-#[test]
-fn rope_rotates_q_and_k_and_writes_the_kv_cache() {
-    let mut rng = Rng::new(7);
-    let c = small_config();
-    let (n, start, ctx) = (7, 100, 128);
-    let (q, kv) = (c.q_dim(), c.kv_dim());
-    let row = q + 2 * kv;
-    for mut h in Harness::paths() {
-        h.set(n, start);
-        let qkv = random(&mut rng, n * row, 2.0);
-        let table = h.buf(&kernels::rope_table_for(&c, ctx));
-        let (kc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
-        let (vc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
-        let qb = h.buf(&qkv);
-        let op = kernels::rope_kv(&h.gpu, &mut h.cache, &h.params, &c, &qb, &table, &kc, &vc);
-        h.run(&[op], n);
-        let got_q = h.read(&qb, n * row);
-        let (got_k, got_v) = (h.read_kv(&kc, ctx * kv), h.read_kv(&vc, ctx * kv));
-        let inv = reference::rope_inv_freq(&c);
-        // f16 storage keeps 11 significant bits.
-        let kv_tol = if h.gpu.f16 { 1e-3 } else { 1e-6 };
-        for t in 0..n {
-            let r = &qkv[t * row..(t + 1) * row];
-            let (mut wq, mut wk) = (r[..q].to_vec(), r[q..q + kv].to_vec());
-            reference::rope(&mut wq, start + t, c.head_dim, &inv);
-            reference::rope(&mut wk, start + t, c.head_dim, &inv);
-            for i in 0..q {
-                assert!((got_q[t * row + i] - wq[i]).abs() < 1e-5, "q[{t}][{i}], {}", h.path());
-            }
-            let p = (start + t) * kv;
-            for i in 0..kv {
-                assert!(
-                    (got_k[p + i] - wk[i]).abs() <= kv_tol * wk[i].abs().max(1.0),
-                    "k cache[{t}][{i}], {}",
-                    h.path()
-                );
-                assert!(
-                    (got_v[p + i] - r[q + kv + i]).abs() <= kv_tol * r[q + kv + i].abs().max(1.0),
-                    "v cache[{t}][{i}]"
-                );
+gpu_test! {
+    async fn rope_rotates_q_and_k_and_writes_the_kv_cache() {
+        let mut rng = Rng::new(7);
+        let c = small_config();
+        let (n, start, ctx) = (7, 100, 128);
+        let (q, kv) = (c.q_dim(), c.kv_dim());
+        let row = q + 2 * kv;
+        for mut h in Harness::paths().await {
+            h.set(n, start);
+            let qkv = random(&mut rng, n * row, 2.0);
+            let table = h.buf(&kernels::rope_table_for(&c, ctx));
+            let (kc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
+            let (vc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
+            let qb = h.buf(&qkv);
+            let op = kernels::rope_kv(&h.gpu, &mut h.cache, &h.params, &c, &qb, &table, &kc, &vc);
+            h.run(&[op], n);
+            let got_q = h.read(&qb, n * row).await;
+            let (got_k, got_v) = (h.read_kv(&kc, ctx * kv).await, h.read_kv(&vc, ctx * kv).await);
+            let inv = reference::rope_inv_freq(&c);
+            // f16 storage keeps 11 significant bits.
+            let kv_tol = if h.gpu.f16 { 1e-3 } else { 1e-6 };
+            for t in 0..n {
+                let r = &qkv[t * row..(t + 1) * row];
+                let (mut wq, mut wk) = (r[..q].to_vec(), r[q..q + kv].to_vec());
+                reference::rope(&mut wq, start + t, c.head_dim, &inv);
+                reference::rope(&mut wk, start + t, c.head_dim, &inv);
+                for i in 0..q {
+                    assert!((got_q[t * row + i] - wq[i]).abs() < 1e-5, "q[{t}][{i}], {}", h.path());
+                }
+                let p = (start + t) * kv;
+                for i in 0..kv {
+                    assert!(
+                        (got_k[p + i] - wk[i]).abs() <= kv_tol * wk[i].abs().max(1.0),
+                        "k cache[{t}][{i}], {}",
+                        h.path()
+                    );
+                    assert!(
+                        (got_v[p + i] - r[q + kv + i]).abs() <= kv_tol * r[q + kv + i].abs().max(1.0),
+                        "v cache[{t}][{i}]"
+                    );
+                }
             }
         }
     }
@@ -374,7 +400,7 @@ fn rope_rotates_q_and_k_and_writes_the_kv_cache() {
 
 /// Runs decode (n = 1) or prefill attention for queries at `start..start + n` against a
 /// random cache, and compares with the CPU reference on the values the GPU stores.
-fn check_attention(h: &mut Harness, n: usize, start: usize, rng: &mut Rng) {
+async fn check_attention(h: &mut Harness, n: usize, start: usize, rng: &mut Rng) {
     let c = small_config();
     let ctx = 256;
     let (q, kv) = (c.q_dim(), c.kv_dim());
@@ -391,7 +417,7 @@ fn check_attention(h: &mut Harness, n: usize, start: usize, rng: &mut Rng) {
         kernels::attention_prefill(&h.gpu, &mut h.cache, &h.params, &c, &qb, &kc, &vc, &out)
     };
     h.run(&[op], n);
-    let got = h.read(&out, n * q);
+    let got = h.read(&out, n * q).await;
     let queries: Vec<f32> = qkv.chunks_exact(row).flat_map(|r| r[..q].to_vec()).collect();
     let mut want = vec![0f32; n * q];
     reference::attention(&c, &mut want, &queries, &k_seen, &v_seen, start);
@@ -400,82 +426,86 @@ fn check_attention(h: &mut Harness, n: usize, start: usize, rng: &mut Rng) {
     }
 }
 
-#[test]
-fn decode_attention_matches_the_cpu_reference_with_grouped_heads() {
-    let mut rng = Rng::new(8);
-    for mut h in Harness::paths() {
-        for start in [0, 1, 57, 255] {
-            check_attention(&mut h, 1, start, &mut rng);
-        }
-    }
-}
-
-#[test]
-fn prefill_attention_matches_the_cpu_reference_across_query_and_key_blocks() {
-    let mut rng = Rng::new(9);
-    for mut h in Harness::paths() {
-        for (n, start) in [(2, 0), (70, 0), (21, 37), (9, 200)] {
-            check_attention(&mut h, n, start, &mut rng);
-        }
-    }
-}
-
-#[test]
-fn argmax_picks_the_largest_logit_and_the_lowest_index_on_ties() {
-    let mut rng = Rng::new(10);
-    for mut h in Harness::paths() {
-        for n in [1, 255, 49152] {
-            let mut logits = random(&mut rng, n, 10.0);
-            let best = n * 2 / 3;
-            logits[best] = 50.0;
-            if n > 1 {
-                logits[n - 1] = 50.0;
+gpu_test! {
+    async fn decode_attention_matches_the_cpu_reference_with_grouped_heads() {
+        let mut rng = Rng::new(8);
+        for mut h in Harness::paths().await {
+            for start in [0, 1, 57, 255] {
+                check_attention(&mut h, 1, start, &mut rng).await;
             }
-            let (lb, ob) = (h.buf(&logits), h.u32_buf(&[u32::MAX]));
-            let op = kernels::argmax(&h.gpu, &mut h.cache, n, &lb, &ob);
-            h.run(&[op], 1);
-            let got = pollster::block_on(h.gpu.read_buffer(&ob, 4)).unwrap();
-            assert_eq!(u32::from_le_bytes(got[..4].try_into().unwrap()), best as u32, "n = {n}, {}", h.path());
         }
     }
 }
 
-#[test]
-fn matrices_larger_than_one_binding_are_split_into_parts_with_the_same_results() {
-    let mut rng = Rng::new(11);
-    let (n, rows, cols) = (5, 100, 64);
-    for mut h in Harness::paths() {
-        h.set(n, 0);
-        let (a, ab) = random_tensor(&mut rng, GgmlType::Q8_0, rows, cols);
-        let (b, bb) = random_tensor(&mut rng, GgmlType::Q4_1, 30, cols);
-        let file = [ab.clone(), bb.clone()].concat();
-        let b = TensorInfo { file_offset: ab.len() as u64, ..b };
-        // 1 KiB bindings: a's 100 rows of 72 bytes need 8 parts; b (another type) its own parts.
-        h.gpu.limits.max_storage_buffer_binding_size = 1024;
-        let lin = Linear::new(&h.gpu, "split", &[&a, &b], &file).unwrap();
-        assert!(lin.parts.len() >= 9, "{} parts", lin.parts.len());
-        h.gpu.limits.max_storage_buffer_binding_size = 1 << 27;
-        let w: Vec<f32> = [dequantize(&a, &ab).unwrap(), dequantize(&b, &bb).unwrap()].concat();
-        let x = random(&mut rng, n * cols, 1.0);
-        let (want, scale) = reference_matmul(&w, &x, cols);
-        let total = rows + 30;
-        let (x1, y1) = (h.buf(&x[..cols]), h.buf(&vec![0.0; total]));
-        let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Store, &x1, &y1);
-        h.run(&ops, 1);
-        assert_close("split gemv", &h.read(&y1, total), &want[..total], &scale[..total], MATMUL_REL);
-        let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; n * total]));
-        let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, &lin, Epilogue::Store, &xb, &yb, total);
-        h.run(&ops, n);
-        assert_close("split gemm", &h.read(&yb, n * total), &want, &scale, MATMUL_REL);
-        let tokens = [0u32, 99, 100, 129, 42];
-        let (tb, eb) = (h.u32_buf(&tokens), h.buf(&vec![0.0; tokens.len() * cols]));
-        let ops = kernels::embed(&h.gpu, &mut h.cache, &h.params, &lin, &tb, &eb);
-        h.run(&ops, tokens.len());
-        let want: Vec<f64> = tokens
-            .iter()
-            .flat_map(|&t| w[t as usize * cols..(t as usize + 1) * cols].iter().map(|&v| v as f64))
-            .collect();
-        let scale: Vec<f64> = want.iter().map(|v| v.abs()).collect();
-        assert_close("split embedding", &h.read(&eb, tokens.len() * cols), &want, &scale, 1e-6);
+gpu_test! {
+    async fn prefill_attention_matches_the_cpu_reference_across_query_and_key_blocks() {
+        let mut rng = Rng::new(9);
+        for mut h in Harness::paths().await {
+            for (n, start) in [(2, 0), (70, 0), (21, 37), (9, 200)] {
+                check_attention(&mut h, n, start, &mut rng).await;
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn argmax_picks_the_largest_logit_and_the_lowest_index_on_ties() {
+        let mut rng = Rng::new(10);
+        for mut h in Harness::paths().await {
+            for n in [1, 255, 49152] {
+                let mut logits = random(&mut rng, n, 10.0);
+                let best = n * 2 / 3;
+                logits[best] = 50.0;
+                if n > 1 {
+                    logits[n - 1] = 50.0;
+                }
+                let (lb, ob) = (h.buf(&logits), h.u32_buf(&[u32::MAX]));
+                let op = kernels::argmax(&h.gpu, &mut h.cache, n, &lb, &ob);
+                h.run(&[op], 1);
+                let got = h.gpu.read_buffer(&ob, 4).await.unwrap();
+                assert_eq!(u32::from_le_bytes(got[..4].try_into().unwrap()), best as u32, "n = {n}, {}", h.path());
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn matrices_larger_than_one_binding_are_split_into_parts_with_the_same_results() {
+        let mut rng = Rng::new(11);
+        let (n, rows, cols) = (5, 100, 64);
+        for mut h in Harness::paths().await {
+            h.set(n, 0);
+            let (a, ab) = random_tensor(&mut rng, GgmlType::Q8_0, rows, cols);
+            let (b, bb) = random_tensor(&mut rng, GgmlType::Q4_1, 30, cols);
+            let file = [ab.clone(), bb.clone()].concat();
+            let b = TensorInfo { file_offset: ab.len() as u64, ..b };
+            // 1 KiB bindings: a's 100 rows of 72 bytes need 8 parts; b (another type) its own parts.
+            h.gpu.limits.max_storage_buffer_binding_size = 1024;
+            let lin = Linear::new(&h.gpu, "split", &[&a, &b], &file).unwrap();
+            assert!(lin.parts.len() >= 9, "{} parts", lin.parts.len());
+            h.gpu.limits.max_storage_buffer_binding_size = 1 << 27;
+            let w: Vec<f32> = [dequantize(&a, &ab).unwrap(), dequantize(&b, &bb).unwrap()].concat();
+            let x = random(&mut rng, n * cols, 1.0);
+            let (want, scale) = reference_matmul(&w, &x, cols);
+            let total = rows + 30;
+            let (x1, y1) = (h.buf(&x[..cols]), h.buf(&vec![0.0; total]));
+            let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Store, &x1, &y1);
+            h.run(&ops, 1);
+            assert_close("split gemv", &h.read(&y1, total).await, &want[..total], &scale[..total], MATMUL_REL);
+            let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; n * total]));
+            let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, &lin, Epilogue::Store, &xb, &yb, total);
+            h.run(&ops, n);
+            assert_close("split gemm", &h.read(&yb, n * total).await, &want, &scale, MATMUL_REL);
+            let tokens = [0u32, 99, 100, 129, 42];
+            let (tb, eb) = (h.u32_buf(&tokens), h.buf(&vec![0.0; tokens.len() * cols]));
+            let ops = kernels::embed(&h.gpu, &mut h.cache, &h.params, &lin, &tb, &eb);
+            h.run(&ops, tokens.len());
+            let want: Vec<f64> = tokens
+                .iter()
+                .flat_map(|&t| w[t as usize * cols..(t as usize + 1) * cols].iter().map(|&v| v as f64))
+                .collect();
+            let scale: Vec<f64> = want.iter().map(|v| v.abs()).collect();
+            assert_close("split embedding", &h.read(&eb, tokens.len() * cols).await, &want, &scale, 1e-6);
+        }
     }
 }

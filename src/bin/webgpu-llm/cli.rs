@@ -1,4 +1,4 @@
-//! The native command-line tool: `webgpu-llm generate ...` streams a completion to stdout.
+//! The commands: `generate` streams a completion to stdout, `bench` measures speed.
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use std::io::Write;
@@ -104,7 +104,7 @@ struct GenerateArgs {
     json: bool,
 }
 
-fn main() -> ExitCode {
+pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
