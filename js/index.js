@@ -90,8 +90,14 @@ export class Engine {
    * contextLength, cpu (run on the CPU reference instead of WebGPU).
    */
   static async load(source, options = {}) {
-    if (!options.cpu && (typeof navigator === "undefined" || !navigator.gpu)) {
-      throw new Error("WebGPU is not available in this browser: use a recent Chrome, Edge or Safari, or enable WebGPU");
+    if (!options.cpu) {
+      if (typeof navigator === "undefined" || !navigator.gpu) {
+        throw new Error("WebGPU is not available in this browser: use a recent Chrome, Edge or Safari, or enable WebGPU");
+      }
+      // Checked before downloading the model: no adapter means no GPU to run it on.
+      if (!(await navigator.gpu.requestAdapter({ powerPreference: "high-performance" }))) {
+        throw new Error("WebGPU is enabled but found no usable GPU adapter (the GPU may be blocklisted or its driver too old)");
+      }
     }
     await initOnce();
     const { bytes, fromCache } = await toBytes(source, options);

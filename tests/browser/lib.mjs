@@ -27,12 +27,13 @@ export function serve(dir) {
   });
 }
 
-export async function launch() {
+/** Headless Chromium; `webgpu: false` leaves WebGPU off, as on a browser without a usable GPU. */
+export async function launch({ webgpu = true } = {}) {
   return chromium.launch({
     executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
     args: [
       "--no-sandbox",
-      "--enable-unsafe-webgpu",
+      ...(webgpu ? ["--enable-unsafe-webgpu"] : []),
       "--disable-background-networking",
       "--disable-component-update",
       "--disable-sync",

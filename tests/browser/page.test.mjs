@@ -162,3 +162,22 @@ test("the page loads the model, chats, stops, caches the model and reports a bad
     server.close();
   }
 });
+
+test("without WebGPU the page says so in plain words and downloads nothing", { timeout: 300_000 }, async () => {
+  const server = await serveDist();
+  const browser = await launch({ webgpu: false });
+  try {
+    const page = await browser.newPage();
+    const errors = [];
+    page.on("pageerror", (e) => errors.push(String(e)));
+    await page.goto(server.url);
+    await page.waitForSelector("#error:not([hidden])", { timeout: 120_000 });
+    assert.match(await page.textContent("#error"), /WebGPU/);
+    assert.equal(await page.isDisabled("#send"), true);
+    assert.equal(server.requests.filter((r) => r.endsWith(".gguf")).length, 0);
+    assert.deepEqual(errors, []);
+  } finally {
+    await browser.close();
+    server.close();
+  }
+});
