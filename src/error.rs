@@ -33,8 +33,6 @@ pub enum Error {
     EmptyPrompt,
     #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]
     TokenOutOfRange { id: u32, vocab_size: usize },
-    #[error("generation was aborted")]
-    Aborted,
     #[error("no GPU adapter found: WebGPU (in the browser) or Vulkan/Metal/DX12 (natively) is unavailable; {0}")]
     NoAdapter(String),
     #[error("the GPU device could not be created: {0}")]

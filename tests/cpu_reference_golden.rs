@@ -61,7 +61,7 @@ fn greedy_generations_and_logits_match_transformers() {
         let mut cache = model.new_cache();
         let mut logits = model.forward(&mut cache, &prompt, Logits::Last).unwrap();
         let mut generated = Vec::new();
-        for step in 0..expected.len() {
+        for (step, &want) in expected.iter().enumerate() {
             if let Some(t) = top.iter().find(|t| t["step"].as_u64() == Some(step as u64)) {
                 assert_eq!(t["position"].as_u64().unwrap() as usize, cache.len() - 1);
                 for (id, want) in common::ids(&t["ids"]).iter().zip(common::floats(&t["logits"])) {
@@ -76,7 +76,7 @@ fn greedy_generations_and_logits_match_transformers() {
             }
             let next = argmax(&logits);
             generated.push(next);
-            assert_eq!(next, expected[step], "{name}: greedy token {step} differs; so far {generated:?}");
+            assert_eq!(next, want, "{name}: greedy token {step} differs; so far {generated:?}");
             logits = model.forward(&mut cache, &[next], Logits::Last).unwrap();
         }
     }
@@ -97,9 +97,7 @@ fn passage_perplexity_matches_transformers() {
         let logits = model.forward(&mut cache, chunk, Logits::All).unwrap();
         for (t, row) in logits.chunks_exact(vocab).enumerate() {
             let Some(&target) = ids.get(c * 200 + t + 1) else { break };
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let log_sum = row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln() + max;
-            nll.push(log_sum - row[target as usize] as f64);
+            nll.push(common::nll(row, target));
         }
     }
     assert_eq!(nll.len(), golden_nll.len());

@@ -97,7 +97,7 @@ fn small_file(version: u32) -> Vec<u8> {
     for (k, v) in every_value_type() {
         w.metadata(k, v);
     }
-    let q8: Vec<u8> = h(1.0).iter().copied().chain((0..32u8).map(|j| j)).collect();
+    let q8: Vec<u8> = h(1.0).iter().copied().chain(0..32u8).collect();
     w.tensor("a.weight", &[32], GgmlType::Q8_0, q8);
     w.tensor("b.weight", &[2, 3], GgmlType::F32, (0..6).flat_map(|i| (i as f32).to_le_bytes()).collect());
     w.to_bytes()

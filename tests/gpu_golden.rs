@@ -40,14 +40,12 @@ fn check_generations(model: &mut GpuModel, tol: &Tolerances) {
             assert!(diff < tol.logits, "{name}: logit of {id} is {}, golden {want}", logits[*id as usize]);
         }
         let mut next = webgpu_llm::sampling::argmax(&logits);
-        let mut pos = prompt.len();
-        for step in 0..STEPS {
+        for (step, pos) in (0..STEPS).zip(prompt.len()..) {
             if margins[step] < tol.min_margin {
                 break;
             }
             assert_eq!(next, expected[step], "{name}: greedy token {step}");
             next = pollster::block_on(model.step(&[next], pos, Readback::Argmax)).unwrap().unwrap();
-            pos += 1;
         }
     }
     eprintln!("max |logit - golden| at the last prompt positions: {max_diff:.2e}");
@@ -63,9 +61,7 @@ fn check_perplexity(model: &mut GpuModel, tol: &Tolerances) {
         let logits = pollster::block_on(model.logits_all(tokens, c * chunk)).unwrap();
         for (t, row) in logits.chunks_exact(vocab).enumerate() {
             let Some(&target) = ids.get(c * chunk + t + 1) else { break };
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let log_sum = row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln() + max;
-            nll.push(log_sum - row[target as usize] as f64);
+            nll.push(common::nll(row, target));
         }
     }
     assert_eq!(nll.len(), ids.len() - 1);

@@ -38,7 +38,8 @@ struct Harness {
 
 impl Harness {
     async fn new(force_f32: bool) -> Self {
-        let gpu = Gpu::new(GpuOptions { force_f32 }).await.expect("a GPU adapter (lavapipe in CI, WebGPU in the browser)");
+        let gpu =
+            Gpu::new(GpuOptions { force_f32 }).await.expect("a GPU adapter (lavapipe in CI, WebGPU in the browser)");
         let params = gpu.uniform("params", 16);
         Self { gpu, cache: PipelineCache::default(), params }
     }

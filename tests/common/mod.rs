@@ -49,3 +49,10 @@ pub fn ids(v: &Value) -> Vec<u32> {
 pub fn floats(v: &Value) -> Vec<f64> {
     v.as_array().expect("array of numbers").iter().map(|x| x.as_f64().expect("number")).collect()
 }
+
+/// -log softmax(row)[target], in f64 from f32 logits (as the golden NLLs were computed).
+pub fn nll(row: &[f32], target: u32) -> f64 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let log_sum = row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln() + max;
+    log_sum - row[target as usize] as f64
+}
