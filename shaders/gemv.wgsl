@@ -2,9 +2,11 @@
 // rows of this part, dequantizing on the fly. 256 / LANES rows per workgroup, LANES lanes per
 // row each taking groups of 8 values, summed with row_sum (subgroups when available). GPUs use
 // 32 lanes; CPU adapters 1, so that a row needs no reduction and the kernel no barrier.
+// NORM: x is RMS-normalized on the fly (weights nw, epsilon EPS): every workgroup sums x's squares
+// itself, which costs less than a separate normalization pass and its dispatch.
 // EPILOGUE 0: store. 1: add (residual). 2: gated pair: the part holds ROW_COUNT gate rows then
 // ROW_COUNT up rows, and y[OUT + r] = silu(gate_r . x) * (up_r . x).
-// Bindings: 0 w, 1 x (vec4), 2 y. Dispatch: ceil(ROW_COUNT / (256 / LANES)) workgroups, spread
+// Bindings: 0 w, 1 x (vec4), 2 y, 3 nw (vec4; any buffer when not NORM). Dispatch: ceil(ROW_COUNT / (256 / LANES)) workgroups, spread
 // over x and y.
 
 override COLS: u32;
@@ -13,22 +15,38 @@ override ROW_COUNT: u32;
 override OUT: u32 = 0u;
 override EPILOGUE: u32 = 0u;
 override LANES: u32 = 32u;
+override NORM: bool = false;
+override EPS: f32 = 0.0;
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<storage, read> nw: array<vec4<f32>>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
     let r = (wg.y * nwg.x + wg.x) * (256u / LANES) + lane.li / LANES;
     let k = lane.li & (LANES - 1u);
+    var scale = 1.0;
+    if (NORM) {
+        var ss = 0.0;
+        for (var i = lane.li; i < COLS / 4u; i += 256u) {
+            let v = x[i];
+            ss += dot(v, v);
+        }
+        scale = inverseSqrt(block_sum(ss, lane) / f32(COLS) + EPS);
+    }
     var a = 0.0;
     var b = 0.0;
     if (r < ROW_COUNT) {
         let base = r * ROW_WORDS;
         for (var g = k; g < COLS / 8u; g += LANES) {
-            let xa = x[g * 2u];
-            let xb = x[g * 2u + 1u];
+            var xa = x[g * 2u];
+            var xb = x[g * 2u + 1u];
+            if (NORM) {
+                xa *= nw[g * 2u];
+                xb *= nw[g * 2u + 1u];
+            }
             let v = dq8(base, g);
             a += dot(v.a, xa) + dot(v.b, xb);
             if (EPILOGUE == 2u) {
@@ -37,8 +55,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             }
         }
     }
-    a = row_sum(a, lane);
-    if (EPILOGUE == 2u) { b = row_sum(b, lane); }
+    a = row_sum(a, lane) * scale;
+    if (EPILOGUE == 2u) { b = row_sum(b, lane) * scale; }
     if (k == 0u && r < ROW_COUNT) {
         let o = OUT + r;
         switch EPILOGUE {

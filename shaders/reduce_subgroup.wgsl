@@ -22,3 +22,13 @@ fn row_sum(v: f32, lane: Lane) -> f32 {
     workgroupBarrier();
     return r;
 }
+
+fn block_sum(v: f32, lane: Lane) -> f32 {
+    let s = subgroupAdd(v);
+    if (lane.sg_lane == 0u) { red[lane.li / lane.sg_size] = s; }
+    workgroupBarrier();
+    var r = 0.0;
+    for (var i = 0u; i < 256u / lane.sg_size; i++) { r += red[i]; }
+    workgroupBarrier();
+    return r;
+}

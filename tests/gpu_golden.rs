@@ -3,10 +3,18 @@
 
 mod common;
 
-use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, Readback};
+use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, Readback};
 
 fn load(force_f32: bool) -> GpuModel {
-    let gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32 })).expect("a GPU adapter (lavapipe in CI)");
+    load_with(force_f32, None)
+}
+
+/// `style`: override the kernel variants chosen from the adapter type.
+fn load_with(force_f32: bool, style: Option<KernelStyle>) -> GpuModel {
+    let mut gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32 })).expect("a GPU adapter (lavapipe in CI)");
+    if let Some(style) = style {
+        gpu.style = style;
+    }
     GpuModel::load(gpu, common::model_gguf(), common::model_bytes(), 2048, &mut |_, _| {}).expect("the model uploads")
 }
 
@@ -101,6 +109,15 @@ fn f16_path_perplexity_matches_the_golden_data() {
         return;
     }
     check_perplexity(&mut model, &F16);
+}
+
+/// lavapipe is a CPU adapter, so the tests above run the CPU-style kernels; this one runs the
+/// GPU-style ones (32 lanes per row, subgroup reductions, RMSNorm fused into the gemv).
+#[test]
+fn gpu_style_kernels_give_the_golden_greedy_tokens_and_logits() {
+    let mut model = load_with(false, Some(KernelStyle::Gpu));
+    let tol = if model.gpu.f16 { &F16 } else { &F32 };
+    check_generations(&mut model, tol);
 }
 
 #[test]

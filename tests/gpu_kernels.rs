@@ -183,11 +183,11 @@ gpu_test! {
                 let xb = h.buf(&x);
                 let y0 = random(&mut rng, rows, 1.0);
                 let yb = h.buf(&y0);
-                let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Store, &xb, &yb);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Store, None, &xb, &yb);
                 h.run(&ops, 1);
                 assert_close(&format!("gemv {ty:?} store, {}", h.path()), &h.read(&yb, rows).await, &want, &scale, MATMUL_REL);
                 let yb = h.buf(&y0);
-                let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Add, &xb, &yb);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Add, None, &xb, &yb);
                 h.run(&ops, 1);
                 let added: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
                 assert_close(&format!("gemv {ty:?} add, {}", h.path()), &h.read(&yb, rows).await, &added, &scale, MATMUL_REL);
@@ -215,7 +215,7 @@ gpu_test! {
                 let scale: Vec<f64> =
                     gs.iter().zip(&us).zip(&u).zip(&g).map(|(((a, b), u), g)| a * u.abs() + b * g.abs() + a * b).collect();
                 let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; rows]));
-                let ops = kernels::gemv(&h.gpu, &mut h.cache, &pair, Epilogue::Store, &xb, &yb);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, &pair, Epilogue::Store, None, &xb, &yb);
                 h.run(&ops, 1);
                 assert_close(&format!("gated gemv {ty:?}, {}", h.path()), &h.read(&yb, rows).await, &want, &scale, 1e-5);
             }
@@ -490,7 +490,7 @@ gpu_test! {
             let (want, scale) = reference_matmul(&w, &x, cols);
             let total = rows + 30;
             let (x1, y1) = (h.buf(&x[..cols]), h.buf(&vec![0.0; total]));
-            let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Store, &x1, &y1);
+            let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Store, None, &x1, &y1);
             h.run(&ops, 1);
             assert_close("split gemv", &h.read(&y1, total).await, &want[..total], &scale[..total], MATMUL_REL);
             let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; n * total]));
@@ -507,6 +507,27 @@ gpu_test! {
                 .collect();
             let scale: Vec<f64> = want.iter().map(|v| v.abs()).collect();
             assert_close("split embedding", &h.read(&eb, tokens.len() * cols).await, &want, &scale, 1e-6);
+        }
+    }
+}
+
+gpu_test! {
+    async fn gemv_with_a_fused_rms_norm_matches_norm_then_product() {
+        let mut rng = Rng::new(12);
+        let (rows, cols, eps) = (77, 576, 1e-5);
+        for mut h in Harness::paths().await {
+            let (info, bytes) = random_tensor(&mut rng, GgmlType::Q4_1, rows, cols);
+            let w = dequantize(&info, &bytes).unwrap();
+            let lin = Linear::new(&h.gpu, "w", &[&info], &bytes).unwrap();
+            let x = random(&mut rng, cols, 3.0);
+            let nw = random(&mut rng, cols, 1.0);
+            let mut normed = vec![0f32; cols];
+            reference::rms_norm(&mut normed, &x, &nw, eps);
+            let (want, scale) = reference_matmul(&w, &normed, cols);
+            let (xb, nb, yb) = (h.buf(&x), h.buf(&nw), h.buf(&vec![0.0; rows]));
+            let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Store, Some((&nb, eps)), &xb, &yb);
+            h.run(&ops, 1);
+            assert_close(&format!("gemv + rms_norm, {}", h.path()), &h.read(&yb, rows).await, &want, &scale, 1e-5);
         }
     }
 }

@@ -6,7 +6,7 @@
 use super::kernels::{self, Dispatch, Epilogue, Params};
 use super::shader::PipelineCache;
 use super::weights::Linear;
-use super::Gpu;
+use super::{Gpu, KernelStyle};
 use crate::error::{Error, Result};
 use crate::gguf::{self, Gguf};
 use crate::model::{ModelConfig, TensorNames};
@@ -190,8 +190,8 @@ impl GpuModel {
         let qkv_stride = c.q_dim() + 2 * c.kv_dim();
         for (i, l) in self.layers.iter().enumerate() {
             let (kc, vc) = (&b.k_cache[i], &b.v_cache[i]);
-            ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &l.attn_norm, &b.xn));
             if prefill {
+                ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &l.attn_norm, &b.xn));
                 ops.extend(kernels::gemm(gpu, p, params, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
                 ops.push(kernels::rope_kv(gpu, p, params, c, &b.qkv, &b.rope, kc, vc));
                 ops.push(kernels::attention_prefill(gpu, p, params, c, &b.qkv, kc, vc, &b.attn));
@@ -201,7 +201,15 @@ impl GpuModel {
                 ops.push(kernels::silu_mul(gpu, p, params, c.ffn_dim, &b.gu, &b.h));
                 ops.extend(kernels::gemm(gpu, p, params, &l.w_down, Epilogue::Add, &b.h, &b.x, c.d_model));
             } else {
-                ops.extend(kernels::gemv(gpu, p, &l.qkv, Epilogue::Store, &b.xn, &b.qkv));
+                // GPUs fold each RMSNorm into the matrix-vector product that reads it (one
+                // dispatch less per norm); CPU adapters keep the separate pass, which is cheaper there.
+                let fuse = gpu.style == KernelStyle::Gpu;
+                let input = if fuse { &b.x } else { &b.xn };
+                if !fuse {
+                    ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &l.attn_norm, &b.xn));
+                }
+                let norm = fuse.then_some((&l.attn_norm, c.rms_eps));
+                ops.extend(kernels::gemv(gpu, p, &l.qkv, Epilogue::Store, norm, input, &b.qkv));
                 ops.push(kernels::rope_kv(gpu, p, params, c, &b.qkv, &b.rope, kc, vc));
                 ops.push(kernels::attention_decode(
                     gpu,
@@ -215,15 +223,18 @@ impl GpuModel {
                     &b.scores,
                     &b.attn,
                 ));
-                ops.extend(kernels::gemv(gpu, p, &l.wo, Epilogue::Add, &b.attn, &b.x));
-                ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &l.ffn_norm, &b.xn));
+                ops.extend(kernels::gemv(gpu, p, &l.wo, Epilogue::Add, None, &b.attn, &b.x));
+                if !fuse {
+                    ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &l.ffn_norm, &b.xn));
+                }
+                let norm = fuse.then_some((&l.ffn_norm, c.rms_eps));
                 if l.gate_up.parts.iter().all(|part| part.pair) {
-                    ops.extend(kernels::gemv(gpu, p, &l.gate_up, Epilogue::Store, &b.xn, &b.h));
+                    ops.extend(kernels::gemv(gpu, p, &l.gate_up, Epilogue::Store, norm, input, &b.h));
                 } else {
-                    ops.extend(kernels::gemv(gpu, p, &l.gate_up, Epilogue::Store, &b.xn, &b.gu));
+                    ops.extend(kernels::gemv(gpu, p, &l.gate_up, Epilogue::Store, norm, input, &b.gu));
                     ops.push(kernels::silu_mul(gpu, p, params, c.ffn_dim, &b.gu, &b.h));
                 }
-                ops.extend(kernels::gemv(gpu, p, &l.w_down, Epilogue::Add, &b.h, &b.x));
+                ops.extend(kernels::gemv(gpu, p, &l.w_down, Epilogue::Add, None, &b.h, &b.x));
             }
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embd);
@@ -232,8 +243,20 @@ impl GpuModel {
             ops.extend(kernels::gemm(gpu, p, params, head, Epilogue::Store, &b.xn, logits, c.vocab_size));
             return ops;
         }
-        ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, true, &b.x, &self.output_norm, &b.xn));
-        ops.extend(kernels::gemv(gpu, p, head, Epilogue::Store, &b.xn, &b.logits));
+        if pass == Pass::Decode && gpu.style == KernelStyle::Gpu {
+            ops.extend(kernels::gemv(
+                gpu,
+                p,
+                head,
+                Epilogue::Store,
+                Some((&self.output_norm, c.rms_eps)),
+                &b.x,
+                &b.logits,
+            ));
+        } else {
+            ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, true, &b.x, &self.output_norm, &b.xn));
+            ops.extend(kernels::gemv(gpu, p, head, Epilogue::Store, None, &b.xn, &b.logits));
+        }
         ops.push(kernels::argmax(gpu, p, c.vocab_size, &b.logits, &b.argmax));
         ops
     }

@@ -12,12 +12,14 @@ pub enum Epilogue {
     Add,
 }
 
-/// y = W x for one token. Gated-pair parts write silu(gate) * up; others store or add.
+/// y = W x for one token, or W rms_norm(x) with `norm` = (norm weights, epsilon). Gated-pair
+/// parts write silu(gate) * up; others store or add.
 pub fn gemv(
     gpu: &Gpu,
     cache: &mut PipelineCache,
     w: &Linear,
     epilogue: Epilogue,
+    norm: Option<(&wgpu::Buffer, f32)>,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
 ) -> Vec<Dispatch> {
@@ -36,10 +38,12 @@ pub fn gemv(
                 ("OUT", p.out as f64),
                 ("EPILOGUE", mode as f64),
                 ("LANES", gpu.gemv_lanes() as f64),
+                ("NORM", norm.is_some() as u32 as f64),
+                ("EPS", norm.map_or(0.0, |n| n.1 as f64)),
             ];
             let needs = Needs { weights: Some(p.ty), reduce: true, kv: false };
             let pipeline = cache.get(gpu, "gemv", include_str!("../../../shaders/gemv.wgsl"), needs, &[], &overrides);
-            let bind_group = gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y]);
+            let bind_group = gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, norm.map_or(x, |n| n.0)]);
             let rows_per_group = 256 / gpu.gemv_lanes();
             let groups = Groups::spread(
                 (p.rows as u32).div_ceil(rows_per_group),
