@@ -14,6 +14,14 @@ fn cli(args: &[&str]) -> Output {
         .expect("the CLI runs")
 }
 
+/// stdout of a `--json` run: one object per line.
+fn json_lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
+}
+
 #[test]
 fn json_greedy_generation_prints_the_golden_ids() {
     let case = common::golden("generations.json")["cases"][0].clone();
@@ -31,11 +39,7 @@ fn json_greedy_generation_prints_the_golden_ids() {
         "--json",
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
-        .collect();
+    let lines = json_lines(&out);
     let (tokens, last) = lines.split_at(lines.len() - 1);
     let ids: Vec<u32> = tokens.iter().map(|t| t["id"].as_u64().unwrap() as u32).collect();
     assert_eq!(ids, common::ids(&case["generated_ids"])[..16]);
@@ -123,12 +127,7 @@ fn the_gpu_is_the_default_backend_and_prints_the_golden_ids() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("on gpu: "), "the adapter is named on stderr: {err}");
-    let ids: Vec<u32> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].as_u64())
-        .map(|id| id as u32)
-        .collect();
+    let ids: Vec<u32> = json_lines(&out).iter().filter_map(|l| l["id"].as_u64()).map(|id| id as u32).collect();
     assert_eq!(ids, common::ids(&case["generated_ids"])[..16]);
 }
 

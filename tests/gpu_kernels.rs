@@ -363,7 +363,7 @@ gpu_test! {
         for mut h in Harness::paths().await {
             h.set(n, start);
             let qkv = random(&mut rng, n * row, 2.0);
-            let table = h.buf(&kernels::rope_table_for(&c, ctx));
+            let table = h.buf(&kernels::rope_table(&c, ctx));
             let (kc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
             let (vc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
             let qb = h.buf(&qkv);

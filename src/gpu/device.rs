@@ -191,9 +191,14 @@ impl Gpu {
         }
     }
 
+    /// The largest buffer that can be bound as one storage binding.
+    pub fn max_binding(&self) -> u64 {
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
+    }
+
     /// Fails with a typed error when a buffer of `size` bytes cannot be bound as one storage binding.
     pub fn check_binding(&self, size: u64) -> Result<()> {
-        let max = self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size);
+        let max = self.max_binding();
         if size > max {
             return Err(Error::LimitExceeded { limit: "maxStorageBufferBindingSize", needed: size, available: max });
         }

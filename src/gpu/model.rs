@@ -159,7 +159,7 @@ impl GpuModel {
         let n = PREFILL_CHUNK as u64;
         let f = 4u64;
         let kv_bytes = (context * c.kv_dim()) as u64 * if gpu.f16 { 2 } else { 4 };
-        let table = kernels::rope_table_for(c, context);
+        let table = kernels::rope_table(c, context);
         Ok(Buffers {
             params: gpu.uniform("params", std::mem::size_of::<Params>() as u64),
             tokens: gpu.storage("tokens", n * 4)?,
@@ -295,7 +295,7 @@ impl GpuModel {
     /// one binding.
     pub fn all_logits_chunk(&self) -> usize {
         let per_token = self.config.vocab_size as u64 * 4;
-        let max = self.gpu.limits.max_storage_buffer_binding_size.min(self.gpu.limits.max_buffer_size);
+        let max = self.gpu.max_binding();
         PREFILL_CHUNK.min((max / per_token) as usize).max(1)
     }
 

@@ -70,7 +70,7 @@ impl Linear {
     pub fn new(gpu: &Gpu, label: &str, tensors: &[&TensorInfo], file: &[u8]) -> Result<Self> {
         let cols = tensors[0].shape[0] as usize;
         let total_rows: usize = tensors.iter().map(|t| t.rows().1).sum();
-        let max = gpu.limits.max_storage_buffer_binding_size.min(gpu.limits.max_buffer_size) as usize;
+        let max = gpu.max_binding() as usize;
         let words = check_type(tensors[0])?;
         let same_type = tensors.iter().all(|t| t.ty == tensors[0].ty);
         let mut parts = Vec::new();
@@ -112,7 +112,7 @@ impl Linear {
         }
         let words = check_type(gate)?;
         let (cols, rows) = gate.rows();
-        let max = gpu.limits.max_storage_buffer_binding_size.min(gpu.limits.max_buffer_size) as usize;
+        let max = gpu.max_binding() as usize;
         let per_part = (max / (2 * words * 4)).max(1);
         let row_bytes = gate.byte_size as usize / rows;
         let mut parts = Vec::new();

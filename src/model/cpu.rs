@@ -182,9 +182,9 @@ pub fn rope_inv_freq(c: &ModelConfig) -> Vec<f64> {
 /// RoPE of every head of `x` at `pos`. GGUF stores llama's Q and K rows permuted so that the
 /// rotation applies to adjacent pairs (x[2i], x[2i+1]).
 pub fn rope(x: &mut [f32], pos: usize, head_dim: usize, inv_freq: &[f64]) {
-    for head in x.chunks_exact_mut(head_dim) {
-        for (i, &f) in inv_freq.iter().enumerate() {
-            let (sin, cos) = (pos as f64 * f).sin_cos();
+    for (i, &f) in inv_freq.iter().enumerate() {
+        let (sin, cos) = (pos as f64 * f).sin_cos();
+        for head in x.chunks_exact_mut(head_dim) {
             let (a, b) = (head[2 * i] as f64, head[2 * i + 1] as f64);
             head[2 * i] = (a * cos - b * sin) as f32;
             head[2 * i + 1] = (a * sin + b * cos) as f32;

@@ -15,8 +15,7 @@ pub use attention::{attention_decode, attention_prefill};
 pub use embed::embed;
 pub use matmul::{gemm, gemv, Epilogue};
 pub use norm::rms_norm;
-pub use rope::rope_kv;
-pub use rope::rope_table as rope_table_for;
+pub use rope::{rope_kv, rope_table};
 pub use silu_mul::silu_mul;
 
 /// The uniform every per-token kernel reads, written once per forward pass.
