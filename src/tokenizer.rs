@@ -1,29 +1,58 @@
 //! The tokenizer, built from GGUF metadata with the `tokenizers` crate, and an incremental
 //! detokenizer for streaming that only ever emits whole UTF-8 characters.
+//!
+//! Two vocabulary kinds (`tokenizer.ggml.model`), as llama.cpp reads them:
+//! - "gpt2": byte-level BPE with merges, text first cut by the regex `tokenizer.ggml.pre` names;
+//! - "llama": SentencePiece (Llama 2, Gemma): pieces with scores, `▁` for a space, `<0xNN>` byte
+//!   fallback and no merges, so the merges are derived from the scores.
 
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Value};
+use std::collections::HashMap;
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
+use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::BPE;
+use tokenizers::normalizers::replace::Replace;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{AddedToken, SplitDelimiterBehavior};
+use tokenizers::{AddedToken, OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, SplitDelimiterBehavior};
 
-/// GGUF `tokenizer.ggml.token_type` values.
+/// GGUF `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
+const TOKEN_TYPE_NORMAL: i64 = 1;
+const TOKEN_TYPE_UNKNOWN: i64 = 2;
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
-/// The regex llama.cpp uses for `tokenizer.ggml.pre` = "llama-bpe" (Llama 3) and relatives.
+/// SentencePiece's space.
+const SPACE: char = '▁';
+
+/// Tokens that end a chat turn, by name: files often declare only one of them as EOS, and
+/// llama.cpp stops on all of these whatever the metadata says.
+const END_OF_TURN_TOKENS: [&str; 6] =
+    ["<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|endoftext|>"];
+
+// Pre-tokenizer regexes, as the original tokenizer.json files write them (llama.cpp keeps these
+// in comments next to rewrites its own regex engine needs; fancy-regex takes the originals).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const TEKKEN_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
-    /// Tokens that end a generation: EOS plus end-of-turn tokens the model declares.
+    /// Tokens that end a generation: EOS, EOT and EOM as declared, plus the end-of-turn tokens
+    /// of the known chat formats present in the vocabulary.
     pub stop_ids: Vec<u32>,
     pub add_bos: bool,
     vocab_size: usize,
@@ -33,55 +62,44 @@ impl Tokenizer {
     pub fn from_gguf(gguf: &Gguf) -> Result<Self> {
         let model =
             gguf.get_str("tokenizer.ggml.model")?.ok_or(Error::MissingMetadata("tokenizer.ggml.model".into()))?;
-        if model != "gpt2" {
-            return Err(Error::UnsupportedTokenizer(format!(
-                "model {model:?} (tokenizer.ggml.model); supported: \"gpt2\" (byte-level BPE)"
-            )));
-        }
         let tokens = string_array(gguf, "tokenizer.ggml.tokens")?;
-        let merges = string_array(gguf, "tokenizer.ggml.merges")?;
-        let token_types: Vec<i64> = match gguf.get_array("tokenizer.ggml.token_type")? {
-            Some(a) => a.iter().map(|v| v.as_i64().unwrap_or(1)).collect(),
-            None => vec![1; tokens.len()],
+        if tokens.is_empty() {
+            return Err(Error::Tokenizer("tokenizer.ggml.tokens holds no tokens".into()));
+        }
+        let token_types = token_types(gguf, tokens.len())?;
+        let mut inner = match model {
+            "gpt2" => byte_level_bpe(gguf, &tokens)?,
+            "llama" => sentencepiece_bpe(gguf, &tokens)?,
+            other => {
+                return Err(Error::UnsupportedTokenizer(format!(
+                    "model {other:?} (tokenizer.ggml.model); supported: \"gpt2\" (byte-level BPE), \"llama\" (SentencePiece)"
+                )))
+            }
         };
 
-        let vocab: tokenizers::models::bpe::Vocab =
-            tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect();
-        let merges: Vec<(String, String)> = merges
-            .iter()
-            .map(|m| {
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| Error::Tokenizer(format!("merge {m:?} is not two tokens separated by a space")))
-            })
-            .collect::<Result<_>>()?;
-        let bpe =
-            BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| Error::Tokenizer(e.to_string()))?;
-
-        let pre = gguf.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
-        inner.with_decoder(Some(ByteLevelDecoder::default()));
-
+        // Control, user-defined and unknown tokens written in the text are that one token, matched
+        // in the raw text before any other processing (llama.cpp's special-token partition). Gemma
+        // relies on it: its whitespace-run tokens are stored with plain spaces, not `▁`.
         let specials: Vec<AddedToken> = tokens
             .iter()
             .zip(&token_types)
-            .filter(|(_, &ty)| ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED)
-            .map(|(t, &ty)| AddedToken::from(t.to_string(), ty == TOKEN_TYPE_CONTROL))
+            .filter(|(_, &ty)| matches!(ty, TOKEN_TYPE_UNKNOWN | TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED))
+            .map(|(t, &ty)| AddedToken::from(t.to_string(), ty != TOKEN_TYPE_USER_DEFINED).normalized(false))
             .collect();
         inner.add_special_tokens(&specials);
 
-        let id = |key: &str| -> Result<Option<u32>> {
-            Ok(gguf.get_u64(key)?.filter(|&v| (v as usize) < tokens.len()).map(|v| v as u32))
-        };
+        let id = |key: &str| token_id(gguf, key, tokens.len());
         let bos_id = id("tokenizer.ggml.bos_token_id")?;
         let eos_id = id("tokenizer.ggml.eos_token_id")?;
-        let mut stop_ids: Vec<u32> = [eos_id, id("tokenizer.ggml.eot_token_id")?, id("tokenizer.ggml.eom_token_id")?]
-            .into_iter()
-            .flatten()
-            .collect();
-        stop_ids.dedup();
-        let add_bos = matches!(gguf.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(true)));
+        let declared = [eos_id, id("tokenizer.ggml.eot_token_id")?, id("tokenizer.ggml.eom_token_id")?];
+        let by_name = END_OF_TURN_TOKENS.iter().map(|name| inner.token_to_id(name));
+        let mut stop_ids: Vec<u32> = Vec::new();
+        for stop in declared.into_iter().chain(by_name).flatten() {
+            if !stop_ids.contains(&stop) {
+                stop_ids.push(stop);
+            }
+        }
+        let add_bos = flag(gguf, "tokenizer.ggml.add_bos_token", false)?;
         Ok(Self { inner, bos_id, eos_id, stop_ids, add_bos, vocab_size: tokens.len() })
     }
 
@@ -101,10 +119,134 @@ impl Tokenizer {
         self.inner.decode(ids, false).map_err(|e| Error::Tokenizer(e.to_string()))
     }
 
-    /// The token's string as stored in the vocabulary (byte-level form).
+    /// The token's string as stored in the vocabulary (byte-level or SentencePiece form).
     pub fn token_str(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
     }
+
+    /// The pieces of `text` that BPE works on separately, as slices of `text`: what the
+    /// pre-tokenizer's regex cuts (special tokens are not matched here).
+    pub fn pre_tokenize<'a>(&self, text: &'a str) -> Result<Vec<&'a str>> {
+        let mut pretokenized = PreTokenizedString::from(text);
+        if let Some(pre) = self.inner.get_pre_tokenizer() {
+            pre.pre_tokenize(&mut pretokenized).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        }
+        pretokenized
+            .get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(_, (start, end), _)| {
+                text.get(start..end).ok_or_else(|| Error::Tokenizer(format!("piece {start}..{end} is not text")))
+            })
+            .collect()
+    }
+}
+
+fn byte_level_bpe(gguf: &Gguf, tokens: &[&str]) -> Result<tokenizers::Tokenizer> {
+    let merges = string_array(gguf, "tokenizer.ggml.merges")?
+        .iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| Error::Tokenizer(format!("merge {m:?} is not two tokens separated by a space")))
+        })
+        .collect::<Result<_>>()?;
+    let pre = gguf.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
+    let (pre_tokenizer, ignore_merges) = byte_level_pre_tokenizer(pre)?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab(tokens), merges)
+        .ignore_merges(ignore_merges)
+        .build()
+        .map_err(|e| Error::Tokenizer(e.to_string()))?;
+    let mut tokenizer = tokenizers::Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    Ok(tokenizer)
+}
+
+/// The pre-tokenizer llama.cpp applies for a `tokenizer.ggml.pre` name, and whether a piece found
+/// whole in the vocabulary skips the merges (llama.cpp's `ignore_merges`, as Llama 3's
+/// tokenizer.json sets it).
+fn byte_level_pre_tokenizer(name: &str) -> Result<(PreTokenizerWrapper, bool)> {
+    let byte_level = |use_regex| PreTokenizerWrapper::from(ByteLevel::new(false, false, use_regex));
+    let split = |regex: &str| -> Result<PreTokenizerWrapper> {
+        let split = Split::new(SplitPattern::Regex(regex.into()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(Sequence::new(vec![split.into(), byte_level(false)]).into())
+    };
+    Ok(match name {
+        "default" | "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" => (byte_level(true), false),
+        // Every digit on its own, then GPT-2's split.
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
+            (Sequence::new(vec![Digits::new(true).into(), byte_level(true)]).into(), false)
+        }
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" => (split(LLAMA3_SPLIT)?, true),
+        "dbrx" | "smaug-bpe" => (split(LLAMA3_SPLIT)?, false),
+        "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "megrez" => (split(QWEN2_SPLIT)?, false),
+        "gpt-4o" | "llama4" => (split(GPT4O_SPLIT)?, false),
+        "tekken" => (split(TEKKEN_SPLIT)?, true),
+        other => {
+            return Err(Error::UnsupportedTokenizer(format!(
+                "pre-tokenizer {other:?} (tokenizer.ggml.pre); supported: default, gpt2, smollm, starcoder, \
+                 llama-bpe, qwen2, gpt-4o, tekken and the names llama.cpp gives the same rules"
+            )))
+        }
+    })
+}
+
+/// SentencePiece as a BPE with byte fallback, the way transformers' GGUF converter rebuilds it.
+fn sentencepiece_bpe(gguf: &Gguf, tokens: &[&str]) -> Result<tokenizers::Tokenizer> {
+    let scores = scores(gguf, tokens.len())?;
+    let mut bpe = BPE::builder()
+        .vocab_and_merges(vocab(tokens), merges_from_scores(tokens, &scores))
+        .byte_fallback(true)
+        .fuse_unk(true);
+    if let Some(unk) = token_id(gguf, "tokenizer.ggml.unknown_token_id", tokens.len())? {
+        bpe = bpe.unk_token(tokens[unk as usize].to_string());
+    }
+    let bpe = bpe.build().map_err(|e| Error::Tokenizer(e.to_string()))?;
+
+    // llama.cpp's default is a space in front of the text (Llama 2); Gemma says false.
+    let add_space_prefix = flag(gguf, "tokenizer.ggml.add_space_prefix", true)?;
+    let prepend = if add_space_prefix { PrependScheme::First } else { PrependScheme::Never };
+    let mut tokenizer = tokenizers::Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(Metaspace::new(SPACE, prepend, false)));
+
+    // `▁` becomes a space before the byte tokens are joined: a `▁` spelled in bytes is text.
+    let replace = Replace::new(SPACE.to_string(), " ").map_err(|e| Error::Tokenizer(e.to_string()))?;
+    let mut decoders: Vec<DecoderWrapper> = vec![replace.into(), ByteFallback::new().into(), Fuse::new().into()];
+    if add_space_prefix {
+        decoders.push(Strip::new(' ', 1, 0).into());
+    }
+    tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
+    Ok(tokenizer)
+}
+
+/// The merges a SentencePiece vocabulary implies. llama.cpp's SPM tokenizer repeatedly joins the
+/// adjacent pair whose joined piece has the highest score; a BPE whose merges are every split of
+/// every piece, ranked by that piece's score, does the same.
+fn merges_from_scores(tokens: &[&str], scores: &[f32]) -> Vec<(String, String)> {
+    let ids: HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (*t, i)).collect();
+    let mut ranked: Vec<(usize, usize, usize)> = Vec::new();
+    for (joined, token) in tokens.iter().enumerate() {
+        for (split, _) in token.char_indices().skip(1) {
+            if let (Some(&left), Some(&right)) = (ids.get(&token[..split]), ids.get(&token[split..])) {
+                ranked.push((joined, left, right));
+            }
+        }
+    }
+    // Ties go to the lower id, then to the better-scored pieces, as the converter orders them
+    // (the sort is stable, so the split position decides last).
+    ranked.sort_by(|a, b| {
+        (scores[b.0].total_cmp(&scores[a.0]))
+            .then(a.0.cmp(&b.0))
+            .then(scores[b.1].total_cmp(&scores[a.1]))
+            .then(scores[b.2].total_cmp(&scores[a.2]))
+    });
+    ranked.into_iter().map(|(_, left, right)| (tokens[left].to_string(), tokens[right].to_string())).collect()
+}
+
+fn vocab(tokens: &[&str]) -> tokenizers::models::bpe::Vocab {
+    tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect()
 }
 
 fn string_array<'a>(gguf: &'a Gguf, key: &str) -> Result<Vec<&'a str>> {
@@ -117,24 +259,54 @@ fn string_array<'a>(gguf: &'a Gguf, key: &str) -> Result<Vec<&'a str>> {
         .collect()
 }
 
-/// The pre-tokenizer llama.cpp applies for a `tokenizer.ggml.pre` name.
-fn pre_tokenizer(name: &str) -> Result<PreTokenizerWrapper> {
-    let byte_level = |use_regex| PreTokenizerWrapper::from(ByteLevel::new(false, false, use_regex));
-    Ok(match name {
-        // SmolLM: every digit on its own, then GPT-2's byte-level split.
-        "smollm" => Sequence::new(vec![Digits::new(true).into(), byte_level(true)]).into(),
-        "default" | "gpt2" | "gpt-2" => byte_level(true),
-        "llama-bpe" | "llama3" | "smaug-bpe" => {
-            let split = Split::new(SplitPattern::Regex(LLAMA3_SPLIT.into()), SplitDelimiterBehavior::Isolated, false)
-                .map_err(|e| Error::Tokenizer(e.to_string()))?;
-            Sequence::new(vec![split.into(), byte_level(false)]).into()
-        }
-        other => {
-            return Err(Error::UnsupportedTokenizer(format!(
-                "pre-tokenizer {other:?} (tokenizer.ggml.pre); supported: smollm, default, gpt2, llama-bpe"
-            )))
-        }
-    })
+/// One type per token (all normal when the file has none).
+fn token_types(gguf: &Gguf, n_tokens: usize) -> Result<Vec<i64>> {
+    const KEY: &str = "tokenizer.ggml.token_type";
+    let Some(types) = gguf.get_array(KEY)? else {
+        return Ok(vec![TOKEN_TYPE_NORMAL; n_tokens]);
+    };
+    check_len(KEY, types.len(), n_tokens)?;
+    types
+        .iter()
+        .map(|v| match v.as_i64() {
+            Some(ty @ 0..=6) => Ok(ty),
+            _ => Err(Error::Tokenizer(format!("{KEY} holds {v:?}, which is not a token type (0 to 6)"))),
+        })
+        .collect()
+}
+
+fn scores(gguf: &Gguf, n_tokens: usize) -> Result<Vec<f32>> {
+    const KEY: &str = "tokenizer.ggml.scores";
+    let scores = gguf.get_array(KEY)?.ok_or_else(|| Error::MissingMetadata(KEY.into()))?;
+    check_len(KEY, scores.len(), n_tokens)?;
+    scores
+        .iter()
+        .map(|v| {
+            v.as_f32()
+                .ok_or_else(|| Error::Tokenizer(format!("{KEY} holds a {} where floats were expected", v.type_name())))
+        })
+        .collect()
+}
+
+fn check_len(key: &str, len: usize, n_tokens: usize) -> Result<()> {
+    if len == n_tokens {
+        Ok(())
+    } else {
+        Err(Error::Tokenizer(format!("{key} has {len} entries for {n_tokens} tokens (tokenizer.ggml.tokens)")))
+    }
+}
+
+/// A token id from the metadata; ids outside the vocabulary count as absent, as llama.cpp treats them.
+fn token_id(gguf: &Gguf, key: &str, n_tokens: usize) -> Result<Option<u32>> {
+    Ok(gguf.get_u64(key)?.filter(|&v| (v as usize) < n_tokens).map(|v| v as u32))
+}
+
+fn flag(gguf: &Gguf, key: &str, default: bool) -> Result<bool> {
+    match gguf.get(key) {
+        None => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(Error::Tokenizer(format!("{key} is a {} where a bool was expected", v.type_name()))),
+    }
 }
 
 /// Turns a stream of token ids into text pieces that never split a UTF-8 character: bytes of a

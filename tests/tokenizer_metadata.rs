@@ -1,0 +1,186 @@
+//! Tokenizers built from small hand-made GGUF files: the byte-level pre-tokenizers against splits
+//! computed independently (tests/data/tokenizer/gen_pre_tokenizer_splits.py), a SentencePiece
+//! vocabulary small enough to check by hand, stop tokens, and malformed metadata.
+
+use std::path::PathBuf;
+use webgpu_llm::gguf::{Gguf, GgufWriter, Value};
+use webgpu_llm::tokenizer::{StreamDecoder, Tokenizer};
+use webgpu_llm::Error;
+
+fn strings(items: &[&str]) -> Value {
+    Value::Array(items.iter().map(|s| Value::String(s.to_string())).collect())
+}
+
+fn build(metadata: Vec<(&str, Value)>) -> webgpu_llm::error::Result<Tokenizer> {
+    let mut w = GgufWriter::new(3);
+    for (key, value) in metadata {
+        w.metadata(key, value);
+    }
+    Tokenizer::from_gguf(&Gguf::parse(&w.to_bytes()).expect("a hand-made GGUF parses"))
+}
+
+fn byte_level(pre: &str, tokens: &[&str]) -> webgpu_llm::error::Result<Tokenizer> {
+    build(vec![
+        ("tokenizer.ggml.model", Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre", Value::String(pre.into())),
+        ("tokenizer.ggml.tokens", strings(tokens)),
+        ("tokenizer.ggml.merges", strings(&[])),
+    ])
+}
+
+#[test]
+fn byte_level_pre_tokenizers_split_as_their_regexes() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tokenizer/pre_tokenizer_splits.json");
+    let data: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let cases = data["cases"].as_array().unwrap();
+    assert!(cases.len() >= 30);
+    for case in cases {
+        let (pre, text) = (case["pre"].as_str().unwrap(), case["text"].as_str().unwrap());
+        let expected: Vec<&str> = case["pieces"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+        let tok = byte_level(pre, &["a"]).unwrap();
+        assert_eq!(tok.pre_tokenize(text).unwrap(), expected, "{pre} on {text:?}");
+    }
+}
+
+#[test]
+fn llama3_groups_digits_by_three_and_qwen2_splits_every_digit() {
+    let llama3 = byte_level("llama-bpe", &["a"]).unwrap();
+    assert_eq!(llama3.pre_tokenize("1234567").unwrap(), ["123", "456", "7"]);
+    assert_eq!(llama3.pre_tokenize("I'LL").unwrap(), ["I", "'LL"]);
+    assert_eq!(llama3.pre_tokenize("a\n\n b").unwrap(), ["a", "\n\n", " b"]);
+    let qwen2 = byte_level("qwen2", &["a"]).unwrap();
+    assert_eq!(qwen2.pre_tokenize("2024").unwrap(), ["2", "0", "2", "4"]);
+    assert_eq!(qwen2.pre_tokenize("we're").unwrap(), ["we", "'re"]);
+}
+
+#[test]
+fn unknown_pre_tokenizers_and_models_are_named_in_the_error() {
+    match byte_level("klingon-bpe", &["a"]) {
+        Err(Error::UnsupportedTokenizer(msg)) => assert!(msg.contains("klingon-bpe"), "{msg}"),
+        other => panic!("expected UnsupportedTokenizer, got {:?}", other.err()),
+    }
+    let wordpiece =
+        build(vec![("tokenizer.ggml.model", Value::String("bert".into())), ("tokenizer.ggml.tokens", strings(&["a"]))]);
+    assert!(matches!(wordpiece, Err(Error::UnsupportedTokenizer(msg)) if msg.contains("bert")));
+}
+
+#[test]
+fn end_of_turn_tokens_in_the_vocabulary_stop_generation() {
+    let tok = build(vec![
+        ("tokenizer.ggml.model", Value::String("gpt2".into())),
+        ("tokenizer.ggml.tokens", strings(&["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a"])),
+        ("tokenizer.ggml.token_type", Value::Array(vec![Value::I32(3), Value::I32(3), Value::I32(3), Value::I32(1)])),
+        ("tokenizer.ggml.merges", strings(&[])),
+        ("tokenizer.ggml.eos_token_id", Value::U32(0)),
+    ])
+    .unwrap();
+    assert_eq!(tok.stop_ids, [0, 2]);
+}
+
+/// A Llama-2-style SentencePiece vocabulary: unknown, BOS, EOS, the 256 byte tokens, then pieces.
+fn sentencepiece(pieces: &[(&str, f32)], extra: Vec<(&str, Value)>) -> webgpu_llm::error::Result<Tokenizer> {
+    let bytes: Vec<String> = (0..=255).map(|b| format!("<0x{b:02X}>")).collect();
+    let mut tokens: Vec<&str> = vec!["<unk>", "<s>", "</s>"];
+    tokens.extend(bytes.iter().map(String::as_str));
+    tokens.extend(pieces.iter().map(|(p, _)| p));
+    let mut scores = vec![0.0; 3 + 256];
+    scores.extend(pieces.iter().map(|(_, s)| s));
+    let mut types = vec![2, 3, 3];
+    types.extend([6; 256]);
+    types.extend(vec![1; pieces.len()]);
+    let mut metadata = vec![
+        ("tokenizer.ggml.model", Value::String("llama".into())),
+        ("tokenizer.ggml.tokens", strings(&tokens)),
+        ("tokenizer.ggml.scores", Value::Array(scores.into_iter().map(Value::F32).collect())),
+        ("tokenizer.ggml.token_type", Value::Array(types.into_iter().map(Value::I32).collect())),
+        ("tokenizer.ggml.unknown_token_id", Value::U32(0)),
+        ("tokenizer.ggml.bos_token_id", Value::U32(1)),
+        ("tokenizer.ggml.eos_token_id", Value::U32(2)),
+    ];
+    // An extra value replaces the key's default (a GGUF holds each key once).
+    metadata.retain(|(key, _)| !extra.iter().any(|(k, _)| k == key));
+    metadata.extend(extra);
+    build(metadata)
+}
+
+const PIECE0: u32 = 3 + 256;
+
+#[test]
+fn sentencepiece_joins_the_best_scored_pair_first() {
+    let pieces = [("▁", -10.0), ("a", -11.0), ("b", -12.0), ("c", -13.0), ("ab", -2.0), ("bc", -1.0)];
+    let tok = sentencepiece(&pieces, vec![]).unwrap();
+    // "bc" scores higher than "ab", so "abc" is a + bc; with the scores swapped it is ab + c.
+    let (space, a, c, ab, bc) = (PIECE0, PIECE0 + 1, PIECE0 + 3, PIECE0 + 4, PIECE0 + 5);
+    assert_eq!(tok.encode("abc").unwrap(), [space, a, bc]);
+    let swapped = [("▁", -10.0), ("a", -11.0), ("b", -12.0), ("c", -13.0), ("ab", -1.0), ("bc", -2.0)];
+    assert_eq!(sentencepiece(&swapped, vec![]).unwrap().encode("abc").unwrap(), [space, ab, c]);
+}
+
+#[test]
+fn sentencepiece_prefixes_a_space_and_strips_it_on_decode() {
+    let pieces = [("▁", -10.0), ("H", -11.0), ("i", -12.0), ("▁H", -1.0), ("▁Hi", -2.0)];
+    let tok = sentencepiece(&pieces, vec![]).unwrap();
+    let hi = PIECE0 + 4;
+    assert_eq!(tok.encode("Hi Hi").unwrap(), [hi, hi]);
+    assert_eq!(tok.decode(&[hi, hi]).unwrap(), "Hi Hi");
+    // Only the start of the text gets the space, not text after a special token.
+    assert_eq!(tok.encode("<s>Hi").unwrap(), [1, PIECE0 + 1, PIECE0 + 2]);
+    let mut stream = StreamDecoder::new();
+    assert_eq!(stream.push(&tok, hi).unwrap(), "Hi");
+    assert_eq!(stream.push(&tok, hi).unwrap(), " Hi");
+
+    let no_prefix = sentencepiece(&pieces, vec![("tokenizer.ggml.add_space_prefix", Value::Bool(false))]).unwrap();
+    assert_eq!(no_prefix.encode("Hi").unwrap(), [PIECE0 + 1, PIECE0 + 2]);
+    assert_eq!(no_prefix.decode(&[hi]).unwrap(), " Hi");
+}
+
+#[test]
+fn sentencepiece_falls_back_to_bytes_and_streams_whole_characters() {
+    let tok = sentencepiece(&[("▁", -1.0), ("a", -2.0)], vec![]).unwrap();
+    let byte = |b: u32| 3 + b;
+    let ids = tok.encode("aé").unwrap();
+    assert_eq!(ids, [PIECE0, PIECE0 + 1, byte(0xC3), byte(0xA9)]);
+    assert_eq!(tok.decode(&ids).unwrap(), "aé");
+    let mut stream = StreamDecoder::new();
+    let pieces: Vec<String> = ids.iter().map(|&id| stream.push(&tok, id).unwrap()).collect();
+    assert_eq!(pieces, ["", "a", "", "é"]);
+}
+
+#[test]
+fn malformed_tokenizer_metadata_is_an_error_not_a_panic() {
+    let pieces = [("▁", -1.0), ("a", -2.0)];
+    let n = 3 + 256 + pieces.len();
+    let bad: Vec<(&str, Value)> = vec![
+        ("tokenizer.ggml.scores", Value::Array(vec![Value::F32(0.0); n - 1])),
+        ("tokenizer.ggml.scores", Value::Array(vec![Value::String("x".into()); n])),
+        ("tokenizer.ggml.token_type", Value::Array(vec![Value::I32(1); n + 1])),
+        ("tokenizer.ggml.token_type", Value::Array(vec![Value::I32(9); n])),
+        ("tokenizer.ggml.token_type", Value::Array(vec![Value::String("normal".into()); n])),
+        ("tokenizer.ggml.add_space_prefix", Value::U8(1)),
+    ];
+    for (key, value) in bad {
+        let described: String = format!("{key} = {value:?}").chars().take(80).collect();
+        match sentencepiece(&pieces, vec![(key, value)]) {
+            Err(Error::Tokenizer(msg)) => assert!(msg.contains(key), "{described}: {msg}"),
+            other => panic!("{described}: expected Error::Tokenizer, got {:?}", other.err()),
+        }
+    }
+
+    let non_string = build(vec![
+        ("tokenizer.ggml.model", Value::String("llama".into())),
+        ("tokenizer.ggml.tokens", Value::Array(vec![Value::U32(7), Value::U32(8)])),
+    ]);
+    assert!(matches!(non_string, Err(Error::Tokenizer(msg)) if msg.contains("tokenizer.ggml.tokens")));
+    let bad_merge = build(vec![
+        ("tokenizer.ggml.model", Value::String("gpt2".into())),
+        ("tokenizer.ggml.tokens", strings(&["a", "b", "ab"])),
+        ("tokenizer.ggml.merges", strings(&["a b", "ab"])),
+    ]);
+    assert!(matches!(bad_merge, Err(Error::Tokenizer(_))));
+    let empty = build(vec![
+        ("tokenizer.ggml.model", Value::String("llama".into())),
+        ("tokenizer.ggml.tokens", strings(&[])),
+        ("tokenizer.ggml.scores", Value::Array(vec![])),
+    ]);
+    assert!(matches!(empty, Err(Error::Tokenizer(msg)) if msg.contains("no tokens")));
+}
