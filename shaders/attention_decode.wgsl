@@ -1,4 +1,5 @@
-// Decode attention: one query per head over the whole cache (seq_len keys), grouped-query heads.
+// Decode attention: one query per head over the cache (seq_len keys, or the last WINDOW of them
+// for a sliding-window layer), grouped-query heads.
 // One workgroup per head: scores into a scratch buffer, numerically stable softmax (max, exp,
 // sum), then the value mix with 256 / HEAD_DIM key slices per output dimension.
 // Bindings: 0 params, 1 qkv (q = first Q_DIM values), 2 k_cache, 3 v_cache, 4 scores
@@ -11,6 +12,7 @@ override KV_DIM: u32;
 override GROUP: u32;
 override CTX: u32;
 override SCALE: f32;
+override WINDOW: u32 = 0u;
 const WG: u32 = 256u;
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -42,12 +44,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let h = wg.x;
     let kv = (h / GROUP) * HEAD_DIM;
     let seq = params.seq_len;
+    var first = 0u;
+    if (WINDOW > 0u && seq > WINDOW) { first = seq - WINDOW; }
     let sbase = h * CTX;
     if (li < HEAD_DIM) { q[li] = qkv[h * HEAD_DIM + li] * SCALE; }
     workgroupBarrier();
 
     var m = -3.0e38;
-    for (var s = li; s < seq; s += WG) {
+    for (var s = first + li; s < seq; s += WG) {
         var acc = 0.0;
         let kb = s * KV_DIM + kv;
         for (var d = 0u; d < HEAD_DIM; d++) { acc += q[d] * f32(k_cache[kb + d]); }
@@ -57,7 +61,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     m = reduce(m, li, true);
 
     var sum = 0.0;
-    for (var s = li; s < seq; s += WG) {
+    for (var s = first + li; s < seq; s += WG) {
         let e = exp(scores[sbase + s] - m);
         scores[sbase + s] = e;
         sum += e;
@@ -70,7 +74,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let slice = li / HEAD_DIM;
     var acc = 0.0;
     if (slice < slices) {
-        for (var s = slice; s < seq; s += slices) {
+        for (var s = first + slice; s < seq; s += slices) {
             acc += scores[sbase + s] * f32(v_cache[s * KV_DIM + kv + d]);
         }
     }

@@ -1,6 +1,7 @@
 // Prefill attention, tiled over query and key blocks (flash attention): a workgroup takes BQ
 // queries of one head and walks the causal key range in blocks of BK, keeping a running max and
 // sum per query (online softmax); invocation d owns output dimension d of the BQ queries.
+// With WINDOW > 0 a query at p sees keys p - WINDOW + 1 .. p (a sliding-window layer).
 // Bindings: 0 params, 1 qkv (rows of Q_DIM + 2 KV_DIM), 2 k_cache, 3 v_cache, 4 out (rows of Q_DIM).
 // Dispatch: (ceil(n_tokens / BQ), N_HEADS, 1). HD, BQ, BK and `kv_t` come from the host.
 
@@ -10,6 +11,7 @@ override Q_DIM: u32;
 override KV_DIM: u32;
 override GROUP: u32;
 override SCALE: f32;
+override WINDOW: u32 = 0u;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
@@ -41,9 +43,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
     var o: array<f32, BQ>;
     for (var r = 0u; r < BQ; r++) { o[r] = 0.0; }
     let n_keys = start + min(q0 + BQ, n);
+    // Keys before the first query's window are masked for every query of the block.
+    var k_first = 0u;
+    if (WINDOW > 0u && start + q0 + 1u > WINDOW) { k_first = start + q0 + 1u - WINDOW; }
     workgroupBarrier();
 
-    for (var k0 = 0u; k0 < n_keys; k0 += BK) {
+    for (var k0 = k_first; k0 < n_keys; k0 += BK) {
         for (var j = 0u; j < BK; j++) {
             let s = k0 + j;
             let c = s * KV_DIM + kv + d;
@@ -56,7 +61,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
             let j = e % BK;
             var acc = 0.0;
             for (var i = 0u; i < HD; i++) { acc += qt[r * HD + i] * kt[j * HD + i]; }
-            let visible = k0 + j <= start + q0 + r && q0 + r < n;
+            let p = start + q0 + r;
+            let visible = k0 + j <= p && q0 + r < n && (WINDOW == 0u || p - (k0 + j) < WINDOW);
             st[e] = select(-1.0e30, acc, visible);
         }
         workgroupBarrier();
@@ -66,7 +72,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
             let scale = exp(row_max[d] - m);
             var sum = 0.0;
             for (var j = 0u; j < BK; j++) {
-                let p = exp(st[d * BK + j] - m);
+                // A row whose keys are all masked so far (m still the mask value) adds nothing.
+                let p = select(0.0, exp(st[d * BK + j] - m), st[d * BK + j] > -1.0e29);
                 st[d * BK + j] = p;
                 sum += p;
             }

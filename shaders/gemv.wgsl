@@ -5,7 +5,7 @@
 // NORM: x is RMS-normalized on the fly (weights nw, epsilon EPS): every workgroup sums x's squares
 // itself, which costs less than a separate normalization pass and its dispatch.
 // EPILOGUE 0: store. 1: add (residual). 2: gated pair: the part holds ROW_COUNT gate rows then
-// ROW_COUNT up rows, and y[OUT + r] = silu(gate_r . x) * (up_r . x).
+// ROW_COUNT up rows, and y[OUT + r] = act(gate_r . x) * (up_r . x) (`act` from the host).
 // Bindings: 0 w, 1 x (vec4), 2 y, 3 nw (vec4; any buffer when not NORM). Dispatch: ceil(ROW_COUNT / (256 / LANES)) workgroups, spread
 // over x and y.
 
@@ -61,7 +61,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         let o = OUT + r;
         switch EPILOGUE {
             case 1u: { y[o] = y[o] + a; }
-            case 2u: { y[o] = a / (1.0 + exp(-a)) * b; }
+            case 2u: { y[o] = act(a) * b; }
             default: { y[o] = a; }
         }
     }

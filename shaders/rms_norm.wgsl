@@ -1,5 +1,6 @@
 // RMSNorm: out[r] = x[r] / sqrt(mean(x[r]^2) + EPS) * weight, one workgroup per row.
 // With LAST_ONLY, only the last token's row is normalized, into out row 0 (for the logits).
+// With ADD, the result is added to out (a post-norm before the residual add, Gemma).
 // Bindings: 0 params, 1 x, 2 weight, 3 out. Dispatch: (n_tokens or 1, 1, 1).
 
 struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, pad: u32 }
@@ -7,6 +8,7 @@ struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, pad: u32 }
 override COLS: u32;
 override EPS: f32;
 override LAST_ONLY: bool = false;
+override ADD: bool = false;
 const WG: u32 = 256u;
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -35,6 +37,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     let inv = inverseSqrt(partial[0] / f32(COLS) + EPS);
     for (var i = li; i < COLS; i += WG) {
-        out[out_row * COLS + i] = weight[i] * (x[base + i] * inv);
+        let v = weight[i] * (x[base + i] * inv);
+        if (ADD) { out[out_row * COLS + i] += v; } else { out[out_row * COLS + i] = v; }
     }
 }

@@ -1,50 +1,78 @@
-// RoPE and KV-cache write in one pass over the fused q|k|v rows of n_tokens tokens.
-// GGUF's llama Q/K rows are permuted so that RoPE rotates adjacent pairs (x[2i], x[2i+1]) of each
-// head by angle pos * base^(-2i/ROPE_DIM); cos/sin come from a table computed in f64 at load.
-// q is rotated in place; rotated k and plain v go to the cache at position start_pos + t.
-// Bindings: 0 params, 1 qkv, 2 rope (vec2 cos,sin per [pos][pair]), 3 k_cache, 4 v_cache.
-// Dispatch: (ceil((Q_DIM + 2 KV_DIM) / 2 / 64), n_tokens, 1). `kv_t` (f16 or f32) comes from the host.
+// What happens to q, k and v between their projection and attention, in one pass over the fused
+// q|k|v rows of n_tokens tokens: bias add (BIAS), RMSNorm of each q and k head (QK_NORM, weights
+// q_norm then k_norm), RoPE of the first ROPE_DIM values of each q and k head — adjacent pairs
+// (x[2i], x[2i+1]) or, with NEOX, halves (x[i], x[i + ROPE_DIM/2]) — by angle pos * inv_freq[i]
+// from a cos/sin table computed in f64 at load; then q is written back in place and k, v go to
+// the cache at position start_pos + t.
+// One workgroup per (head of q, k or v; token); invocation i owns value i of the head.
+// Bindings: 0 params, 1 qkv, 2 rope (vec2 cos,sin per [pos][pair]), 3 k_cache, 4 v_cache,
+// 5 bias (Q_DIM + 2 KV_DIM), 6 qk_norm (2 HD) — 5 and 6 any buffer when unused.
+// Dispatch: (N_Q_HEADS + 2 N_KV_HEADS, n_tokens, 1). HD, HD_POW2 and `kv_t` come from the host.
 
 struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, pad: u32 }
 
-override HEAD_DIM: u32;
 override ROPE_DIM: u32;
-override Q_DIM: u32;
-override KV_DIM: u32;
+override N_Q_HEADS: u32;
+override N_KV_HEADS: u32;
+override NEOX: bool = false;
+override BIAS: bool = false;
+override QK_NORM: bool = false;
+override EPS: f32 = 0.0;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read_write> qkv: array<f32>;
 @group(0) @binding(2) var<storage, read> rope: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> k_cache: array<kv_t>;
 @group(0) @binding(4) var<storage, read_write> v_cache: array<kv_t>;
+@group(0) @binding(5) var<storage, read> bias: array<f32>;
+@group(0) @binding(6) var<storage, read> qk_norm: array<f32>;
 
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let row = Q_DIM + 2u * KV_DIM;
-    let e = gid.x * 2u;
-    let t = gid.y;
-    if (e >= row || t >= params.n_tokens) { return; }
-    let pos = params.start_pos + t;
-    let src = t * row + e;
-    var a = qkv[src];
-    var b = qkv[src + 1u];
-    let i = e % HEAD_DIM;
-    if (e < Q_DIM + KV_DIM && i < ROPE_DIM) {
-        let cs = rope[pos * (ROPE_DIM / 2u) + i / 2u];
-        let ra = a * cs.x - b * cs.y;
-        b = a * cs.y + b * cs.x;
-        a = ra;
+var<workgroup> vals: array<f32, HD>;
+var<workgroup> red: array<f32, HD>;
+
+@compute @workgroup_size(HD)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) i: u32) {
+    let head = wg.x;
+    let t = wg.y;
+    if (t >= params.n_tokens) { return; }
+    let q_dim = N_Q_HEADS * HD;
+    let kv_dim = N_KV_HEADS * HD;
+    let e = head * HD + i;
+    let src = t * (q_dim + 2u * kv_dim) + e;
+    let is_v = head >= N_Q_HEADS + N_KV_HEADS;
+    var v = qkv[src];
+    if (BIAS) { v += bias[e]; }
+    if (QK_NORM && !is_v) {
+        red[i] = v * v;
+        workgroupBarrier();
+        for (var s = HD_POW2 / 2u; s > 0u; s >>= 1u) {
+            if (i < s && i + s < HD) { red[i] += red[i + s]; }
+            workgroupBarrier();
+        }
+        let inv = inverseSqrt(red[0] / f32(HD) + EPS);
+        v = qk_norm[select(HD, 0u, head < N_Q_HEADS) + i] * (v * inv);
     }
-    if (e < Q_DIM) {
-        qkv[src] = a;
-        qkv[src + 1u] = b;
-    } else if (e < Q_DIM + KV_DIM) {
-        let c = pos * KV_DIM + e - Q_DIM;
-        k_cache[c] = kv_t(a);
-        k_cache[c + 1u] = kv_t(b);
+    vals[i] = v;
+    workgroupBarrier();
+    let pos = params.start_pos + t;
+    if (!is_v && i < ROPE_DIM) {
+        let half = ROPE_DIM / 2u;
+        var pair = i / 2u;
+        var first = i % 2u == 0u;
+        var other = i ^ 1u;
+        if (NEOX) {
+            pair = i % half;
+            first = i < half;
+            other = select(i - half, i + half, first);
+        }
+        let cs = rope[pos * half + pair];
+        if (first) { v = v * cs.x - vals[other] * cs.y; } else { v = vals[other] * cs.y + v * cs.x; }
+    }
+    if (head < N_Q_HEADS) {
+        qkv[src] = v;
+    } else if (!is_v) {
+        k_cache[pos * kv_dim + e - q_dim] = kv_t(v);
     } else {
-        let c = pos * KV_DIM + e - Q_DIM - KV_DIM;
-        v_cache[c] = kv_t(a);
-        v_cache[c + 1u] = kv_t(b);
+        v_cache[pos * kv_dim + e - q_dim - kv_dim] = kv_t(v);
     }
 }

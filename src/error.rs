@@ -7,14 +7,17 @@ use thiserror::Error;
 pub enum Error {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("model architecture {0:?} is not supported (supported: llama)")]
+    #[error("model architecture {0:?} is not supported (supported: {list})", list = crate::arch::ARCHITECTURES.join(", "))]
     UnsupportedArchitecture(String),
+    #[error("this model uses {0}, which this engine does not implement yet")]
+    Unsupported(String),
     #[error("the GGUF file lacks the metadata key {0:?}, which this model architecture needs")]
     MissingMetadata(String),
     #[error("the GGUF metadata value {key:?} = {value} is invalid: {reason}")]
     InvalidMetadata { key: String, value: String, reason: String },
     #[error(
-        "tensor {name:?} has type {ty}, which this engine cannot run yet (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)"
+        "tensor {name:?} has type {ty}, which this engine cannot run yet (supported: {})",
+        crate::quant::supported_names()
     )]
     UnsupportedTensorType { name: String, ty: &'static str },
     #[error("the tokenizer {0} is not supported")]

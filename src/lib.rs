@@ -1,12 +1,14 @@
 //! webgpu-llm: runs a GGUF language model on the user's own GPU, in the browser through WebGPU
 //! and natively through wgpu. See DESIGN.md in the shared folder for the architecture.
 
+pub mod arch;
 pub mod chat;
 pub mod engine;
 pub mod error;
 pub mod gguf;
 pub mod gpu;
 pub mod model;
+pub mod quant;
 pub mod sampling;
 pub mod tokenizer;
 #[cfg(target_arch = "wasm32")]

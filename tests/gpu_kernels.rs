@@ -22,12 +22,16 @@ macro_rules! gpu_test {
 }
 
 use half::f16;
-use webgpu_llm::gguf::{dequantize, GgmlType, TensorInfo};
-use webgpu_llm::gpu::kernels::{self, Dispatch, Epilogue, Params};
+use webgpu_llm::arch::{Activation, Rope, RopeStyle};
+use webgpu_llm::gguf::{GgmlType, TensorInfo};
+use webgpu_llm::gpu::kernels::{self, Dispatch, Epilogue, NormOut, Params, QkvExtras};
 use webgpu_llm::gpu::shader::PipelineCache;
-use webgpu_llm::gpu::weights::Linear;
+use webgpu_llm::gpu::weights::{Linear, Rows};
 use webgpu_llm::gpu::{Gpu, GpuOptions, KernelStyle};
-use webgpu_llm::model::{reference, ModelConfig};
+use webgpu_llm::model::reference::{self, AttentionKind};
+use webgpu_llm::model::ModelConfig;
+use webgpu_llm::quant::dequantize;
+use webgpu_llm::quant::FORMATS;
 use webgpu_llm::sampling::Rng;
 
 struct Harness {
@@ -108,29 +112,29 @@ fn random(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale).collect()
 }
 
-/// A random tensor of `rows` x `cols` in the given GGUF layout, and its bytes.
+/// A random tensor of `rows` x `cols` in the given GGUF layout, and its bytes: random quants,
+/// random finite f16 scales.
 fn random_tensor(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> (TensorInfo, Vec<u8>) {
     let n = rows * cols;
     let mut bytes = Vec::new();
-    let f16_bytes = |v: f32, out: &mut Vec<u8>| out.extend(f16::from_f32(v).to_le_bytes());
-    let rand_bytes = |k: usize, out: &mut Vec<u8>, rng: &mut Rng| (0..k).for_each(|_| out.push(rng.next_u64() as u8));
+    let f16_bytes = |v: f32| f16::from_f32(v).to_le_bytes();
     match ty {
         GgmlType::F32 => random(rng, n, 1.0).iter().for_each(|v| bytes.extend(v.to_le_bytes())),
-        GgmlType::F16 => random(rng, n, 1.0).iter().for_each(|&v| f16_bytes(v, &mut bytes)),
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
-            for _ in 0..n / 32 {
-                f16_bytes(0.005 + rng.next_f64() as f32 * 0.05, &mut bytes);
-                match ty {
-                    GgmlType::Q4_0 => rand_bytes(16, &mut bytes, rng),
-                    GgmlType::Q4_1 => {
-                        f16_bytes(-(rng.next_f64() as f32) * 0.4, &mut bytes);
-                        rand_bytes(16, &mut bytes, rng)
-                    }
-                    _ => rand_bytes(32, &mut bytes, rng),
+        GgmlType::F16 => random(rng, n, 1.0).iter().for_each(|&v| bytes.extend(f16_bytes(v))),
+        GgmlType::BF16 => random(rng, n, 1.0).iter().for_each(|&v| bytes.extend(half::bf16::from_f32(v).to_le_bytes())),
+        _ => {
+            let f = webgpu_llm::quant::format(ty).expect("a format the engine runs");
+            let (values, size) = f.block();
+            for _ in 0..n / values {
+                let mut block: Vec<u8> = (0..size).map(|_| rng.next_u64() as u8).collect();
+                for &at in f.f16_fields {
+                    let scale =
+                        (0.002 + rng.next_f64() as f32 * 0.02) * if rng.next_u64() % 2 == 0 { 1.0 } else { -1.0 };
+                    block[at..at + 2].copy_from_slice(&f16_bytes(scale));
                 }
+                bytes.extend(block);
             }
         }
-        _ => unreachable!(),
     }
     let info = TensorInfo {
         name: format!("{ty:?}"),
@@ -142,7 +146,14 @@ fn random_tensor(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> (Tens
     (info, bytes)
 }
 
-const TYPES: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32];
+/// Every type the engine runs.
+fn types() -> impl Iterator<Item = GgmlType> {
+    FORMATS.iter().map(|f| f.ty)
+}
+
+fn linear(h: &Harness, info: &TensorInfo, bytes: &[u8]) -> Linear {
+    Linear::new(&h.gpu, "w", &[Rows::of(info, bytes).unwrap()]).unwrap()
+}
 
 /// |got - want| <= rel * scale + 1e-5 where scale is the sum of |terms| of the dot product.
 fn assert_close(what: &str, got: &[f32], want: &[f64], scale: &[f64], rel: f64) {
@@ -174,20 +185,20 @@ gpu_test! {
         let mut rng = Rng::new(1);
         let (rows, cols) = (203, 256);
         for mut h in Harness::paths().await {
-            for ty in TYPES {
+            for ty in types() {
                 let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
                 let w = dequantize(&info, &bytes).unwrap();
-                let lin = Linear::new(&h.gpu, "w", &[&info], &bytes).unwrap();
+                let lin = linear(&h, &info, &bytes);
                 let x = random(&mut rng, cols, 1.0);
                 let (want, scale) = reference_matmul(&w, &x, cols);
                 let xb = h.buf(&x);
                 let y0 = random(&mut rng, rows, 1.0);
                 let yb = h.buf(&y0);
-                let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Store, None, &xb, &yb);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Activation::Silu, Epilogue::Store, None, &xb, &yb);
                 h.run(&ops, 1);
                 assert_close(&format!("gemv {ty:?} store, {}", h.path()), &h.read(&yb, rows).await, &want, &scale, MATMUL_REL);
                 let yb = h.buf(&y0);
-                let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Add, None, &xb, &yb);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Activation::Silu, Epilogue::Add, None, &xb, &yb);
                 h.run(&ops, 1);
                 let added: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
                 assert_close(&format!("gemv {ty:?} add, {}", h.path()), &h.read(&yb, rows).await, &added, &scale, MATMUL_REL);
@@ -197,27 +208,35 @@ gpu_test! {
 }
 
 gpu_test! {
-    async fn gated_gemv_computes_silu_of_gate_times_up() {
+    async fn gated_gemv_computes_the_activation_of_gate_times_up() {
         let mut rng = Rng::new(2);
-        let (rows, cols) = (150, 128);
+        let (rows, cols) = (150, 256);
         for mut h in Harness::paths().await {
-            for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            for (ty, act) in
+                [(GgmlType::Q4_1, Activation::Silu), (GgmlType::Q8_0, Activation::GeluTanh), (GgmlType::Q4K, Activation::GeluTanh)]
+            {
                 let (gi, gb) = random_tensor(&mut rng, ty, rows, cols);
                 let (ui, ub) = random_tensor(&mut rng, ty, rows, cols);
-                // Both tensors live in one "file": up's data follows gate's.
-                let file = [gb.clone(), ub.clone()].concat();
-                let ui = TensorInfo { file_offset: gb.len() as u64, ..ui };
-                let pair = Linear::gated_pair(&h.gpu, "gate_up", &gi, &ui, &file).unwrap().expect("same types pair up");
+                let (gate, up) = (Rows::of(&gi, &gb).unwrap(), Rows::of(&ui, &ub).unwrap());
+                let pair = Linear::gated_pair(&h.gpu, "gate_up", gate, up).unwrap().expect("same types pair up");
                 let x = random(&mut rng, cols, 1.0);
                 let (g, gs) = reference_matmul(&dequantize(&gi, &gb).unwrap(), &x, cols);
                 let (u, us) = reference_matmul(&dequantize(&ui, &ub).unwrap(), &x, cols);
-                let want: Vec<f64> = g.iter().zip(&u).map(|(&a, &b)| a / (1.0 + (-a).exp()) * b).collect();
-                let scale: Vec<f64> =
-                    gs.iter().zip(&us).zip(&u).zip(&g).map(|(((a, b), u), g)| a * u.abs() + b * g.abs() + a * b).collect();
+                let want: Vec<f64> =
+                    g.iter().zip(&u).map(|(&a, &b)| reference::activation(act, a as f32) as f64 * b).collect();
+                // Both activations have slopes below 1.2; the last term covers f32 rounding of act(gate).
+                let scale: Vec<f64> = gs
+                    .iter()
+                    .zip(&us)
+                    .zip(&u)
+                    .zip(&g)
+                    .map(|(((a, b), u), g)| 1.2 * a * u.abs() + b * g.abs() + a * b + 1.0 * g.abs() * u.abs())
+                    .collect();
                 let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; rows]));
-                let ops = kernels::gemv(&h.gpu, &mut h.cache, &pair, Epilogue::Store, None, &xb, &yb);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, &pair, act, Epilogue::Store, None, &xb, &yb);
                 h.run(&ops, 1);
-                assert_close(&format!("gated gemv {ty:?}, {}", h.path()), &h.read(&yb, rows).await, &want, &scale, 1e-5);
+                let what = format!("gated gemv {ty:?} {act:?}, {}", h.path());
+                assert_close(&what, &h.read(&yb, rows).await, &want, &scale, 1e-5);
             }
         }
     }
@@ -226,13 +245,13 @@ gpu_test! {
 gpu_test! {
     async fn gemm_matches_the_cpu_product_for_every_weight_type() {
         let mut rng = Rng::new(3);
-        let (n, rows, cols) = (70, 130, 96);
+        let (n, rows, cols) = (70, 130, 256);
         for mut h in Harness::paths().await {
             h.set(n, 0);
-            for ty in TYPES {
+            for ty in types() {
                 let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
                 let w = dequantize(&info, &bytes).unwrap();
-                let lin = Linear::new(&h.gpu, "w", &[&info], &bytes).unwrap();
+                let lin = linear(&h, &info, &bytes);
                 let x = random(&mut rng, n * cols, 1.0);
                 let (want, scale) = reference_matmul(&w, &x, cols);
                 let y0 = random(&mut rng, n * rows, 1.0);
@@ -247,22 +266,22 @@ gpu_test! {
 }
 
 gpu_test! {
-    async fn gemm_of_a_gated_pair_writes_gate_then_up_columns_and_silu_mul_combines_them() {
+    async fn gemm_of_a_gated_pair_writes_gate_then_up_columns_and_act_mul_combines_them() {
         let mut rng = Rng::new(4);
         let (n, rows, cols) = (9, 40, 64);
         for mut h in Harness::paths().await {
             h.set(n, 0);
             let (gi, gb) = random_tensor(&mut rng, GgmlType::Q4_0, rows, cols);
             let (ui, ub) = random_tensor(&mut rng, GgmlType::Q4_0, rows, cols);
-            let file = [gb.clone(), ub.clone()].concat();
-            let ui = TensorInfo { file_offset: gb.len() as u64, ..ui };
-            let pair = Linear::gated_pair(&h.gpu, "gate_up", &gi, &ui, &file).unwrap().unwrap();
+            let pair =
+                Linear::gated_pair(&h.gpu, "gate_up", Rows::of(&gi, &gb).unwrap(), Rows::of(&ui, &ub).unwrap()).unwrap().unwrap();
             let x = random(&mut rng, n * cols, 1.0);
             let (g, _) = reference_matmul(&dequantize(&gi, &gb).unwrap(), &x, cols);
             let (u, _) = reference_matmul(&dequantize(&ui, &ub).unwrap(), &x, cols);
             let (xb, gub, hb) = (h.buf(&x), h.buf(&vec![0.0; n * 2 * rows]), h.buf(&vec![0.0; n * rows]));
             let mut ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, &pair, Epilogue::Store, &xb, &gub, 2 * rows);
-            ops.push(kernels::silu_mul(&h.gpu, &mut h.cache, &h.params, rows, &gub, &hb));
+            let act = [Activation::Silu, Activation::GeluTanh][h.gpu.f16 as usize];
+            ops.push(kernels::act_mul(&h.gpu, &mut h.cache, &h.params, act, rows, &gub, &hb));
             h.run(&ops, n);
             let gu = h.read(&gub, n * 2 * rows).await;
             let got = h.read(&hb, n * rows).await;
@@ -271,8 +290,8 @@ gpu_test! {
                     let (gv, uv) = (g[t * rows + r], u[t * rows + r]);
                     assert!((gu[t * 2 * rows + r] as f64 - gv).abs() < 1e-4, "gate column {t},{r}");
                     assert!((gu[t * 2 * rows + rows + r] as f64 - uv).abs() < 1e-4, "up column {t},{r}");
-                    let want = reference::silu(gu[t * 2 * rows + r]) * gu[t * 2 * rows + rows + r];
-                    assert!((got[t * rows + r] - want).abs() <= 1e-5 * want.abs().max(1.0), "silu_mul {t},{r}");
+                    let want = reference::activation(act, gu[t * 2 * rows + r]) * gu[t * 2 * rows + rows + r];
+                    assert!((got[t * rows + r] - want).abs() <= 1e-5 * want.abs().max(1.0), "act_mul {act:?} {t},{r}");
                 }
             }
         }
@@ -282,20 +301,20 @@ gpu_test! {
 gpu_test! {
     async fn embedding_lookup_matches_cpu_dequantization() {
         let mut rng = Rng::new(5);
-        let (vocab, d) = (300, 64);
+        let (vocab, d, scale) = (300, 256, 2.5f32);
         let tokens = [0u32, 299, 17, 17, 150];
         for mut h in Harness::paths().await {
             h.set(tokens.len(), 0);
-            for ty in TYPES {
+            for ty in types() {
                 let (info, bytes) = random_tensor(&mut rng, ty, vocab, d);
                 let table = dequantize(&info, &bytes).unwrap();
-                let lin = Linear::new(&h.gpu, "embd", &[&info], &bytes).unwrap();
+                let lin = linear(&h, &info, &bytes);
                 let (tb, xb) = (h.u32_buf(&tokens), h.buf(&vec![0.0; tokens.len() * d]));
-                let ops = kernels::embed(&h.gpu, &mut h.cache, &h.params, &lin, &tb, &xb);
+                let ops = kernels::embed(&h.gpu, &mut h.cache, &h.params, &lin, scale, &tb, &xb);
                 h.run(&ops, tokens.len());
                 let want: Vec<f64> = tokens
                     .iter()
-                    .flat_map(|&t| table[t as usize * d..(t as usize + 1) * d].iter().map(|&v| v as f64))
+                    .flat_map(|&t| table[t as usize * d..(t as usize + 1) * d].iter().map(|&v| (v * scale) as f64))
                     .collect();
                 let scale: Vec<f64> = want.iter().map(|v| v.abs()).collect();
                 assert_close(&format!("embed {ty:?}, {}", h.path()), &h.read(&xb, tokens.len() * d).await, &want, &scale, 1e-6);
@@ -315,13 +334,13 @@ gpu_test! {
             let mut want = vec![0f32; n * d];
             reference::rms_norm(&mut want, &x, &w, eps);
             let (xb, wb, ob) = (h.buf(&x), h.buf(&w), h.buf(&vec![0.0; n * d]));
-            let all = kernels::rms_norm(&h.gpu, &mut h.cache, &h.params, d, eps, false, &xb, &wb, &ob);
+            let all = kernels::rms_norm(&h.gpu, &mut h.cache, &h.params, d, eps, NormOut::Store, &xb, &wb, &ob);
             h.run(&[all], n);
             let got = h.read(&ob, n * d).await;
             let want64: Vec<f64> = want.iter().map(|&v| v as f64).collect();
             let scale: Vec<f64> = want64.iter().map(|v| v.abs()).collect();
             assert_close(&format!("rms_norm, {}", h.path()), &got, &want64, &scale, 1e-5);
-            let last = kernels::rms_norm(&h.gpu, &mut h.cache, &h.params, d, eps, true, &xb, &wb, &ob);
+            let last = kernels::rms_norm(&h.gpu, &mut h.cache, &h.params, d, eps, NormOut::StoreLast, &xb, &wb, &ob);
             h.run(&[last], n);
             assert_close(
                 &format!("rms_norm last row, {}", h.path()),
@@ -330,6 +349,12 @@ gpu_test! {
                 &scale[(n - 1) * d..],
                 1e-5,
             );
+            let base = random(&mut rng, n * d, 1.0);
+            let ab = h.buf(&base);
+            let add = kernels::rms_norm(&h.gpu, &mut h.cache, &h.params, d, eps, NormOut::Add, &xb, &wb, &ab);
+            h.run(&[add], n);
+            let added: Vec<f64> = want64.iter().zip(&base).map(|(w, &b)| w + b as f64).collect();
+            assert_close(&format!("rms_norm added, {}", h.path()), &h.read(&ab, n * d).await, &added, &scale, 1e-5);
         }
     }
 }
@@ -354,45 +379,60 @@ fn small_config() -> ModelConfig {
 }
 
 gpu_test! {
-    async fn rope_rotates_q_and_k_and_writes_the_kv_cache() {
+    async fn rope_kv_adds_bias_norms_heads_rotates_q_and_k_and_writes_the_kv_cache() {
         let mut rng = Rng::new(7);
         let c = small_config();
-        let (n, start, ctx) = (7, 100, 128);
-        let (q, kv) = (c.q_dim(), c.kv_dim());
+        let (n, start, ctx, eps) = (7, 100, 128, 1e-6);
+        let (q, kv, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
         let row = q + 2 * kv;
+        // llama (adjacent pairs, whole head), Qwen 2 (NeoX, biases), Qwen 3 / Gemma (NeoX, q/k
+        // norms), Phi-3 (NeoX over half the head) with llama 3 style frequency factors.
+        let cases = [
+            (RopeStyle::Adjacent, hd, false, false, Vec::new()),
+            (RopeStyle::NeoX, hd, true, false, Vec::new()),
+            (RopeStyle::NeoX, hd, false, true, Vec::new()),
+            (RopeStyle::NeoX, hd / 2, false, false, (0..hd / 4).map(|i| 1.0 + i as f32).collect()),
+        ];
         for mut h in Harness::paths().await {
             h.set(n, start);
-            let qkv = random(&mut rng, n * row, 2.0);
-            let table = h.buf(&kernels::rope_table(&c, ctx));
-            let (kc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
-            let (vc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
-            let qb = h.buf(&qkv);
-            let op = kernels::rope_kv(&h.gpu, &mut h.cache, &h.params, &c, &qb, &table, &kc, &vc);
-            h.run(&[op], n);
-            let got_q = h.read(&qb, n * row).await;
-            let (got_k, got_v) = (h.read_kv(&kc, ctx * kv).await, h.read_kv(&vc, ctx * kv).await);
-            let inv = reference::rope_inv_freq(&c);
-            // f16 storage keeps 11 significant bits.
-            let kv_tol = if h.gpu.f16 { 1e-3 } else { 1e-6 };
-            for t in 0..n {
-                let r = &qkv[t * row..(t + 1) * row];
-                let (mut wq, mut wk) = (r[..q].to_vec(), r[q..q + kv].to_vec());
-                reference::rope(&mut wq, start + t, c.head_dim, &inv);
-                reference::rope(&mut wk, start + t, c.head_dim, &inv);
-                for i in 0..q {
-                    assert!((got_q[t * row + i] - wq[i]).abs() < 1e-5, "q[{t}][{i}], {}", h.path());
-                }
-                let p = (start + t) * kv;
-                for i in 0..kv {
-                    assert!(
-                        (got_k[p + i] - wk[i]).abs() <= kv_tol * wk[i].abs().max(1.0),
-                        "k cache[{t}][{i}], {}",
-                        h.path()
-                    );
-                    assert!(
-                        (got_v[p + i] - r[q + kv + i]).abs() <= kv_tol * r[q + kv + i].abs().max(1.0),
-                        "v cache[{t}][{i}]"
-                    );
+            for (style, dim, with_bias, with_norm, freq_factors) in cases.clone() {
+                let rope = Rope { base: 10000.0, dim, style, freq_factors };
+                let qkv = random(&mut rng, n * row, 2.0);
+                let bias = random(&mut rng, row, 0.5);
+                let norm = random(&mut rng, 2 * hd, 1.5);
+                let table = h.buf(&kernels::rope_table(&rope, ctx));
+                let (kc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
+                let (vc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
+                let (qb, bb, nb) = (h.buf(&qkv), h.buf(&bias), h.buf(&norm));
+                let extras = QkvExtras { bias: with_bias.then_some(&bb), qk_norm: with_norm.then_some((&nb, eps)) };
+                let op = kernels::rope_kv(&h.gpu, &mut h.cache, &h.params, &c, &rope, extras, &qb, &table, &kc, &vc);
+                h.run(&[op], n);
+                let got_q = h.read(&qb, n * row).await;
+                let (got_k, got_v) = (h.read_kv(&kc, ctx * kv).await, h.read_kv(&vc, ctx * kv).await);
+                let inv = rope.inv_freq();
+                // f16 storage keeps 11 significant bits.
+                let kv_tol = if h.gpu.f16 { 1e-3 } else { 1e-5 };
+                let what = format!("{style:?} dim {dim} bias {with_bias} norm {with_norm}, {}", h.path());
+                for t in 0..n {
+                    let mut r = qkv[t * row..(t + 1) * row].to_vec();
+                    if with_bias {
+                        r.iter_mut().zip(&bias).for_each(|(v, b)| *v += b);
+                    }
+                    let (mut wq, mut wk, wv) = (r[..q].to_vec(), r[q..q + kv].to_vec(), r[q + kv..].to_vec());
+                    if with_norm {
+                        reference::rms_norm_in_place(&mut wq, &norm[..hd], eps);
+                        reference::rms_norm_in_place(&mut wk, &norm[hd..], eps);
+                    }
+                    reference::rope(&mut wq, start + t, hd, &inv, style);
+                    reference::rope(&mut wk, start + t, hd, &inv, style);
+                    for i in 0..q {
+                        assert!((got_q[t * row + i] - wq[i]).abs() < 2e-5 * wq[i].abs().max(1.0), "q[{t}][{i}], {what}");
+                    }
+                    let p = (start + t) * kv;
+                    for i in 0..kv {
+                        assert!((got_k[p + i] - wk[i]).abs() <= kv_tol * wk[i].abs().max(1.0), "k cache[{t}][{i}], {what}");
+                        assert!((got_v[p + i] - wv[i]).abs() <= kv_tol * wv[i].abs().max(1.0), "v cache[{t}][{i}], {what}");
+                    }
                 }
             }
         }
@@ -401,8 +441,9 @@ gpu_test! {
 
 /// Runs decode (n = 1) or prefill attention for queries at `start..start + n` against a
 /// random cache, and compares with the CPU reference on the values the GPU stores.
-async fn check_attention(h: &mut Harness, n: usize, start: usize, rng: &mut Rng) {
+async fn check_attention(h: &mut Harness, n: usize, start: usize, window: Option<usize>, rng: &mut Rng) {
     let c = small_config();
+    let kind = AttentionKind { scale: 0.3, window };
     let ctx = 256;
     let (q, kv) = (c.q_dim(), c.kv_dim());
     let row = q + 2 * kv;
@@ -413,37 +454,43 @@ async fn check_attention(h: &mut Harness, n: usize, start: usize, rng: &mut Rng)
     let (qb, out) = (h.buf(&qkv), h.buf(&vec![0.0; n * q]));
     let op = if n == 1 {
         let scores = h.buf(&vec![0.0; c.n_heads * ctx]);
-        kernels::attention_decode(&h.gpu, &mut h.cache, &h.params, &c, ctx, &qb, &kc, &vc, &scores, &out)
+        kernels::attention_decode(&h.gpu, &mut h.cache, &h.params, &c, kind, ctx, &qb, &kc, &vc, &scores, &out)
     } else {
-        kernels::attention_prefill(&h.gpu, &mut h.cache, &h.params, &c, &qb, &kc, &vc, &out)
+        kernels::attention_prefill(&h.gpu, &mut h.cache, &h.params, &c, kind, &qb, &kc, &vc, &out)
     };
     h.run(&[op], n);
     let got = h.read(&out, n * q).await;
     let queries: Vec<f32> = qkv.chunks_exact(row).flat_map(|r| r[..q].to_vec()).collect();
     let mut want = vec![0f32; n * q];
-    reference::attention(&c, &mut want, &queries, &k_seen, &v_seen, start);
+    reference::attention(&c, kind, &mut want, &queries, &k_seen, &v_seen, start);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!((g - w).abs() < 1e-4, "attention n={n} start={start} [{i}]: got {g}, want {w}, {}", h.path());
+        assert!(
+            (g - w).abs() < 1e-4,
+            "attention n={n} start={start} window {window:?} [{i}]: got {g}, want {w}, {}",
+            h.path()
+        );
     }
 }
 
 gpu_test! {
-    async fn decode_attention_matches_the_cpu_reference_with_grouped_heads() {
+    async fn decode_attention_matches_the_cpu_reference_with_grouped_heads_and_windows() {
         let mut rng = Rng::new(8);
         for mut h in Harness::paths().await {
-            for start in [0, 1, 57, 255] {
-                check_attention(&mut h, 1, start, &mut rng).await;
+            for (start, window) in [(0, None), (1, None), (57, None), (255, None), (255, Some(16)), (3, Some(16)), (16, Some(16))] {
+                check_attention(&mut h, 1, start, window, &mut rng).await;
             }
         }
     }
 }
 
 gpu_test! {
-    async fn prefill_attention_matches_the_cpu_reference_across_query_and_key_blocks() {
+    async fn prefill_attention_matches_the_cpu_reference_across_query_and_key_blocks_and_windows() {
         let mut rng = Rng::new(9);
         for mut h in Harness::paths().await {
-            for (n, start) in [(2, 0), (70, 0), (21, 37), (9, 200)] {
-                check_attention(&mut h, n, start, &mut rng).await;
+            for (n, start, window) in
+                [(2, 0, None), (70, 0, None), (21, 37, None), (9, 200, None), (70, 0, Some(5)), (40, 30, Some(33)), (9, 200, Some(1))]
+            {
+                check_attention(&mut h, n, start, window, &mut rng).await;
             }
         }
     }
@@ -478,11 +525,9 @@ gpu_test! {
             h.set(n, 0);
             let (a, ab) = random_tensor(&mut rng, GgmlType::Q8_0, rows, cols);
             let (b, bb) = random_tensor(&mut rng, GgmlType::Q4_1, 30, cols);
-            let file = [ab.clone(), bb.clone()].concat();
-            let b = TensorInfo { file_offset: ab.len() as u64, ..b };
             // 1 KiB bindings: a's 100 rows of 72 bytes need 8 parts; b (another type) its own parts.
             h.gpu.limits.max_storage_buffer_binding_size = 1024;
-            let lin = Linear::new(&h.gpu, "split", &[&a, &b], &file).unwrap();
+            let lin = Linear::new(&h.gpu, "split", &[Rows::of(&a, &ab).unwrap(), Rows::of(&b, &bb).unwrap()]).unwrap();
             assert!(lin.parts.len() >= 9, "{} parts", lin.parts.len());
             h.gpu.limits.max_storage_buffer_binding_size = 1 << 27;
             let w: Vec<f32> = [dequantize(&a, &ab).unwrap(), dequantize(&b, &bb).unwrap()].concat();
@@ -490,7 +535,7 @@ gpu_test! {
             let (want, scale) = reference_matmul(&w, &x, cols);
             let total = rows + 30;
             let (x1, y1) = (h.buf(&x[..cols]), h.buf(&vec![0.0; total]));
-            let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Store, None, &x1, &y1);
+            let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Activation::Silu, Epilogue::Store, None, &x1, &y1);
             h.run(&ops, 1);
             assert_close("split gemv", &h.read(&y1, total).await, &want[..total], &scale[..total], MATMUL_REL);
             let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; n * total]));
@@ -499,7 +544,7 @@ gpu_test! {
             assert_close("split gemm", &h.read(&yb, n * total).await, &want, &scale, MATMUL_REL);
             let tokens = [0u32, 99, 100, 129, 42];
             let (tb, eb) = (h.u32_buf(&tokens), h.buf(&vec![0.0; tokens.len() * cols]));
-            let ops = kernels::embed(&h.gpu, &mut h.cache, &h.params, &lin, &tb, &eb);
+            let ops = kernels::embed(&h.gpu, &mut h.cache, &h.params, &lin, 1.0, &tb, &eb);
             h.run(&ops, tokens.len());
             let want: Vec<f64> = tokens
                 .iter()
@@ -518,14 +563,14 @@ gpu_test! {
         for mut h in Harness::paths().await {
             let (info, bytes) = random_tensor(&mut rng, GgmlType::Q4_1, rows, cols);
             let w = dequantize(&info, &bytes).unwrap();
-            let lin = Linear::new(&h.gpu, "w", &[&info], &bytes).unwrap();
+            let lin = linear(&h, &info, &bytes);
             let x = random(&mut rng, cols, 3.0);
             let nw = random(&mut rng, cols, 1.0);
             let mut normed = vec![0f32; cols];
             reference::rms_norm(&mut normed, &x, &nw, eps);
             let (want, scale) = reference_matmul(&w, &normed, cols);
             let (xb, nb, yb) = (h.buf(&x), h.buf(&nw), h.buf(&vec![0.0; rows]));
-            let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Epilogue::Store, Some((&nb, eps)), &xb, &yb);
+            let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Activation::Silu, Epilogue::Store, Some((&nb, eps)), &xb, &yb);
             h.run(&ops, 1);
             assert_close(&format!("gemv + rms_norm, {}", h.path()), &h.read(&yb, rows).await, &want, &scale, 1e-5);
         }

@@ -44,8 +44,4 @@ pub enum GgufError {
     MissingTensor { name: String },
     #[error("tensor {name:?} has shape {found:?}, expected {expected:?}")]
     UnexpectedShape { name: String, expected: Vec<u64>, found: Vec<u64> },
-    #[error(
-        "tensor {name:?} has type {ty}, which cannot be dequantized (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)"
-    )]
-    UnsupportedTensorType { name: String, ty: &'static str },
 }

@@ -1,16 +1,14 @@
-//! GGUF reading: header, metadata, tensor infos and views of tensor data, plus CPU dequantization.
-//! Knows nothing of GPUs. Every length read from the file is checked against the bytes that are
+//! GGUF reading: header, metadata, tensor infos and views of tensor data. Knows nothing of GPUs
+//! or of decoding blocks (src/quant does that). Every length read from the file is checked against the bytes that are
 //! actually left before anything is allocated, so a corrupt file gives an error, never a panic or
 //! an allocation larger than the file.
 
-mod dequant;
 mod error;
 mod reader;
 mod types;
 mod value;
 mod writer;
 
-pub use dequant::{dequantize, dequantize_row_into};
 pub use error::GgufError;
 pub use types::GgmlType;
 pub use value::Value;

@@ -1,7 +1,7 @@
 //! ggml tensor types: ids as GGUF stores them and their block layouts.
 
 /// A ggml tensor type. Every id of the GGUF spec is known so that an unsupported one can be
-/// named in an error; `dequantize` handles the ones this engine runs.
+/// named in an error; src/quant has the ones this engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GgmlType {
     F32,

@@ -3,13 +3,15 @@
 //! a step writes a 16-byte uniform (and the token ids), encodes the recorded dispatches in one
 //! compute pass, submits once, and reads back 4 bytes (greedy) or the logits (sampling).
 
-use super::kernels::{self, Dispatch, Epilogue, Params};
+use super::kernels::{self, Dispatch, Epilogue, NormOut, Params, QkvExtras};
 use super::shader::PipelineCache;
-use super::weights::Linear;
+use super::weights::{Linear, Rows};
 use super::{Gpu, KernelStyle};
+use crate::arch::{GateUp, Plan, Qkv};
 use crate::error::{Error, Result};
-use crate::gguf::{self, Gguf};
-use crate::model::{ModelConfig, TensorNames};
+use crate::gguf::Gguf;
+use crate::model::reference::AttentionKind;
+use crate::model::ModelConfig;
 
 /// Tokens per prefill pass; longer prompts run in several passes.
 pub const PREFILL_CHUNK: usize = 256;
@@ -36,11 +38,17 @@ enum Pass<'a> {
 struct LayerWeights {
     attn_norm: wgpu::Buffer,
     qkv: Linear,
+    /// q|k|v biases.
+    qkv_bias: Option<wgpu::Buffer>,
+    /// q_norm then k_norm.
+    qk_norm: Option<wgpu::Buffer>,
     wo: Linear,
+    post_attn_norm: Option<wgpu::Buffer>,
     ffn_norm: wgpu::Buffer,
     /// Gated pairs when gate and up share a type; else gate rows then up rows.
     gate_up: Linear,
     w_down: Linear,
+    post_ffn_norm: Option<wgpu::Buffer>,
 }
 
 struct Buffers {
@@ -52,10 +60,13 @@ struct Buffers {
     attn: wgpu::Buffer,
     gu: wgpu::Buffer,
     h: wgpu::Buffer,
+    /// A projection's output before its post-norm (architectures with post-norms).
+    proj: wgpu::Buffer,
     scores: wgpu::Buffer,
     logits: wgpu::Buffer,
     argmax: wgpu::Buffer,
-    rope: wgpu::Buffer,
+    /// One cos/sin table per RoPE of the plan.
+    rope: Vec<wgpu::Buffer>,
     k_cache: Vec<wgpu::Buffer>,
     v_cache: Vec<wgpu::Buffer>,
     staging_argmax: wgpu::Buffer,
@@ -65,6 +76,7 @@ struct Buffers {
 pub struct GpuModel {
     pub gpu: Gpu,
     pub config: ModelConfig,
+    pub plan: Plan,
     pub context: usize,
     embd: Linear,
     output_norm: wgpu::Buffer,
@@ -80,7 +92,7 @@ pub struct GpuModel {
 
 impl GpuModel {
     /// Uploads the model and records the decode and prefill passes. `progress(done, total)`
-    /// counts uploaded tensors.
+    /// counts the embedding, the layers and the output as they are uploaded.
     pub fn load(
         gpu: Gpu,
         gguf: &Gguf,
@@ -88,9 +100,8 @@ impl GpuModel {
         context: usize,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        let c = ModelConfig::from_gguf(gguf)?;
-        let names = TensorNames::new(&c);
-        names.validate(gguf, &c)?;
+        let plan = Plan::from_gguf(gguf, file)?;
+        let c = plan.config.clone();
         if c.head_dim > 256 || c.head_dim % 8 != 0 || c.d_model % 32 != 0 || c.ffn_dim % 32 != 0 {
             return Err(Error::InvalidMetadata {
                 key: format!("{}.attention.head_count", c.architecture),
@@ -99,44 +110,70 @@ impl GpuModel {
                     .into(),
             });
         }
-        let t = |name: &str| gguf.require_tensor(name);
-        let total = names.expected_shapes(&c).len();
+        let rows = |name: &str| -> Result<Rows> {
+            let info = gguf.require_tensor(name)?;
+            Rows::of(info, info.data(file))
+        };
+        // Progress counts the embedding, each layer and the output.
+        let total = c.n_layers + 2;
         let mut done = 0;
         let mut tick = |n: usize| {
             done += n;
             progress(done, total);
         };
-        let f32_buffer = |label: &str, name: &str| -> Result<wgpu::Buffer> {
-            let info = t(name)?;
-            let values = gguf::dequantize(info, info.data(file))?;
+        let f32_buffer = |label: &str, names: &[&str]| -> Result<wgpu::Buffer> {
+            let mut values = Vec::new();
+            for name in names {
+                let info = gguf.require_tensor(name)?;
+                values.extend(crate::quant::dequantize(info, info.data(file))?);
+            }
             gpu.storage_init(label, bytemuck::cast_slice(&values))
         };
+        let optional =
+            |label: &str, name: &Option<String>| name.as_deref().map(|n| f32_buffer(label, &[n])).transpose();
 
-        let embd = Linear::new(&gpu, "token_embd", &[t(&names.token_embd)?], file)?;
+        let embd = Linear::new(&gpu, "token_embd", &[rows(&plan.token_embd)?])?;
         tick(1);
         let mut layers = Vec::with_capacity(c.n_layers);
-        for l in &names.layers {
-            let gate_up = match Linear::gated_pair(&gpu, "gate_up", t(&l.w_gate)?, t(&l.w_up)?, file)? {
+        for l in &plan.layers {
+            let qkv = match &l.qkv {
+                Qkv::Separate([q, k, v]) => Linear::new(&gpu, "qkv", &[rows(q)?, rows(k)?, rows(v)?])?,
+                Qkv::Fused(name) => Linear::new(&gpu, "qkv", &[rows(name)?])?,
+            };
+            let (gate, up) = match &l.gate_up {
+                GateUp::Separate([g, u]) => (rows(g)?, rows(u)?),
+                GateUp::Fused(name) => rows(name)?.halves(),
+            };
+            let gate_up = match Linear::gated_pair(&gpu, "gate_up", gate, up)? {
                 Some(pair) => pair,
-                None => Linear::new(&gpu, "gate_up", &[t(&l.w_gate)?, t(&l.w_up)?], file)?,
+                None => Linear::new(&gpu, "gate_up", &[gate, up])?,
             };
             layers.push(LayerWeights {
-                attn_norm: f32_buffer("attn_norm", &l.attn_norm)?,
-                qkv: Linear::new(&gpu, "qkv", &[t(&l.wq)?, t(&l.wk)?, t(&l.wv)?], file)?,
-                wo: Linear::new(&gpu, "wo", &[t(&l.wo)?], file)?,
-                ffn_norm: f32_buffer("ffn_norm", &l.ffn_norm)?,
+                attn_norm: f32_buffer("attn_norm", &[&l.attn_norm])?,
+                qkv,
+                qkv_bias: l.qkv_bias.as_ref().map(|[q, k, v]| f32_buffer("qkv_bias", &[q, k, v])).transpose()?,
+                qk_norm: l.qk_norm.as_ref().map(|[q, k]| f32_buffer("qk_norm", &[q, k])).transpose()?,
+                wo: Linear::new(&gpu, "wo", &[rows(&l.wo)?])?,
+                post_attn_norm: optional("post_attn_norm", &l.post_attn_norm)?,
+                ffn_norm: f32_buffer("ffn_norm", &[&l.ffn_norm])?,
                 gate_up,
-                w_down: Linear::new(&gpu, "w_down", &[t(&l.w_down)?], file)?,
+                w_down: Linear::new(&gpu, "w_down", &[rows(&l.down)?])?,
+                post_ffn_norm: optional("post_ffn_norm", &l.post_ffn_norm)?,
             });
-            tick(9);
+            tick(1);
         }
-        let output_norm = f32_buffer("output_norm", &names.output_norm)?;
-        let lm_head = if c.tied_output { None } else { Some(Linear::new(&gpu, "output", &[t(&names.output)?], file)?) };
-        tick(if c.tied_output { 1 } else { 2 });
+        let output_norm = f32_buffer("output_norm", &[&plan.output_norm])?;
+        let lm_head = if plan.output == plan.token_embd {
+            None
+        } else {
+            Some(Linear::new(&gpu, "output", &[rows(&plan.output)?])?)
+        };
+        tick(1);
 
-        let buf = Self::buffers(&gpu, &c, context)?;
+        let buf = Self::buffers(&gpu, &plan, context)?;
         let mut model = Self {
             config: c,
+            plan,
             context,
             embd,
             output_norm,
@@ -155,11 +192,11 @@ impl GpuModel {
         Ok(model)
     }
 
-    fn buffers(gpu: &Gpu, c: &ModelConfig, context: usize) -> Result<Buffers> {
+    fn buffers(gpu: &Gpu, plan: &Plan, context: usize) -> Result<Buffers> {
+        let c = &plan.config;
         let n = PREFILL_CHUNK as u64;
         let f = 4u64;
         let kv_bytes = (context * c.kv_dim()) as u64 * if gpu.f16 { 2 } else { 4 };
-        let table = kernels::rope_table(c, context);
         Ok(Buffers {
             params: gpu.uniform("params", std::mem::size_of::<Params>() as u64),
             tokens: gpu.storage("tokens", n * 4)?,
@@ -169,10 +206,15 @@ impl GpuModel {
             attn: gpu.storage("attn", n * c.q_dim() as u64 * f)?,
             gu: gpu.storage("gate_up", n * 2 * c.ffn_dim as u64 * f)?,
             h: gpu.storage("ffn_hidden", n * c.ffn_dim as u64 * f)?,
+            proj: gpu.storage("proj", n * c.d_model as u64 * f)?,
             scores: gpu.storage("scores", (c.n_heads * context) as u64 * f)?,
             logits: gpu.storage("logits", c.vocab_size as u64 * f)?,
             argmax: gpu.storage("argmax", 4)?,
-            rope: gpu.storage_init("rope", bytemuck::cast_slice(&table))?,
+            rope: plan
+                .ropes
+                .iter()
+                .map(|r| gpu.storage_init("rope", bytemuck::cast_slice(&kernels::rope_table(r, context))))
+                .collect::<Result<_>>()?,
             k_cache: (0..c.n_layers).map(|_| gpu.storage("k_cache", kv_bytes)).collect::<Result<_>>()?,
             v_cache: (0..c.n_layers).map(|_| gpu.storage("v_cache", kv_bytes)).collect::<Result<_>>()?,
             staging_argmax: gpu.readback("staging_argmax", 4),
@@ -184,38 +226,56 @@ impl GpuModel {
     /// (gemv, single-query attention, fused gated activation).
     fn record(&mut self, pass: Pass<'_>) -> Vec<Dispatch> {
         let prefill = pass != Pass::Decode;
-        let (gpu, c, b, p) = (&self.gpu, &self.config, &self.buf, &mut self.pipelines);
-        let params = &b.params;
-        let mut ops = kernels::embed(gpu, p, params, &self.embd, &b.tokens, &b.x);
+        let (gpu, c, plan, b, p) = (&self.gpu, &self.config, &self.plan, &self.buf, &mut self.pipelines);
+        let (params, eps, act) = (&b.params, c.rms_eps, plan.activation);
+        let embed_scale = plan.embed_scale.unwrap_or(1.0);
+        let mut ops = kernels::embed(gpu, p, params, &self.embd, embed_scale, &b.tokens, &b.x);
         let qkv_stride = c.q_dim() + 2 * c.kv_dim();
-        for (i, l) in self.layers.iter().enumerate() {
+        // GPUs fold each pre-norm into the matrix-vector product that reads it (one dispatch less
+        // per norm); CPU adapters keep the separate pass, which is cheaper there.
+        let fuse = !prefill && gpu.style == KernelStyle::Gpu;
+        let input = if fuse { &b.x } else { &b.xn };
+        for (i, (l, lp)) in self.layers.iter().zip(&plan.layers).enumerate() {
             let (kc, vc) = (&b.k_cache[i], &b.v_cache[i]);
-            if prefill {
-                ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &l.attn_norm, &b.xn));
-                ops.extend(kernels::gemm(gpu, p, params, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
-                ops.push(kernels::rope_kv(gpu, p, params, c, &b.qkv, &b.rope, kc, vc));
-                ops.push(kernels::attention_prefill(gpu, p, params, c, &b.qkv, kc, vc, &b.attn));
-                ops.extend(kernels::gemm(gpu, p, params, &l.wo, Epilogue::Add, &b.attn, &b.x, c.d_model));
-                ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &l.ffn_norm, &b.xn));
-                ops.extend(kernels::gemm(gpu, p, params, &l.gate_up, Epilogue::Store, &b.xn, &b.gu, 2 * c.ffn_dim));
-                ops.push(kernels::silu_mul(gpu, p, params, c.ffn_dim, &b.gu, &b.h));
-                ops.extend(kernels::gemm(gpu, p, params, &l.w_down, Epilogue::Add, &b.h, &b.x, c.d_model));
-            } else {
-                // GPUs fold each RMSNorm into the matrix-vector product that reads it (one
-                // dispatch less per norm); CPU adapters keep the separate pass, which is cheaper there.
-                let fuse = gpu.style == KernelStyle::Gpu;
-                let input = if fuse { &b.x } else { &b.xn };
-                if !fuse {
-                    ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &l.attn_norm, &b.xn));
+            let rope = &plan.ropes[lp.rope];
+            let kind = AttentionKind { scale: plan.attn_scale, window: lp.window };
+            let extras = QkvExtras { bias: l.qkv_bias.as_ref(), qk_norm: l.qk_norm.as_ref().map(|n| (n, eps)) };
+            // A projection into the residual stream: added to x, or through its post-norm first.
+            let residual = |ops: &mut Vec<Dispatch>,
+                            p: &mut PipelineCache,
+                            w: &Linear,
+                            x: &wgpu::Buffer,
+                            post: &Option<wgpu::Buffer>| {
+                let (epilogue, out) = if post.is_some() { (Epilogue::Store, &b.proj) } else { (Epilogue::Add, &b.x) };
+                if prefill {
+                    ops.extend(kernels::gemm(gpu, p, params, w, epilogue, x, out, c.d_model));
+                } else {
+                    ops.extend(kernels::gemv(gpu, p, w, act, epilogue, None, x, out));
                 }
-                let norm = fuse.then_some((&l.attn_norm, c.rms_eps));
-                ops.extend(kernels::gemv(gpu, p, &l.qkv, Epilogue::Store, norm, input, &b.qkv));
-                ops.push(kernels::rope_kv(gpu, p, params, c, &b.qkv, &b.rope, kc, vc));
+                if let Some(post) = post {
+                    ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Add, &b.proj, post, &b.x));
+                }
+            };
+
+            if !fuse {
+                ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, &l.attn_norm, &b.xn));
+            }
+            if prefill {
+                ops.extend(kernels::gemm(gpu, p, params, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
+            } else {
+                let norm = fuse.then_some((&l.attn_norm, eps));
+                ops.extend(kernels::gemv(gpu, p, &l.qkv, act, Epilogue::Store, norm, input, &b.qkv));
+            }
+            ops.push(kernels::rope_kv(gpu, p, params, c, rope, extras, &b.qkv, &b.rope[lp.rope], kc, vc));
+            if prefill {
+                ops.push(kernels::attention_prefill(gpu, p, params, c, kind, &b.qkv, kc, vc, &b.attn));
+            } else {
                 ops.push(kernels::attention_decode(
                     gpu,
                     p,
                     params,
                     c,
+                    kind,
                     self.context,
                     &b.qkv,
                     kc,
@@ -223,39 +283,38 @@ impl GpuModel {
                     &b.scores,
                     &b.attn,
                 ));
-                ops.extend(kernels::gemv(gpu, p, &l.wo, Epilogue::Add, None, &b.attn, &b.x));
-                if !fuse {
-                    ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &l.ffn_norm, &b.xn));
-                }
-                let norm = fuse.then_some((&l.ffn_norm, c.rms_eps));
-                if l.gate_up.parts.iter().all(|part| part.pair) {
-                    ops.extend(kernels::gemv(gpu, p, &l.gate_up, Epilogue::Store, norm, input, &b.h));
-                } else {
-                    ops.extend(kernels::gemv(gpu, p, &l.gate_up, Epilogue::Store, norm, input, &b.gu));
-                    ops.push(kernels::silu_mul(gpu, p, params, c.ffn_dim, &b.gu, &b.h));
-                }
-                ops.extend(kernels::gemv(gpu, p, &l.w_down, Epilogue::Add, None, &b.h, &b.x));
             }
+            residual(&mut ops, p, &l.wo, &b.attn, &l.post_attn_norm);
+
+            if !fuse {
+                ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, &l.ffn_norm, &b.xn));
+            }
+            let pairs = l.gate_up.parts.iter().all(|part| part.pair);
+            if prefill {
+                ops.extend(kernels::gemm(gpu, p, params, &l.gate_up, Epilogue::Store, &b.xn, &b.gu, 2 * c.ffn_dim));
+                ops.push(kernels::act_mul(gpu, p, params, act, c.ffn_dim, &b.gu, &b.h));
+            } else {
+                let norm = fuse.then_some((&l.ffn_norm, eps));
+                let out = if pairs { &b.h } else { &b.gu };
+                ops.extend(kernels::gemv(gpu, p, &l.gate_up, act, Epilogue::Store, norm, input, out));
+                if !pairs {
+                    ops.push(kernels::act_mul(gpu, p, params, act, c.ffn_dim, &b.gu, &b.h));
+                }
+            }
+            residual(&mut ops, p, &l.w_down, &b.h, &l.post_ffn_norm);
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embd);
+        let output_norm = &self.output_norm;
         if let Pass::AllLogits(logits) = pass {
-            ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, false, &b.x, &self.output_norm, &b.xn));
+            ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn));
             ops.extend(kernels::gemm(gpu, p, params, head, Epilogue::Store, &b.xn, logits, c.vocab_size));
             return ops;
         }
-        if pass == Pass::Decode && gpu.style == KernelStyle::Gpu {
-            ops.extend(kernels::gemv(
-                gpu,
-                p,
-                head,
-                Epilogue::Store,
-                Some((&self.output_norm, c.rms_eps)),
-                &b.x,
-                &b.logits,
-            ));
+        if fuse {
+            ops.extend(kernels::gemv(gpu, p, head, act, Epilogue::Store, Some((output_norm, eps)), &b.x, &b.logits));
         } else {
-            ops.push(kernels::rms_norm(gpu, p, params, c.d_model, c.rms_eps, true, &b.x, &self.output_norm, &b.xn));
-            ops.extend(kernels::gemv(gpu, p, head, Epilogue::Store, None, &b.xn, &b.logits));
+            ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::StoreLast, &b.x, output_norm, &b.xn));
+            ops.extend(kernels::gemv(gpu, p, head, act, Epilogue::Store, None, &b.xn, &b.logits));
         }
         ops.push(kernels::argmax(gpu, p, c.vocab_size, &b.logits, &b.argmax));
         ops

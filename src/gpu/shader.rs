@@ -1,35 +1,27 @@
 //! Assembles WGSL modules from shaders/: enable directives for the device's features, the KV
-//! element type, host constants that size workgroup arrays, the shared quantized-weight access
+//! element type, host constants that size workgroup arrays, the weight block decoding of src/quant
 //! and row reduction, then the kernel itself. Pipelines are cached by source and constants.
 
 use super::Gpu;
-use crate::gguf::GgmlType;
+use crate::arch::Activation;
+use crate::quant::BlockFormat;
 use std::collections::HashMap;
 
-pub const QUANT: &str = include_str!("../../shaders/quant.wgsl");
+pub const ACTIVATION: &str = include_str!("../../shaders/activation.wgsl");
 pub const REDUCE_WORKGROUP: &str = include_str!("../../shaders/reduce_workgroup.wgsl");
 pub const REDUCE_SUBGROUP: &str = include_str!("../../shaders/reduce_subgroup.wgsl");
 
 /// What a kernel needs prepended.
 #[derive(Default, Clone, Copy)]
 pub struct Needs {
-    /// Reads weights of this type through `dq8`.
-    pub weights: Option<GgmlType>,
+    /// Reads weights of this block format through `dq8`.
+    pub weights: Option<&'static BlockFormat>,
     /// Uses `row_sum` (the kernel declares `LANES`).
     pub reduce: bool,
     /// Uses `kv_t`.
     pub kv: bool,
-}
-
-pub fn dq8_name(ty: GgmlType) -> Option<&'static str> {
-    Some(match ty {
-        GgmlType::F32 => "dq8_f32",
-        GgmlType::F16 => "dq8_f16",
-        GgmlType::Q4_0 => "dq8_q4_0",
-        GgmlType::Q4_1 => "dq8_q4_1",
-        GgmlType::Q8_0 => "dq8_q8_0",
-        _ => return None,
-    })
+    /// Calls `act`, the gated FFN's activation.
+    pub act: Option<Activation>,
 }
 
 pub fn assemble(gpu: &Gpu, kernel: &str, needs: Needs, consts: &[(&str, u32)]) -> String {
@@ -47,10 +39,18 @@ pub fn assemble(gpu: &Gpu, kernel: &str, needs: Needs, consts: &[(&str, u32)]) -
     for (name, value) in consts {
         src.push_str(&format!("const {name}: u32 = {value}u;\n"));
     }
-    if let Some(ty) = needs.weights {
-        src.push_str(QUANT);
-        let f = dq8_name(ty).expect("weight types are checked at upload");
-        src.push_str(&format!("fn dq8(base: u32, g: u32) -> Dq8 {{ return {f}(base, g); }}\n"));
+    if let Some(format) = needs.weights {
+        src.push_str(&crate::quant::wgsl_prelude());
+        src.push_str(format.wgsl);
+        src.push_str(&format!("fn dq8(base: u32, g: u32) -> Dq8 {{ return {}(base, g); }}\n", format.wgsl_fn));
+    }
+    if let Some(act) = needs.act {
+        src.push_str(ACTIVATION);
+        let f = match act {
+            Activation::Silu => "silu",
+            Activation::GeluTanh => "gelu_tanh",
+        };
+        src.push_str(&format!("fn act(x: f32) -> f32 {{ return {f}(x); }}\n"));
     }
     if needs.reduce {
         src.push_str(if gpu.subgroups { REDUCE_SUBGROUP } else { REDUCE_WORKGROUP });

@@ -1,4 +1,5 @@
-//! The model's shape and hyper-parameters, read from GGUF metadata (llama architecture).
+//! The model's shape and hyper-parameters, read from GGUF metadata (what every architecture has;
+//! src/arch adds what differs).
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
@@ -22,15 +23,13 @@ pub struct ModelConfig {
     pub tied_output: bool,
 }
 
-const SUPPORTED_ARCHITECTURES: &[&str] = &["llama"];
-
 impl ModelConfig {
     pub fn from_gguf(gguf: &Gguf) -> Result<Self> {
         let arch = gguf
             .get_str("general.architecture")?
             .ok_or_else(|| Error::MissingMetadata("general.architecture".into()))?
             .to_string();
-        if !SUPPORTED_ARCHITECTURES.contains(&arch.as_str()) {
+        if !crate::arch::ARCHITECTURES.contains(&arch.as_str()) {
             return Err(Error::UnsupportedArchitecture(arch));
         }
         let key = |k: &str| format!("{arch}.{k}");
@@ -73,15 +72,16 @@ impl ModelConfig {
         if rope_dim > head_dim || rope_dim % 2 != 0 {
             return Err(invalid(&key("rope.dimension_count"), rope_dim, "must be even and at most the head dimension"));
         }
-        if let Some(kind) = gguf.get_str(&key("rope.scaling.type"))? {
-            if kind != "none" {
-                return Err(invalid(&key("rope.scaling.type"), kind, "RoPE scaling is not supported yet"));
-            }
-        }
         let rope_base = gguf.get_f32(&key("rope.freq_base"))?.unwrap_or(10000.0);
         let rms_eps = gguf
             .get_f32(&key("attention.layer_norm_rms_epsilon"))?
             .ok_or_else(|| Error::MissingMetadata(key("attention.layer_norm_rms_epsilon")))?;
+        if !(rms_eps.is_finite() && rms_eps > 0.0) {
+            return Err(invalid(&key("attention.layer_norm_rms_epsilon"), rms_eps, "must be a positive number"));
+        }
+        if !(rope_base.is_finite() && rope_base > 0.0) {
+            return Err(invalid(&key("rope.freq_base"), rope_base, "must be a positive number"));
+        }
 
         let token_embd = gguf.require_tensor("token_embd.weight")?;
         let vocab_size = match gguf.get_u64(&key("vocab_size"))? {

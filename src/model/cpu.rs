@@ -1,31 +1,39 @@
 //! The CPU f32 reference forward pass: dequantized weights, grouped-query attention, GGUF RoPE,
 //! a KV cache. Written to be read top to bottom; it is the oracle the GPU path is tested against.
 
-use super::{ModelConfig, TensorNames};
+use super::ModelConfig;
+use crate::arch::{Activation, GateUp, Plan, Qkv, RopeStyle};
 use crate::error::{Error, Result};
-use crate::gguf::{self, Gguf};
+use crate::gguf::Gguf;
 
+/// One layer's weights, dequantized; fused tensors are split at load, so the pass below has one
+/// form for every architecture.
 struct Layer {
     attn_norm: Vec<f32>,
     wq: Vec<f32>,
     wk: Vec<f32>,
     wv: Vec<f32>,
+    bias: Option<[Vec<f32>; 3]>,
+    qk_norm: Option<[Vec<f32>; 2]>,
     wo: Vec<f32>,
+    post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     w_gate: Vec<f32>,
     w_up: Vec<f32>,
     w_down: Vec<f32>,
+    post_ffn_norm: Option<Vec<f32>>,
+    /// RoPE inverse frequency of each rotated pair.
+    inv_freq: Vec<f64>,
 }
 
 pub struct CpuModel {
     pub config: ModelConfig,
+    pub plan: Plan,
     token_embd: Vec<f32>,
     output_norm: Vec<f32>,
     /// None when tied to `token_embd`.
     output: Option<Vec<f32>>,
     layers: Vec<Layer>,
-    /// RoPE inverse frequency of each rotated pair.
-    inv_freq: Vec<f64>,
 }
 
 /// Keys and values of every position seen so far, per layer, `[pos][kv_dim]`.
@@ -61,39 +69,65 @@ pub enum Logits {
 
 impl CpuModel {
     pub fn load(gguf: &Gguf, file: &[u8]) -> Result<Self> {
-        let config = super::ModelConfig::from_gguf(gguf)?;
-        let names = TensorNames::new(&config);
-        names.validate(gguf, &config)?;
+        let plan = Plan::from_gguf(gguf, file)?;
+        let c = plan.config.clone();
         let load = |name: &str| -> Result<Vec<f32>> {
             let info = gguf.require_tensor(name)?;
-            Ok(gguf::dequantize(info, info.data(file))?)
+            crate::quant::dequantize(info, info.data(file))
         };
-        let layers = names
+        // Rows [a, b) of a row-major matrix of `cols` columns.
+        let rows = |m: &[f32], cols: usize, a: usize, b: usize| m[a * cols..b * cols].to_vec();
+        let d = c.d_model;
+        let layers = plan
             .layers
             .iter()
             .map(|l| {
+                let (wq, wk, wv) = match &l.qkv {
+                    Qkv::Separate([q, k, v]) => (load(q)?, load(k)?, load(v)?),
+                    Qkv::Fused(name) => {
+                        let w = load(name)?;
+                        let (q, kv) = (c.q_dim(), c.kv_dim());
+                        (rows(&w, d, 0, q), rows(&w, d, q, q + kv), rows(&w, d, q + kv, q + 2 * kv))
+                    }
+                };
+                let (w_gate, w_up) = match &l.gate_up {
+                    GateUp::Separate([g, u]) => (load(g)?, load(u)?),
+                    GateUp::Fused(name) => {
+                        let w = load(name)?;
+                        (rows(&w, d, 0, c.ffn_dim), rows(&w, d, c.ffn_dim, 2 * c.ffn_dim))
+                    }
+                };
+                let optional = |name: &Option<String>| name.as_deref().map(load).transpose();
                 Ok(Layer {
                     attn_norm: load(&l.attn_norm)?,
-                    wq: load(&l.wq)?,
-                    wk: load(&l.wk)?,
-                    wv: load(&l.wv)?,
+                    wq,
+                    wk,
+                    wv,
+                    bias: l
+                        .qkv_bias
+                        .as_ref()
+                        .map(|[q, k, v]| Ok::<_, Error>([load(q)?, load(k)?, load(v)?]))
+                        .transpose()?,
+                    qk_norm: l.qk_norm.as_ref().map(|[q, k]| Ok::<_, Error>([load(q)?, load(k)?])).transpose()?,
                     wo: load(&l.wo)?,
+                    post_attn_norm: optional(&l.post_attn_norm)?,
                     ffn_norm: load(&l.ffn_norm)?,
-                    w_gate: load(&l.w_gate)?,
-                    w_up: load(&l.w_up)?,
-                    w_down: load(&l.w_down)?,
+                    w_gate,
+                    w_up,
+                    w_down: load(&l.down)?,
+                    post_ffn_norm: optional(&l.post_ffn_norm)?,
+                    inv_freq: plan.ropes[l.rope].inv_freq(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let output = if config.tied_output { None } else { Some(load(&names.output)?) };
-        let inv_freq = rope_inv_freq(&config);
+        let output = if plan.output == plan.token_embd { None } else { Some(load(&plan.output)?) };
         Ok(Self {
-            token_embd: load(&names.token_embd)?,
-            output_norm: load(&names.output_norm)?,
+            token_embd: load(&plan.token_embd)?,
+            output_norm: load(&plan.output_norm)?,
             output,
             layers,
-            inv_freq,
-            config,
+            config: c,
+            plan,
         })
     }
 
@@ -104,7 +138,7 @@ impl CpuModel {
     /// Runs `tokens` at positions `cache.len()..`, appends their keys and values to the cache and
     /// returns the logits of the last position (`vocab` values) or of every position (`n * vocab`).
     pub fn forward(&self, cache: &mut CpuKvCache, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
-        let c = &self.config;
+        let (c, plan) = (&self.config, &self.plan);
         if tokens.is_empty() {
             return Err(Error::EmptyPrompt);
         }
@@ -115,7 +149,7 @@ impl CpuModel {
                 context_length: c.context_length,
             });
         }
-        let (n, d, kv_dim) = (tokens.len(), c.d_model, c.kv_dim());
+        let (n, d, kv_dim, hd) = (tokens.len(), c.d_model, c.kv_dim(), c.head_dim);
         let start = cache.len;
 
         let mut x = vec![0f32; n * d];
@@ -123,7 +157,9 @@ impl CpuModel {
             if id as usize >= c.vocab_size {
                 return Err(Error::TokenOutOfRange { id, vocab_size: c.vocab_size });
             }
-            x[t * d..(t + 1) * d].copy_from_slice(&self.token_embd[id as usize * d..(id as usize + 1) * d]);
+            let row = &self.token_embd[id as usize * d..(id as usize + 1) * d];
+            let scale = plan.embed_scale.unwrap_or(1.0);
+            x[t * d..(t + 1) * d].iter_mut().zip(row).for_each(|(o, &e)| *o = e * scale);
         }
 
         let mut xn = vec![0f32; n * d];
@@ -135,29 +171,46 @@ impl CpuModel {
         let mut up = vec![0f32; n * c.ffn_dim];
         let mut proj = vec![0f32; n * d];
 
-        for (li, layer) in self.layers.iter().enumerate() {
+        for ((li, layer), lp) in self.layers.iter().enumerate().zip(&plan.layers) {
             rms_norm(&mut xn, &x, &layer.attn_norm, c.rms_eps);
             matmul(&mut q, &xn, &layer.wq, d);
             matmul(&mut k, &xn, &layer.wk, d);
             matmul(&mut v, &xn, &layer.wv, d);
+            if let Some([bq, bk, bv]) = &layer.bias {
+                add_rows(&mut q, bq);
+                add_rows(&mut k, bk);
+                add_rows(&mut v, bv);
+            }
+            if let Some([qn, kn]) = &layer.qk_norm {
+                rms_norm_in_place(&mut q, qn, c.rms_eps);
+                rms_norm_in_place(&mut k, kn, c.rms_eps);
+            }
+            let style = plan.ropes[lp.rope].style;
             for t in 0..n {
                 let pos = start + t;
-                rope(&mut q[t * c.q_dim()..(t + 1) * c.q_dim()], pos, c.head_dim, &self.inv_freq);
-                rope(&mut k[t * kv_dim..(t + 1) * kv_dim], pos, c.head_dim, &self.inv_freq);
+                rope(&mut q[t * c.q_dim()..(t + 1) * c.q_dim()], pos, hd, &layer.inv_freq, style);
+                rope(&mut k[t * kv_dim..(t + 1) * kv_dim], pos, hd, &layer.inv_freq, style);
             }
             cache.k[li].extend_from_slice(&k);
             cache.v[li].extend_from_slice(&v);
-            attention(c, &mut attn, &q, &cache.k[li], &cache.v[li], start);
+            let kind = AttentionKind { scale: plan.attn_scale, window: lp.window };
+            attention(c, kind, &mut attn, &q, &cache.k[li], &cache.v[li], start);
             matmul(&mut proj, &attn, &layer.wo, c.q_dim());
+            if let Some(w) = &layer.post_attn_norm {
+                rms_norm_in_place(&mut proj, w, c.rms_eps);
+            }
             add_in_place(&mut x, &proj);
 
             rms_norm(&mut xn, &x, &layer.ffn_norm, c.rms_eps);
             matmul(&mut gate, &xn, &layer.w_gate, d);
             matmul(&mut up, &xn, &layer.w_up, d);
             for (g, u) in gate.iter_mut().zip(&up) {
-                *g = silu(*g) * u;
+                *g = activation(plan.activation, *g) * u;
             }
             matmul(&mut proj, &gate, &layer.w_down, c.ffn_dim);
+            if let Some(w) = &layer.post_ffn_norm {
+                rms_norm_in_place(&mut proj, w, c.rms_eps);
+            }
             add_in_place(&mut x, &proj);
         }
         cache.len += n;
@@ -174,42 +227,61 @@ impl CpuModel {
     }
 }
 
-/// RoPE inverse frequency of each rotated pair: base^(-2i / rope_dim).
-pub fn rope_inv_freq(c: &ModelConfig) -> Vec<f64> {
-    (0..c.rope_dim / 2).map(|i| (c.rope_base as f64).powf(-2.0 * i as f64 / c.rope_dim as f64)).collect()
-}
-
-/// RoPE of every head of `x` at `pos`. GGUF stores llama's Q and K rows permuted so that the
-/// rotation applies to adjacent pairs (x[2i], x[2i+1]).
-pub fn rope(x: &mut [f32], pos: usize, head_dim: usize, inv_freq: &[f64]) {
+/// RoPE of every head of `x` at `pos`, rotating the first 2 inv_freq.len() values of each head:
+/// adjacent pairs (x[2i], x[2i+1]) or NeoX halves (x[i], x[i + dim/2]).
+pub fn rope(x: &mut [f32], pos: usize, head_dim: usize, inv_freq: &[f64], style: RopeStyle) {
+    let half = inv_freq.len();
     for (i, &f) in inv_freq.iter().enumerate() {
         let (sin, cos) = (pos as f64 * f).sin_cos();
+        let (ia, ib) = match style {
+            RopeStyle::Adjacent => (2 * i, 2 * i + 1),
+            RopeStyle::NeoX => (i, i + half),
+        };
         for head in x.chunks_exact_mut(head_dim) {
-            let (a, b) = (head[2 * i] as f64, head[2 * i + 1] as f64);
-            head[2 * i] = (a * cos - b * sin) as f32;
-            head[2 * i + 1] = (a * sin + b * cos) as f32;
+            let (a, b) = (head[ia] as f64, head[ib] as f64);
+            head[ia] = (a * cos - b * sin) as f32;
+            head[ib] = (a * sin + b * cos) as f32;
         }
     }
 }
 
+/// How a layer's attention weighs keys.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionKind {
+    /// Multiplies q . k.
+    pub scale: f32,
+    /// A query sees the last `window` positions (itself included), or all before it.
+    pub window: Option<usize>,
+}
+
 /// Causal grouped-query attention of queries at positions `start..` (rows of `q`, `q_dim`
 /// wide) over the cache's keys and values (rows `kv_dim` wide, at least start + rows of q).
-pub fn attention(c: &ModelConfig, out: &mut [f32], q: &[f32], k_cache: &[f32], v_cache: &[f32], start: usize) {
+pub fn attention(
+    c: &ModelConfig,
+    kind: AttentionKind,
+    out: &mut [f32],
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    start: usize,
+) {
     let (hd, kv_dim, group) = (c.head_dim, c.kv_dim(), c.n_heads / c.n_kv_heads);
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = kind.scale;
     let mut scores = Vec::new();
     for (t, (q_t, out_t)) in q.chunks_exact(c.q_dim()).zip(out.chunks_exact_mut(c.q_dim())).enumerate() {
         let n_keys = start + t + 1;
+        let first = kind.window.map_or(0, |w| n_keys.saturating_sub(w));
         for h in 0..c.n_heads {
             let kv_off = (h / group) * hd;
             let qh = &q_t[h * hd..(h + 1) * hd];
             scores.clear();
-            scores
-                .extend((0..n_keys).map(|s| dot(qh, &k_cache[s * kv_dim + kv_off..s * kv_dim + kv_off + hd]) * scale));
+            scores.extend(
+                (first..n_keys).map(|s| dot(qh, &k_cache[s * kv_dim + kv_off..s * kv_dim + kv_off + hd]) * scale),
+            );
             softmax(&mut scores);
             let oh = &mut out_t[h * hd..(h + 1) * hd];
             oh.fill(0.0);
-            for (s, &p) in scores.iter().enumerate() {
+            for (s, &p) in (first..n_keys).zip(scores.iter()) {
                 let vs = &v_cache[s * kv_dim + kv_off..s * kv_dim + kv_off + hd];
                 for (o, &vv) in oh.iter_mut().zip(vs) {
                     *o += p * vv;
@@ -221,6 +293,32 @@ pub fn attention(c: &ModelConfig, out: &mut [f32], q: &[f32], k_cache: &[f32], v
 
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
+}
+
+/// GELU, tanh approximation, as PyTorch's `gelu(approximate="tanh")`.
+pub fn gelu_tanh(x: f32) -> f32 {
+    let inner = (2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+    0.5 * x * (1.0 + inner.tanh())
+}
+
+pub fn activation(a: Activation, x: f32) -> f32 {
+    match a {
+        Activation::Silu => silu(x),
+        Activation::GeluTanh => gelu_tanh(x),
+    }
+}
+
+/// RMSNorm of each `weight.len()`-wide chunk of `x`, in place (per-head q/k norms, post-norms).
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let src = x.to_vec();
+    rms_norm(x, &src, weight, eps);
+}
+
+/// Adds `bias` to every row of `x`.
+fn add_rows(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        add_in_place(row, bias);
+    }
 }
 
 /// `out[t] = x[t] / rms(x[t]) * weight` for every row of `x`.

@@ -3,13 +3,13 @@
 
 mod config;
 mod cpu;
-mod weights;
 
 pub use config::ModelConfig;
 pub use cpu::{CpuKvCache, CpuModel, Logits};
 
 /// The CPU reference ops, one per GPU kernel family, for the kernels' tests.
 pub mod reference {
-    pub use super::cpu::{attention, dot, matmul, rms_norm, rope, rope_inv_freq, silu, softmax};
+    pub use super::cpu::{
+        activation, attention, dot, gelu_tanh, matmul, rms_norm, rms_norm_in_place, rope, silu, softmax, AttentionKind,
+    };
 }
-pub use weights::{LayerTensors, TensorNames};

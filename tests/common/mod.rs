@@ -19,27 +19,70 @@ pub fn golden(name: &str) -> Value {
     serde_json::from_str(&text).expect("golden file is valid JSON")
 }
 
+/// A reference model: its GGUF (fetched by scripts/fetch-model) and its golden folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reference {
+    /// SmolLM2-135M-Instruct Q4_1, llama architecture: the default model.
+    SmolLm2,
+    /// Gemma 3 270M Q4_K_M: K-quants, gemma3 architecture, SentencePiece.
+    Gemma3,
+}
+
+impl Reference {
+    pub fn model_path(self) -> PathBuf {
+        let name = match self {
+            Self::SmolLm2 => "SmolLM2-135M-Instruct.Q4_1.gguf",
+            Self::Gemma3 => "gemma-3-270m-q4_k_m.gguf",
+        };
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(name)
+    }
+
+    pub fn golden(self, name: &str) -> Value {
+        match self {
+            Self::SmolLm2 => golden(name),
+            Self::Gemma3 => golden(&format!("gemma3-270m/{name}")),
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn bytes(self) -> &'static [u8] {
+        static BYTES: [OnceLock<Vec<u8>>; 2] = [OnceLock::new(), OnceLock::new()];
+        BYTES[self.index()].get_or_init(|| {
+            std::fs::read(self.model_path())
+                .unwrap_or_else(|e| panic!("{}: {e}; run scripts/fetch-model all first", self.model_path().display()))
+        })
+    }
+
+    pub fn gguf(self) -> &'static Gguf {
+        static GGUF: [OnceLock<Gguf>; 2] = [OnceLock::new(), OnceLock::new()];
+        GGUF[self.index()].get_or_init(|| Gguf::parse(self.bytes()).expect("the reference model parses"))
+    }
+
+    pub fn cpu_model(self) -> &'static CpuModel {
+        static MODEL: [OnceLock<CpuModel>; 2] = [OnceLock::new(), OnceLock::new()];
+        MODEL[self.index()]
+            .get_or_init(|| CpuModel::load(self.gguf(), self.bytes()).expect("the reference model loads"))
+    }
+}
+
 pub fn model_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    Reference::SmolLm2.model_path()
 }
 
 /// The default model's bytes; the tests need it (scripts/fetch-model puts it there).
 pub fn model_bytes() -> &'static [u8] {
-    static BYTES: OnceLock<Vec<u8>> = OnceLock::new();
-    BYTES.get_or_init(|| {
-        std::fs::read(model_path())
-            .unwrap_or_else(|e| panic!("{}: {e}; run scripts/fetch-model first", model_path().display()))
-    })
+    Reference::SmolLm2.bytes()
 }
 
 pub fn model_gguf() -> &'static Gguf {
-    static GGUF: OnceLock<Gguf> = OnceLock::new();
-    GGUF.get_or_init(|| Gguf::parse(model_bytes()).expect("the default model parses"))
+    Reference::SmolLm2.gguf()
 }
 
 pub fn cpu_model() -> &'static CpuModel {
-    static MODEL: OnceLock<CpuModel> = OnceLock::new();
-    MODEL.get_or_init(|| CpuModel::load(model_gguf(), model_bytes()).expect("the default model loads"))
+    Reference::SmolLm2.cpu_model()
 }
 
 pub fn ids(v: &Value) -> Vec<u32> {

@@ -3,6 +3,7 @@
 use super::{Dispatch, Groups};
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::Gpu;
+use crate::model::reference::AttentionKind;
 use crate::model::ModelConfig;
 
 /// Queries per prefill workgroup.
@@ -14,6 +15,7 @@ pub fn attention_decode(
     cache: &mut PipelineCache,
     params: &wgpu::Buffer,
     c: &ModelConfig,
+    kind: AttentionKind,
     context: usize,
     qkv: &wgpu::Buffer,
     k_cache: &wgpu::Buffer,
@@ -26,7 +28,8 @@ pub fn attention_decode(
         ("KV_DIM", c.kv_dim() as f64),
         ("GROUP", (c.n_heads / c.n_kv_heads) as f64),
         ("CTX", context as f64),
-        ("SCALE", 1.0 / (c.head_dim as f64).sqrt()),
+        ("SCALE", kind.scale as f64),
+        ("WINDOW", kind.window.unwrap_or(0) as f64),
     ];
     let needs = Needs { kv: true, ..Default::default() };
     let pipeline = cache.get(
@@ -54,6 +57,7 @@ pub fn attention_prefill(
     cache: &mut PipelineCache,
     params: &wgpu::Buffer,
     c: &ModelConfig,
+    kind: AttentionKind,
     qkv: &wgpu::Buffer,
     k_cache: &wgpu::Buffer,
     v_cache: &wgpu::Buffer,
@@ -66,7 +70,8 @@ pub fn attention_prefill(
         ("Q_DIM", c.q_dim() as f64),
         ("KV_DIM", c.kv_dim() as f64),
         ("GROUP", (c.n_heads / c.n_kv_heads) as f64),
-        ("SCALE", 1.0 / (c.head_dim as f64).sqrt()),
+        ("SCALE", kind.scale as f64),
+        ("WINDOW", kind.window.unwrap_or(0) as f64),
     ];
     let needs = Needs { kv: true, ..Default::default() };
     let pipeline = cache.get(

@@ -7,12 +7,13 @@ use crate::gpu::Gpu;
 
 const WG: u32 = 64;
 
-/// One dispatch per table part; each writes the rows of the tokens its part holds.
+/// One dispatch per table part; each writes the rows of the tokens its part holds, times `scale`.
 pub fn embed(
     gpu: &Gpu,
     cache: &mut PipelineCache,
     params: &wgpu::Buffer,
     table: &Linear,
+    scale: f32,
     tokens: &wgpu::Buffer,
     x: &wgpu::Buffer,
 ) -> Vec<Dispatch> {
@@ -26,8 +27,9 @@ pub fn embed(
                 ("ROW_START", p.out as f64),
                 ("ROW_COUNT", p.rows as f64),
                 ("WG", WG as f64),
+                ("SCALE", scale as f64),
             ];
-            let needs = Needs { weights: Some(p.ty), ..Default::default() };
+            let needs = Needs { weights: Some(p.format), ..Default::default() };
             let pipeline = cache.get(gpu, "embed", include_str!("../../../shaders/embed.wgsl"), needs, &[], &overrides);
             let bind_group = gpu.bind_group("embed", &pipeline, &[params, &p.buffer, tokens, x]);
             let groups = Groups::per_token((p.cols as u32 / 8).div_ceil(WG), 1, 1);

@@ -1,6 +1,7 @@
 //! Wrappers of shaders/gemv.wgsl (decode, one token) and shaders/gemm.wgsl (prefill, tiled).
 
 use super::{Dispatch, Groups};
+use crate::arch::Activation;
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::weights::Linear;
 use crate::gpu::{Gpu, KernelStyle};
@@ -13,11 +14,13 @@ pub enum Epilogue {
 }
 
 /// y = W x for one token, or W rms_norm(x) with `norm` = (norm weights, epsilon). Gated-pair
-/// parts write silu(gate) * up; others store or add.
+/// parts write act(gate) * up; others store or add.
+#[allow(clippy::too_many_arguments)]
 pub fn gemv(
     gpu: &Gpu,
     cache: &mut PipelineCache,
     w: &Linear,
+    act: Activation,
     epilogue: Epilogue,
     norm: Option<(&wgpu::Buffer, f32)>,
     x: &wgpu::Buffer,
@@ -41,7 +44,12 @@ pub fn gemv(
                 ("NORM", norm.is_some() as u32 as f64),
                 ("EPS", norm.map_or(0.0, |n| n.1 as f64)),
             ];
-            let needs = Needs { weights: Some(p.ty), reduce: true, kv: false };
+            let needs = Needs {
+                weights: Some(p.format),
+                reduce: true,
+                act: Some(if p.pair { act } else { Activation::Silu }),
+                ..Default::default()
+            };
             let pipeline = cache.get(gpu, "gemv", include_str!("../../../shaders/gemv.wgsl"), needs, &[], &overrides);
             let bind_group = gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, norm.map_or(x, |n| n.0)]);
             let rows_per_group = 256 / gpu.gemv_lanes();
@@ -55,7 +63,7 @@ pub fn gemv(
 }
 
 /// Y = X W^T for the pass's tokens; `y_stride` is Y's row length. Gated-pair parts write gate
-/// values to columns [0, rows) and up values to [rows, 2 rows) (silu_mul follows).
+/// values to columns [0, rows) and up values to [rows, 2 rows) (act_mul follows).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     gpu: &Gpu,
@@ -83,7 +91,7 @@ pub fn gemm(
                 ("PAIR_OFFSET", w.rows as f64),
                 ("DIRECT", (gpu.style == KernelStyle::Cpu) as u32 as f64),
             ];
-            let needs = Needs { weights: Some(p.ty), ..Default::default() };
+            let needs = Needs { weights: Some(p.format), ..Default::default() };
             let pipeline = cache.get(gpu, "gemm", include_str!("../../../shaders/gemm.wgsl"), needs, &[], &overrides);
             let bind_group = gpu.bind_group("gemm", &pipeline, &[params, &p.buffer, x, y]);
             Dispatch {

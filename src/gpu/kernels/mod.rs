@@ -2,21 +2,21 @@
 //! its dispatch shape, and returns `Dispatch`es — pipeline + bind group + workgroup counts —
 //! built once at load and encoded every step.
 
+mod act_mul;
 mod argmax;
 mod attention;
 mod embed;
 mod matmul;
 mod norm;
 mod rope;
-mod silu_mul;
 
+pub use act_mul::act_mul;
 pub use argmax::argmax;
 pub use attention::{attention_decode, attention_prefill};
 pub use embed::embed;
 pub use matmul::{gemm, gemv, Epilogue};
-pub use norm::rms_norm;
-pub use rope::{rope_kv, rope_table};
-pub use silu_mul::silu_mul;
+pub use norm::{rms_norm, NormOut};
+pub use rope::{rope_kv, rope_table, QkvExtras};
 
 /// The uniform every per-token kernel reads, written once per forward pass.
 #[repr(C)]

@@ -4,7 +4,17 @@ use super::{Dispatch, Groups};
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::Gpu;
 
-/// RMSNorm of every token's row (`last_only`: only the last token's, into row 0).
+/// What an RMSNorm pass writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormOut {
+    /// Every token's row.
+    Store,
+    /// Only the last token's row, into row 0 (for the logits).
+    StoreLast,
+    /// Every token's row, added to the output (a post-norm before the residual add).
+    Add,
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm(
     gpu: &Gpu,
@@ -12,15 +22,20 @@ pub fn rms_norm(
     params: &wgpu::Buffer,
     cols: usize,
     eps: f32,
-    last_only: bool,
+    mode: NormOut,
     x: &wgpu::Buffer,
     weight: &wgpu::Buffer,
     out: &wgpu::Buffer,
 ) -> Dispatch {
-    let overrides = [("COLS", cols as f64), ("EPS", eps as f64), ("LAST_ONLY", last_only as u32 as f64)];
+    let overrides = [
+        ("COLS", cols as f64),
+        ("EPS", eps as f64),
+        ("LAST_ONLY", (mode == NormOut::StoreLast) as u32 as f64),
+        ("ADD", (mode == NormOut::Add) as u32 as f64),
+    ];
     let pipeline =
         cache.get(gpu, "rms_norm", include_str!("../../../shaders/rms_norm.wgsl"), Needs::default(), &[], &overrides);
     let bind_group = gpu.bind_group("rms_norm", &pipeline, &[params, x, weight, out]);
-    let groups = if last_only { Groups::fixed(1, 1) } else { Groups::per_token(1, 0, 1) };
+    let groups = if mode == NormOut::StoreLast { Groups::fixed(1, 1) } else { Groups::per_token(1, 0, 1) };
     Dispatch { label: "rms_norm", pipeline, bind_group, groups }
 }

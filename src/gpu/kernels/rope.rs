@@ -1,14 +1,16 @@
-//! Wrapper of shaders/rope_kv.wgsl, and the RoPE cos/sin table it reads.
+//! Wrapper of shaders/rope_kv.wgsl (bias, q/k norms, RoPE, KV-cache write), and the RoPE cos/sin
+//! table it reads.
 
 use super::{Dispatch, Groups};
+use crate::arch::{Rope, RopeStyle};
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::Gpu;
 use crate::model::ModelConfig;
 
 /// (cos, sin) per position and rotated pair, computed in f64: GPU sin/cos of large angles are
 /// not accurate enough (Vulkan only bounds their error on [-pi, pi]).
-pub fn rope_table(c: &ModelConfig, positions: usize) -> Vec<f32> {
-    let inv_freq = crate::model::reference::rope_inv_freq(c);
+pub fn rope_table(rope: &Rope, positions: usize) -> Vec<f32> {
+    let inv_freq = rope.inv_freq();
     let mut table = Vec::with_capacity(positions * inv_freq.len() * 2);
     for pos in 0..positions {
         for &freq in &inv_freq {
@@ -19,26 +21,43 @@ pub fn rope_table(c: &ModelConfig, positions: usize) -> Vec<f32> {
     table
 }
 
+/// What happens to q, k and v before attention, besides RoPE.
+pub struct QkvExtras<'a> {
+    /// q|k|v biases.
+    pub bias: Option<&'a wgpu::Buffer>,
+    /// q_norm then k_norm weights (head_dim each), and the epsilon.
+    pub qk_norm: Option<(&'a wgpu::Buffer, f32)>,
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn rope_kv(
     gpu: &Gpu,
     cache: &mut PipelineCache,
     params: &wgpu::Buffer,
     c: &ModelConfig,
+    rope: &Rope,
+    extras: QkvExtras,
     qkv: &wgpu::Buffer,
     table: &wgpu::Buffer,
     k_cache: &wgpu::Buffer,
     v_cache: &wgpu::Buffer,
 ) -> Dispatch {
+    let hd = c.head_dim as u32;
+    let consts = [("HD", hd), ("HD_POW2", hd.next_power_of_two())];
     let overrides = [
-        ("HEAD_DIM", c.head_dim as f64),
-        ("ROPE_DIM", c.rope_dim as f64),
-        ("Q_DIM", c.q_dim() as f64),
-        ("KV_DIM", c.kv_dim() as f64),
+        ("ROPE_DIM", rope.dim as f64),
+        ("N_Q_HEADS", c.n_heads as f64),
+        ("N_KV_HEADS", c.n_kv_heads as f64),
+        ("NEOX", (rope.style == RopeStyle::NeoX) as u32 as f64),
+        ("BIAS", extras.bias.is_some() as u32 as f64),
+        ("QK_NORM", extras.qk_norm.is_some() as u32 as f64),
+        ("EPS", extras.qk_norm.map_or(0.0, |n| n.1 as f64)),
     ];
     let needs = Needs { kv: true, ..Default::default() };
-    let pipeline = cache.get(gpu, "rope_kv", include_str!("../../../shaders/rope_kv.wgsl"), needs, &[], &overrides);
-    let bind_group = gpu.bind_group("rope_kv", &pipeline, &[params, qkv, table, k_cache, v_cache]);
-    let pairs = (c.q_dim() + 2 * c.kv_dim()) as u32 / 2;
-    Dispatch { label: "rope_kv", pipeline, bind_group, groups: Groups::per_token(pairs.div_ceil(64), 1, 1) }
+    let pipeline = cache.get(gpu, "rope_kv", include_str!("../../../shaders/rope_kv.wgsl"), needs, &consts, &overrides);
+    let bias = extras.bias.unwrap_or(table);
+    let norm = extras.qk_norm.map_or(table, |n| n.0);
+    let bind_group = gpu.bind_group("rope_kv", &pipeline, &[params, qkv, table, k_cache, v_cache, bias, norm]);
+    let heads = (c.n_heads + 2 * c.n_kv_heads) as u32;
+    Dispatch { label: "rope_kv", pipeline, bind_group, groups: Groups::per_token(heads, 1, 1) }
 }

@@ -1,5 +1,5 @@
-// Gated activation for prefill: h[t][i] = silu(gu[t][i]) * gu[t][FFN + i], gu rows of 2 FFN.
-// Bindings: 0 params, 1 gu, 2 h. Dispatch: (ceil(FFN / 64), n_tokens, 1).
+// Gated activation for prefill: h[t][i] = act(gu[t][i]) * gu[t][FFN + i], gu rows of 2 FFN.
+// Bindings: 0 params, 1 gu, 2 h. Dispatch: (ceil(FFN / 64), n_tokens, 1). `act` comes from the host.
 
 struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, pad: u32 }
 
@@ -14,6 +14,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
     let t = gid.y;
     if (i >= FFN || t >= params.n_tokens) { return; }
-    let g = gu[t * 2u * FFN + i];
-    h[t * FFN + i] = g / (1.0 + exp(-g)) * gu[t * 2u * FFN + FFN + i];
+    h[t * FFN + i] = act(gu[t * 2u * FFN + i]) * gu[t * 2u * FFN + FFN + i];
 }

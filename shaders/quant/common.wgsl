@@ -1,0 +1,32 @@
+// Quantized weight access shared by every kernel that reads weights (embedding, gemv, gemm).
+// Not a kernel: the host (src/quant) prepends this, the IQ4 code book, the one block-family file
+// the tensor needs and a line choosing `dq8`. Weights are bound as `w: array<u32>`; a row starts
+// at word `base`; `dq8(base, g)` returns the row's values 8g .. 8g+7. Block layouts are ggml's,
+// with two zero bytes inserted where src/quant's `pad_at` says, so every block fills whole words.
+
+struct Dq8 { a: vec4<f32>, b: vec4<f32> }
+
+const BYTE_SHIFTS = vec4<u32>(0u, 8u, 16u, 24u);
+
+// Bits shift .. of each byte of v, masked: the fields of four packed values.
+fn field4(v: u32, shift: u32, mask: u32) -> vec4<u32> {
+    return (vec4<u32>(v) >> (BYTE_SHIFTS + vec4<u32>(shift))) & vec4<u32>(mask);
+}
+
+fn nibbles(v: u32, shift: u32) -> vec4<f32> {
+    return vec4<f32>(field4(v, shift, 15u));
+}
+
+fn bytes_i8(v: u32) -> vec4<f32> {
+    let s = i32(v);
+    return vec4<f32>(f32(extractBits(s, 0u, 8u)), f32(extractBits(s, 8u, 8u)), f32(extractBits(s, 16u, 8u)), f32(extractBits(s, 24u, 8u)));
+}
+
+// Byte `offset` of the block starting at word bw.
+fn byte_at(bw: u32, offset: u32) -> u32 {
+    return (w[bw + offset / 4u] >> ((offset % 4u) * 8u)) & 255u;
+}
+
+fn iq4(q: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(IQ4_VALUES[q.x], IQ4_VALUES[q.y], IQ4_VALUES[q.z], IQ4_VALUES[q.w]);
+}

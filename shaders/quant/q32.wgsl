@@ -1,0 +1,66 @@
+// Blocks of 32 values, as uploaded (d, m: f16; "pad": the two bytes the upload inserts):
+//   Q4_0   [d, pad][qs: 16]          5 words   v = (q - 8) d
+//   Q4_1   [d, m][qs: 16]            5 words   v = q d + m
+//   Q5_0   [d, pad][qh: u32][qs: 16] 6 words   v = (q + 16 h - 16) d
+//   Q5_1   [d, m][qh: u32][qs: 16]   6 words   v = (q + 16 h) d + m
+//   Q8_0   [d, pad][qs: 32 x i8]     9 words   v = q d
+//   IQ4_NL [d, pad][qs: 16]          5 words   v = IQ4_VALUES[q] d
+// 4-bit quants: byte j holds value j in its low nibble and value j + 16 in its high nibble;
+// the fifth bit of value i is bit i of qh. Group j (0..3) of a block is values 8j .. 8j+7.
+
+fn q4_group(qs: u32, j: u32) -> Dq8 {
+    let word = qs + (j & 1u) * 2u;
+    let shift = (j >> 1u) * 4u;
+    return Dq8(nibbles(w[word], shift), nibbles(w[word + 1u], shift));
+}
+
+fn q5_high(qh: u32, j: u32) -> Dq8 {
+    let s = vec4<u32>(8u * j) + vec4<u32>(0u, 1u, 2u, 3u);
+    return Dq8(vec4<f32>((vec4<u32>(qh) >> s) & vec4<u32>(1u)) * 16.0,
+               vec4<f32>((vec4<u32>(qh) >> (s + vec4<u32>(4u))) & vec4<u32>(1u)) * 16.0);
+}
+
+fn dq8_q4_0(base: u32, g: u32) -> Dq8 {
+    let bw = base + (g >> 2u) * 5u;
+    let d = unpack2x16float(w[bw]).x;
+    let q = q4_group(bw + 1u, g & 3u);
+    return Dq8((q.a - 8.0) * d, (q.b - 8.0) * d);
+}
+
+fn dq8_q4_1(base: u32, g: u32) -> Dq8 {
+    let bw = base + (g >> 2u) * 5u;
+    let dm = unpack2x16float(w[bw]);
+    let q = q4_group(bw + 1u, g & 3u);
+    return Dq8(q.a * dm.x + dm.y, q.b * dm.x + dm.y);
+}
+
+fn dq8_q5_0(base: u32, g: u32) -> Dq8 {
+    let bw = base + (g >> 2u) * 6u;
+    let d = unpack2x16float(w[bw]).x;
+    let q = q4_group(bw + 2u, g & 3u);
+    let h = q5_high(w[bw + 1u], g & 3u);
+    return Dq8((q.a + h.a - 16.0) * d, (q.b + h.b - 16.0) * d);
+}
+
+fn dq8_q5_1(base: u32, g: u32) -> Dq8 {
+    let bw = base + (g >> 2u) * 6u;
+    let dm = unpack2x16float(w[bw]);
+    let q = q4_group(bw + 2u, g & 3u);
+    let h = q5_high(w[bw + 1u], g & 3u);
+    return Dq8((q.a + h.a) * dm.x + dm.y, (q.b + h.b) * dm.x + dm.y);
+}
+
+fn dq8_q8_0(base: u32, g: u32) -> Dq8 {
+    let bw = base + (g >> 2u) * 9u;
+    let d = unpack2x16float(w[bw]).x;
+    let i = bw + 1u + (g & 3u) * 2u;
+    return Dq8(bytes_i8(w[i]) * d, bytes_i8(w[i + 1u]) * d);
+}
+
+fn dq8_iq4_nl(base: u32, g: u32) -> Dq8 {
+    let bw = base + (g >> 2u) * 5u;
+    let d = unpack2x16float(w[bw]).x;
+    let word = bw + 1u + (g & 1u) * 2u;
+    let shift = ((g & 3u) >> 1u) * 4u;
+    return Dq8(iq4(field4(w[word], shift, 15u)) * d, iq4(field4(w[word + 1u], shift, 15u)) * d);
+}

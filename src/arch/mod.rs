@@ -1,0 +1,328 @@
+//! The layer plan of each architecture: which norms, projections, biases, activation, RoPE and
+//! attention window every layer has, built once from GGUF metadata and tensor names. The CPU
+//! reference and the GPU forward pass both walk this plan, so they cannot drift, and a new
+//! architecture is one new arm in `Plan::from_gguf`. A tensor or metadata key that would change
+//! the math but that no plan implements is an error naming it, never silently ignored.
+
+use crate::error::{Error, Result};
+use crate::gguf::{Gguf, GgufError, TensorInfo};
+use crate::model::ModelConfig;
+use std::collections::HashSet;
+
+/// Architectures (`general.architecture`) with a plan.
+pub const ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Rotates adjacent pairs (x[2i], x[2i+1]): llama.cpp's converter permutes llama's Q/K rows for it.
+    Adjacent,
+    /// Rotates (x[i], x[i + dim/2]), GPT-NeoX's half split (Qwen, Phi-3, Gemma).
+    NeoX,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// GELU with the tanh approximation (Gemma).
+    GeluTanh,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rope {
+    pub base: f64,
+    /// Rotated values per head (the first `dim` of each head; the rest pass through).
+    pub dim: usize,
+    pub style: RopeStyle,
+    /// Divisor of each pair's frequency (llama 3's `rope_freqs.weight`, linear scaling), or empty.
+    pub freq_factors: Vec<f32>,
+}
+
+impl Rope {
+    /// Inverse frequency of each rotated pair, base^(-2i/dim) / factor_i, in f64.
+    pub fn inv_freq(&self) -> Vec<f64> {
+        (0..self.dim / 2)
+            .map(|i| {
+                let f = self.base.powf(-2.0 * i as f64 / self.dim as f64);
+                f / self.freq_factors.get(i).map_or(1.0, |&x| x as f64)
+            })
+            .collect()
+    }
+}
+
+/// Where q, k and v come from: three matrices, or one fused q|k|v matrix (Phi-3).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Qkv {
+    Separate([String; 3]),
+    Fused(String),
+}
+
+/// Where the gate and up projections come from: two matrices, or one fused gate|up (Phi-3).
+#[derive(Debug, Clone, PartialEq)]
+pub enum GateUp {
+    Separate([String; 2]),
+    Fused(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerPlan {
+    pub attn_norm: String,
+    pub qkv: Qkv,
+    /// Biases of q, k and v (Qwen 2).
+    pub qkv_bias: Option<[String; 3]>,
+    /// RMSNorm of each head of q and of k before RoPE, weights of head_dim (Qwen 3, Gemma 3).
+    pub qk_norm: Option<[String; 2]>,
+    pub wo: String,
+    /// RMSNorm of the attention output before the residual add (Gemma 3).
+    pub post_attn_norm: Option<String>,
+    pub ffn_norm: String,
+    pub gate_up: GateUp,
+    pub down: String,
+    /// RMSNorm of the FFN output before the residual add (Gemma 3).
+    pub post_ffn_norm: Option<String>,
+    /// Index into `Plan::ropes`.
+    pub rope: usize,
+    /// A query sees the last `window` positions, itself included; None: all before it.
+    pub window: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub config: ModelConfig,
+    /// Embeddings are multiplied by this (Gemma: sqrt(d_model)).
+    pub embed_scale: Option<f32>,
+    pub activation: Activation,
+    /// Multiplies q . k before the softmax.
+    pub attn_scale: f32,
+    pub ropes: Vec<Rope>,
+    pub layers: Vec<LayerPlan>,
+    pub token_embd: String,
+    pub output_norm: String,
+    /// The output projection: `token_embd.weight` when tied.
+    pub output: String,
+}
+
+impl Plan {
+    /// The plan for a GGUF file. `file` holds the tensor data (read only for small tensors
+    /// that change the plan's numbers, such as `rope_freqs.weight`).
+    pub fn from_gguf(gguf: &Gguf, file: &[u8]) -> Result<Self> {
+        let c = ModelConfig::from_gguf(gguf)?;
+        let arch = c.architecture.clone();
+        let key = |k: &str| format!("{arch}.{k}");
+        reject_unimplemented_keys(gguf, &arch)?;
+        for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+            if gguf.tensor(name).is_some() {
+                return Err(Error::Unsupported(format!("LongRoPE scaling (tensor {name:?})")));
+            }
+        }
+
+        let style = match arch.as_str() {
+            "llama" | "mistral" => RopeStyle::Adjacent,
+            _ => RopeStyle::NeoX,
+        };
+        let mut freq_factors = match gguf.tensor("rope_freqs.weight") {
+            Some(t) => {
+                check_shape(t, &[c.rope_dim as u64 / 2])?;
+                crate::quant::dequantize(t, t.data(file))?
+            }
+            None => Vec::new(),
+        };
+        match gguf.get_str(&key("rope.scaling.type"))? {
+            None | Some("none") => {}
+            Some("linear") => {
+                let factor = gguf.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0);
+                if !(factor.is_finite() && factor > 0.0) {
+                    return Err(invalid(&key("rope.scaling.factor"), factor, "must be a positive number"));
+                }
+                // Positions divided by the factor: each pair's frequency divisor grows by it.
+                if freq_factors.is_empty() {
+                    freq_factors = vec![1.0; c.rope_dim / 2];
+                }
+                freq_factors.iter_mut().for_each(|f| *f *= factor);
+            }
+            Some(other) => {
+                return Err(Error::Unsupported(format!("RoPE scaling {other:?} ({})", key("rope.scaling.type"))))
+            }
+        }
+        let global = Rope { base: c.rope_base as f64, dim: c.rope_dim, style, freq_factors };
+        let mut ropes = vec![global];
+
+        let window = gguf.get_u64(&key("attention.sliding_window"))?.map(|w| w as usize);
+        let mut layer_window = vec![None; c.n_layers];
+        let mut layer_rope = vec![0; c.n_layers];
+        match (arch.as_str(), window) {
+            (_, None) => {}
+            ("gemma3", Some(w)) => {
+                // Gemma 3: five sliding layers, then one global; the sliding ones use RoPE base
+                // 10000 without scaling (not in the metadata; llama.cpp and transformers agree).
+                ropes.push(Rope { base: 10000.0, dim: c.rope_dim, style, freq_factors: Vec::new() });
+                for l in 0..c.n_layers {
+                    if l % 6 != 5 {
+                        layer_window[l] = Some(w);
+                        layer_rope[l] = 1;
+                    }
+                }
+            }
+            ("phi3" | "mistral", Some(w)) => layer_window.fill(Some(w)),
+            (_, Some(w)) if w >= c.context_length => {}
+            (_, Some(w)) => {
+                return Err(Error::Unsupported(format!(
+                    "sliding-window attention ({} = {w}) for architecture {arch:?}",
+                    key("attention.sliding_window")
+                )))
+            }
+        }
+        if window == Some(0) {
+            return Err(invalid(&key("attention.sliding_window"), 0, "must be at least 1"));
+        }
+
+        let has = |name: &str| gguf.tensor(name).is_some();
+        let layers = (0..c.n_layers)
+            .map(|i| {
+                let n = |s: &str| format!("blk.{i}.{s}.weight");
+                let b = |s: &str| format!("blk.{i}.{s}.bias");
+                let qkv = if has(&n("attn_qkv")) {
+                    Qkv::Fused(n("attn_qkv"))
+                } else {
+                    Qkv::Separate([n("attn_q"), n("attn_k"), n("attn_v")])
+                };
+                let gate_up = if has(&n("ffn_gate")) {
+                    GateUp::Separate([n("ffn_gate"), n("ffn_up")])
+                } else {
+                    GateUp::Fused(n("ffn_up"))
+                };
+                let optional = |name: String| has(&name).then_some(name);
+                LayerPlan {
+                    attn_norm: n("attn_norm"),
+                    qkv,
+                    qkv_bias: has(&b("attn_q")).then(|| [b("attn_q"), b("attn_k"), b("attn_v")]),
+                    qk_norm: has(&n("attn_q_norm")).then(|| [n("attn_q_norm"), n("attn_k_norm")]),
+                    wo: n("attn_output"),
+                    post_attn_norm: optional(n("post_attention_norm")),
+                    ffn_norm: n("ffn_norm"),
+                    gate_up,
+                    down: n("ffn_down"),
+                    post_ffn_norm: optional(n("post_ffw_norm")),
+                    rope: layer_rope[i],
+                    window: layer_window[i],
+                }
+            })
+            .collect();
+
+        let gemma = arch == "gemma3";
+        // Gemma 3 27B scales by d_model / heads, the others by the head size (as llama.cpp does).
+        let scale_dim = if gemma && c.n_layers == 62 { c.d_model / c.n_heads } else { c.head_dim };
+        let plan = Self {
+            embed_scale: gemma.then(|| (c.d_model as f32).sqrt()),
+            activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
+            attn_scale: 1.0 / (scale_dim as f32).sqrt(),
+            ropes,
+            layers,
+            token_embd: "token_embd.weight".into(),
+            output_norm: "output_norm.weight".into(),
+            output: if c.tied_output { "token_embd.weight" } else { "output.weight" }.into(),
+            config: c,
+        };
+        plan.validate(gguf)?;
+        Ok(plan)
+    }
+
+    /// Every tensor the plan reads, with the shape (ggml order) it must have.
+    pub fn expected_shapes(&self) -> Vec<(&str, Vec<u64>)> {
+        let c = &self.config;
+        let (d, q, kv, f, v, hd) = (
+            c.d_model as u64,
+            c.q_dim() as u64,
+            c.kv_dim() as u64,
+            c.ffn_dim as u64,
+            c.vocab_size as u64,
+            c.head_dim as u64,
+        );
+        let mut out = vec![(self.token_embd.as_str(), vec![d, v]), (self.output_norm.as_str(), vec![d])];
+        if self.output != self.token_embd {
+            out.push((self.output.as_str(), vec![d, v]));
+        }
+        for l in &self.layers {
+            out.push((&l.attn_norm, vec![d]));
+            match &l.qkv {
+                Qkv::Separate([wq, wk, wv]) => {
+                    out.extend([(wq.as_str(), vec![d, q]), (wk, vec![d, kv]), (wv, vec![d, kv])])
+                }
+                Qkv::Fused(w) => out.push((w, vec![d, q + 2 * kv])),
+            }
+            if let Some([bq, bk, bv]) = &l.qkv_bias {
+                out.extend([(bq.as_str(), vec![q]), (bk, vec![kv]), (bv, vec![kv])]);
+            }
+            if let Some([qn, kn]) = &l.qk_norm {
+                out.extend([(qn.as_str(), vec![hd]), (kn, vec![hd])]);
+            }
+            out.push((&l.wo, vec![q, d]));
+            out.extend(l.post_attn_norm.iter().map(|n| (n.as_str(), vec![d])));
+            out.push((&l.ffn_norm, vec![d]));
+            match &l.gate_up {
+                GateUp::Separate([g, u]) => out.extend([(g.as_str(), vec![d, f]), (u, vec![d, f])]),
+                GateUp::Fused(w) => out.push((w, vec![d, 2 * f])),
+            }
+            out.push((&l.down, vec![f, d]));
+            out.extend(l.post_ffn_norm.iter().map(|n| (n.as_str(), vec![d])));
+        }
+        out
+    }
+
+    /// Every tensor the plan reads exists with the expected shape and a type the engine runs,
+    /// and every tensor in the file is one the plan reads.
+    fn validate(&self, gguf: &Gguf) -> Result<()> {
+        let expected = self.expected_shapes();
+        for (name, shape) in &expected {
+            let info = gguf.require_tensor(name)?;
+            check_shape(info, shape)?;
+            crate::quant::tensor_format(info)?;
+        }
+        let mut used: HashSet<&str> = expected.iter().map(|(n, _)| *n).collect();
+        used.insert("rope_freqs.weight");
+        if let Some(t) = gguf.tensors.iter().find(|t| !used.contains(t.name.as_str())) {
+            return Err(Error::Unsupported(format!(
+                "tensor {:?}, which the {} plan does not use",
+                t.name, self.config.architecture
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Metadata keys that change the math in ways no plan implements.
+fn reject_unimplemented_keys(gguf: &Gguf, arch: &str) -> Result<()> {
+    for k in ["attn_logit_softcapping", "final_logit_softcapping", "attention.max_alibi_bias"] {
+        let full = format!("{arch}.{k}");
+        if gguf.get_f32(&full).ok().flatten().is_some_and(|v| v != 0.0) {
+            return Err(Error::Unsupported(format!("metadata {full:?} (logit soft-capping / ALiBi)")));
+        }
+    }
+    if gguf.get_u64(&format!("{arch}.expert_count")).ok().flatten().is_some_and(|n| n > 0) {
+        return Err(Error::Unsupported(format!("mixture of experts ({arch}.expert_count)")));
+    }
+    if matches!(gguf.get(&format!("{arch}.attention.causal")), Some(crate::gguf::Value::Bool(false))) {
+        return Err(Error::Unsupported(format!("non-causal attention ({arch}.attention.causal = false)")));
+    }
+    Ok(())
+}
+
+pub fn check_shape(info: &TensorInfo, expected: &[u64]) -> Result<()> {
+    // GGUF writers may keep trailing dimensions of size 1.
+    let mut trimmed = info.shape.clone();
+    while trimmed.len() > expected.len() && trimmed.last() == Some(&1) {
+        trimmed.pop();
+    }
+    if trimmed != expected {
+        return Err(GgufError::UnexpectedShape {
+            name: info.name.clone(),
+            expected: expected.to_vec(),
+            found: info.shape.clone(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+fn invalid(key: &str, value: impl ToString, reason: &str) -> Error {
+    Error::InvalidMetadata { key: key.into(), value: value.to_string(), reason: reason.into() }
+}

@@ -1,0 +1,22 @@
+//! Wrapper of shaders/act_mul.wgsl (prefill's gated activation).
+
+use super::{Dispatch, Groups};
+use crate::arch::Activation;
+use crate::gpu::shader::{Needs, PipelineCache};
+use crate::gpu::Gpu;
+
+pub fn act_mul(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    params: &wgpu::Buffer,
+    act: Activation,
+    ffn: usize,
+    gu: &wgpu::Buffer,
+    h: &wgpu::Buffer,
+) -> Dispatch {
+    let needs = Needs { act: Some(act), ..Default::default() };
+    let pipeline =
+        cache.get(gpu, "act_mul", include_str!("../../../shaders/act_mul.wgsl"), needs, &[], &[("FFN", ffn as f64)]);
+    let bind_group = gpu.bind_group("act_mul", &pipeline, &[params, gu, h]);
+    Dispatch { label: "act_mul", pipeline, bind_group, groups: Groups::per_token((ffn as u32).div_ceil(64), 1, 1) }
+}
