@@ -2,7 +2,8 @@
 // n_tokens rows of X and the ROW_COUNT weight rows of this part. A workgroup computes a tile of
 // 64 tokens x 64 rows, stepping through K in blocks of 32 values: the X tile and the dequantized
 // W tile go to workgroup memory (k-major, so 4 tokens or 4 rows are one vec4), and each
-// invocation accumulates a 4 x 4 block of outputs: 16 multiply-adds per two vec4 loads.
+// invocation accumulates a 4 x 4 block of outputs: 16 multiply-adds per two vec4 loads. COLS is
+// a multiple of 8; a last K block past COLS reads zeros.
 // DIRECT (CPU adapters): the same 4 x 4 blocks, read straight from storage with no workgroup
 // memory and no barriers; the CPU's caches do the tiling.
 // PAIR: the part holds HALF gate rows then HALF up rows; row r >= HALF is written to column
@@ -70,10 +71,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let t = tok0 + lt;
         for (var i = 0u; i < 8u; i++) {
             let e = t * COLS + k0 + lk + i;
-            xs[(lk + i) * 16u + lt / 4u][lt % 4u] = select(0.0, x[e / 4u][e % 4u], t < n);
+            xs[(lk + i) * 16u + lt / 4u][lt % 4u] = select(0.0, x[e / 4u][e % 4u], t < n && k0 + lk + i < COLS);
         }
         var v = Dq8(vec4<f32>(0.0), vec4<f32>(0.0));
-        if (row0 + wr < ROW_COUNT) { v = dq8((row0 + wr) * ROW_WORDS, k0 / 8u + wg8); }
+        if (row0 + wr < ROW_COUNT && k0 + wg8 * 8u < COLS) { v = dq8((row0 + wr) * ROW_WORDS, k0 / 8u + wg8); }
         let kb = wg8 * 8u;
         for (var i = 0u; i < 4u; i++) {
             ws[(kb + i) * 16u + wr / 4u][wr % 4u] = v.a[i];

@@ -3,34 +3,45 @@
 
 mod common;
 
+use common::Reference::{self, Gemma3, SmolLm2};
 use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, Readback};
 
-fn load(force_f32: bool) -> GpuModel {
-    load_with(force_f32, None)
+fn load(reference: Reference, force_f32: bool) -> GpuModel {
+    load_with(reference, force_f32, None)
 }
 
 /// `style`: override the kernel variants chosen from the adapter type.
-fn load_with(force_f32: bool, style: Option<KernelStyle>) -> GpuModel {
+fn load_with(reference: Reference, force_f32: bool, style: Option<KernelStyle>) -> GpuModel {
     let mut gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32 })).expect("a GPU adapter (lavapipe in CI)");
     if let Some(style) = style {
         gpu.style = style;
     }
-    GpuModel::load(gpu, common::model_gguf(), common::model_bytes(), 2048, &mut |_, _| {}).expect("the model uploads")
+    GpuModel::load(gpu, reference.gguf(), reference.bytes(), 2048, &mut |_, _| {}).expect("the model uploads")
+}
+
+/// Loads the adapter's own path, or None (with a note) when it has no shader-f16.
+fn load_f16(reference: Reference) -> Option<GpuModel> {
+    let model = load(reference, false);
+    if !model.gpu.f16 {
+        eprintln!("the adapter has no shader-f16: the f16 path does not exist here");
+        return None;
+    }
+    Some(model)
 }
 
 struct Tolerances {
     logits: f64,
     perplexity_rel: f64,
-    /// Compare greedy tokens only before the first step whose golden top-1/top-2 margin is below this.
-    min_margin: f64,
 }
 
-const F32: Tolerances = Tolerances { logits: 2e-3, perplexity_rel: 1e-3, min_margin: 0.0 };
-const F16: Tolerances = Tolerances { logits: 5e-2, perplexity_rel: 1e-2, min_margin: 0.05 };
-const STEPS: usize = 32;
+const F32: Tolerances = Tolerances { logits: 2e-3, perplexity_rel: 1e-3 };
+const F16: Tolerances = Tolerances { logits: 5e-2, perplexity_rel: 1e-2 };
 
-fn check_generations(model: &mut GpuModel, tol: &Tolerances) {
-    let golden = common::golden("generations.json");
+/// Greedy tokens identical to the golden ones for `steps` tokens, up to a step where the golden
+/// top-1/top-2 margin is within twice the logit tolerance (a flip there is no discrepancy), and
+/// the last prompt position's top-20 logits within the tolerance.
+fn check_generations(reference: Reference, model: &mut GpuModel, tol: &Tolerances, steps: usize) {
+    let golden = reference.golden("generations.json");
     let vocab = model.config.vocab_size;
     let mut logits = vec![0f32; vocab];
     let mut max_diff = 0f64;
@@ -48,19 +59,27 @@ fn check_generations(model: &mut GpuModel, tol: &Tolerances) {
             assert!(diff < tol.logits, "{name}: logit of {id} is {}, golden {want}", logits[*id as usize]);
         }
         let mut next = webgpu_llm::sampling::argmax(&logits);
-        for (step, pos) in (0..STEPS).zip(prompt.len()..) {
-            if margins[step] < tol.min_margin {
+        let mut same = 0;
+        for (step, pos) in (0..steps).zip(prompt.len()..) {
+            if next != expected[step] {
+                let margin = margins[step];
+                assert!(
+                    margin < 2.0 * tol.logits,
+                    "{name}: greedy token {step} is {next}, golden {} (margin {margin})",
+                    expected[step]
+                );
                 break;
             }
-            assert_eq!(next, expected[step], "{name}: greedy token {step}");
+            same += 1;
             next = pollster::block_on(model.step(&[next], pos, Readback::Argmax)).unwrap().unwrap();
         }
+        eprintln!("{name}: {same}/{steps} greedy tokens identical");
     }
     eprintln!("max |logit - golden| at the last prompt positions: {max_diff:.2e}");
 }
 
-fn check_perplexity(model: &mut GpuModel, tol: &Tolerances) {
-    let golden = common::golden("perplexity.json");
+fn check_perplexity(reference: Reference, model: &mut GpuModel, tol: &Tolerances) {
+    let golden = reference.golden("perplexity.json");
     let ids = common::ids(&golden["ids"]);
     let vocab = model.config.vocab_size;
     let chunk = model.all_logits_chunk();
@@ -81,48 +100,67 @@ fn check_perplexity(model: &mut GpuModel, tol: &Tolerances) {
 
 #[test]
 fn f32_path_greedy_tokens_and_logits_match_the_golden_data() {
-    let mut model = load(true);
+    let mut model = load(SmolLm2, true);
     assert!(!model.gpu.f16 && !model.gpu.subgroups);
-    check_generations(&mut model, &F32);
+    check_generations(SmolLm2, &mut model, &F32, 32);
 }
 
 #[test]
 fn f32_path_perplexity_matches_the_golden_data() {
-    check_perplexity(&mut load(true), &F32);
+    check_perplexity(SmolLm2, &mut load(SmolLm2, true), &F32);
 }
 
 #[test]
 fn f16_path_greedy_tokens_and_logits_match_the_golden_data() {
-    let mut model = load(false);
-    if !model.gpu.f16 {
-        eprintln!("the adapter has no shader-f16: the f16 path does not exist here");
-        return;
+    if let Some(mut model) = load_f16(SmolLm2) {
+        check_generations(SmolLm2, &mut model, &F16, 32);
     }
-    check_generations(&mut model, &F16);
 }
 
 #[test]
 fn f16_path_perplexity_matches_the_golden_data() {
-    let mut model = load(false);
-    if !model.gpu.f16 {
-        eprintln!("the adapter has no shader-f16: the f16 path does not exist here");
-        return;
+    if let Some(mut model) = load_f16(SmolLm2) {
+        check_perplexity(SmolLm2, &mut model, &F16);
     }
-    check_perplexity(&mut model, &F16);
 }
 
 /// lavapipe is a CPU adapter, so the tests above run the CPU-style kernels; this one runs the
 /// GPU-style ones (32 lanes per row, subgroup reductions, RMSNorm fused into the gemv).
 #[test]
 fn gpu_style_kernels_give_the_golden_greedy_tokens_and_logits() {
-    let mut model = load_with(false, Some(KernelStyle::Gpu));
+    let mut model = load_with(SmolLm2, false, Some(KernelStyle::Gpu));
     let tol = if model.gpu.f16 { &F16 } else { &F32 };
-    check_generations(&mut model, tol);
+    check_generations(SmolLm2, &mut model, tol, 32);
+}
+
+/// Gemma 3 270M Q4_K_M: K-quants and the gemma3 plan (post-norms, q/k norms, sliding windows
+/// past position 512 in the perplexity passage, GELU, NeoX RoPE, head_dim 256) on the GPU.
+#[test]
+fn gemma3_f32_path_greedy_tokens_logits_and_perplexity_match_the_golden_data() {
+    let mut model = load(Gemma3, true);
+    check_generations(Gemma3, &mut model, &F32, 16);
+    check_perplexity(Gemma3, &mut model, &F32);
+}
+
+#[test]
+fn gemma3_f16_path_greedy_tokens_logits_and_perplexity_match_the_golden_data() {
+    if let Some(mut model) = load_f16(Gemma3) {
+        check_generations(Gemma3, &mut model, &F16, 16);
+        check_perplexity(Gemma3, &mut model, &F16);
+    }
+}
+
+/// The GPU-style kernels (fused norms, subgroups) on Gemma's layer plan.
+#[test]
+fn gemma3_gpu_style_kernels_give_the_golden_logits() {
+    let mut model = load_with(Gemma3, false, Some(KernelStyle::Gpu));
+    let tol = if model.gpu.f16 { &F16 } else { &F32 };
+    check_generations(Gemma3, &mut model, tol, 4);
 }
 
 #[test]
 fn a_decode_step_creates_nothing_submits_once_and_reads_back_four_bytes() {
-    let mut model = load(false);
+    let mut model = load(SmolLm2, false);
     let prompt = [504u32, 3575, 282, 4649, 314];
     let mut next = pollster::block_on(model.step(&prompt, 0, Readback::Argmax)).unwrap().unwrap();
     let before = model.gpu.counters();

@@ -146,7 +146,8 @@ impl Plan {
         let global = Rope { base: c.rope_base as f64, dim: c.rope_dim, style, freq_factors };
         let mut ropes = vec![global];
 
-        let window = gguf.get_u64(&key("attention.sliding_window"))?.map(|w| w as usize);
+        // 0 means no window (llama.cpp's converter writes it for Phi-3 without one).
+        let window = gguf.get_u64(&key("attention.sliding_window"))?.filter(|&w| w > 0).map(|w| w as usize);
         let mut layer_window = vec![None; c.n_layers];
         let mut layer_rope = vec![0; c.n_layers];
         match (arch.as_str(), window) {
@@ -170,9 +171,6 @@ impl Plan {
                     key("attention.sliding_window")
                 )))
             }
-        }
-        if window == Some(0) {
-            return Err(invalid(&key("attention.sliding_window"), 0, "must be at least 1"));
         }
 
         let has = |name: &str| gguf.tensor(name).is_some();

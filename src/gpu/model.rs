@@ -102,11 +102,11 @@ impl GpuModel {
     ) -> Result<Self> {
         let plan = Plan::from_gguf(gguf, file)?;
         let c = plan.config.clone();
-        if c.head_dim > 256 || c.head_dim % 8 != 0 || c.d_model % 32 != 0 || c.ffn_dim % 32 != 0 {
+        if c.head_dim > 256 || c.head_dim % 8 != 0 || c.d_model % 8 != 0 || c.ffn_dim % 8 != 0 {
             return Err(Error::InvalidMetadata {
                 key: format!("{}.attention.head_count", c.architecture),
                 value: format!("head_dim {}, d_model {}, ffn {}", c.head_dim, c.d_model, c.ffn_dim),
-                reason: "the GPU kernels need head_dim <= 256 and a multiple of 8, d_model and ffn multiples of 32"
+                reason: "the GPU kernels need head_dim <= 256 and a multiple of 8, d_model and ffn multiples of 8"
                     .into(),
             });
         }

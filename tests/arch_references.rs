@@ -1,0 +1,167 @@
+//! The other architectures' layer plans — qwen2 (q/k/v biases), qwen3 (q/k norms, head_dim
+//! apart from d_model), phi3 (fused qkv and gate|up, partial rotary), llama 3 RoPE scaling
+//! (rope_freqs.weight) and mistral — on the CPU reference and on the GPU, against transformers.
+//! The models are small random-weight ones converted by llama.cpp's own converter; the data and
+//! the script that made it are in tests/data/arch/ (see its README).
+
+use std::path::PathBuf;
+use webgpu_llm::gguf::Gguf;
+use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, Readback};
+use webgpu_llm::model::{CpuModel, Logits};
+use webgpu_llm::sampling::argmax;
+
+const MODELS: [&str; 5] = ["qwen2", "qwen3", "phi3", "llama3", "mistral"];
+
+struct Reference {
+    name: &'static str,
+    bytes: Vec<u8>,
+    json: serde_json::Value,
+}
+
+impl Reference {
+    fn load(name: &'static str) -> Self {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/arch").join(name);
+        let bytes = std::fs::read(dir.join("model.gguf")).expect("committed model");
+        let json = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        Self { name, bytes, json }
+    }
+    fn gguf(&self) -> Gguf {
+        Gguf::parse(&self.bytes).expect("the reference model parses")
+    }
+    fn cases(&self) -> &Vec<serde_json::Value> {
+        self.json["cases"].as_array().unwrap()
+    }
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn floats(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+fn max_diff(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max)
+}
+
+/// A model that runs one token position after another and returns its logits: the CPU
+/// reference or the GPU model.
+trait Runner {
+    fn vocab(&self) -> usize;
+    /// Runs `tokens` at `start..` and returns the last position's logits.
+    fn run(&mut self, tokens: &[u32], start: usize) -> Vec<f32>;
+}
+
+struct Cpu(CpuModel, webgpu_llm::model::CpuKvCache);
+
+impl Runner for Cpu {
+    fn vocab(&self) -> usize {
+        self.0.config.vocab_size
+    }
+    fn run(&mut self, tokens: &[u32], start: usize) -> Vec<f32> {
+        if start == 0 {
+            self.1 = self.0.new_cache();
+        }
+        self.0.forward(&mut self.1, tokens, Logits::Last).unwrap()
+    }
+}
+
+impl Runner for GpuModel {
+    fn vocab(&self) -> usize {
+        self.config.vocab_size
+    }
+    fn run(&mut self, tokens: &[u32], start: usize) -> Vec<f32> {
+        let mut logits = vec![0f32; self.config.vocab_size];
+        pollster::block_on(self.step(tokens, start, Readback::Logits(&mut logits))).unwrap();
+        logits
+    }
+}
+
+/// Every case: the whole logit vector at the last prompt position, then 16 greedy tokens with
+/// their top-20 logits, all within `tol`; a token may differ only where the reference's top-1 /
+/// top-2 margin is within 2 tol (then the comparison of that case ends).
+fn check(r: &Reference, model: &mut dyn Runner, tol: f64, what: &str) -> f64 {
+    let mut worst = 0f64;
+    for (ci, case) in r.cases().iter().enumerate() {
+        let prompt = ids(&case["prompt_ids"]);
+        let greedy = ids(&case["greedy_ids"]);
+        let margins = floats(&case["top1_top2_margins"]);
+        let mut logits = model.run(&prompt, 0);
+        assert_eq!(logits.len(), model.vocab());
+        let d = max_diff(&logits, &floats(&case["logits_step0"]));
+        assert!(d < tol, "{} {what} case {ci}: step-0 logits differ by {d}", r.name);
+        worst = worst.max(d);
+        for (step, &want) in greedy.iter().enumerate() {
+            let top = &case["top20"][step];
+            assert_eq!(top["step"].as_u64(), Some(step as u64));
+            for (&id, w) in ids(&top["ids"]).iter().zip(floats(&top["logits"])) {
+                let d = (logits[id as usize] as f64 - w).abs();
+                worst = worst.max(d);
+                assert!(
+                    d < tol,
+                    "{} {what} case {ci} step {step}: logit of {id} is {}, reference {w}",
+                    r.name,
+                    logits[id as usize]
+                );
+            }
+            let next = argmax(&logits);
+            if next != want {
+                assert!(
+                    margins[step] < 2.0 * tol,
+                    "{} {what} case {ci}: greedy token {step} is {next}, reference {want}",
+                    r.name
+                );
+                break;
+            }
+            logits = model.run(&[next], prompt.len() + step);
+        }
+    }
+    worst
+}
+
+#[test]
+fn cpu_reference_matches_transformers_on_every_architecture() {
+    for name in MODELS {
+        let r = Reference::load(name);
+        let model = CpuModel::load(&r.gguf(), &r.bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let cache = model.new_cache();
+        let mut cpu = Cpu(model, cache);
+        let worst = check(&r, &mut cpu, 1e-3, "cpu");
+        // Every position of the long prompt from one pass.
+        let case = r.cases().last().unwrap();
+        let prompt = ids(&case["prompt_ids"]);
+        let mut cache = cpu.0.new_cache();
+        let all = cpu.0.forward(&mut cache, &prompt, Logits::All).unwrap();
+        let want: Vec<f64> = case["all_positions_logits"].as_array().unwrap().iter().flat_map(floats).collect();
+        let d = max_diff(&all, &want);
+        assert!(d < 1e-3, "{name}: all-position logits differ by {d}");
+        eprintln!("{name}: cpu max |logit diff| {:.2e}", worst.max(d));
+    }
+}
+
+fn gpu(force_f32: bool, style: Option<KernelStyle>, r: &Reference) -> GpuModel {
+    let mut gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32 })).expect("a GPU adapter (lavapipe in CI)");
+    if let Some(style) = style {
+        gpu.style = style;
+    }
+    GpuModel::load(gpu, &r.gguf(), &r.bytes, 256, &mut |_, _| {}).unwrap_or_else(|e| panic!("{}: {e}", r.name))
+}
+
+#[test]
+fn gpu_matches_transformers_on_every_architecture_and_path() {
+    for name in MODELS {
+        let r = Reference::load(name);
+        let mut f32_path = gpu(true, None, &r);
+        let worst = check(&r, &mut f32_path, 2e-3, "gpu f32 path");
+        eprintln!("{name}: gpu f32 path max |logit diff| {worst:.2e}");
+        let mut own = gpu(false, None, &r);
+        let tol = if own.gpu.f16 { 5e-2 } else { 2e-3 };
+        let worst = check(&r, &mut own, tol, "gpu own path");
+        eprintln!("{name}: gpu own path (f16 {}) max |logit diff| {worst:.2e}", own.gpu.f16);
+        let mut gpu_style = gpu(false, Some(KernelStyle::Gpu), &r);
+        let worst = check(&r, &mut gpu_style, tol, "gpu-style kernels");
+        eprintln!("{name}: gpu-style kernels max |logit diff| {worst:.2e}");
+    }
+}
