@@ -3,7 +3,7 @@
 
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
-use crate::gguf::Gguf;
+use crate::gguf::{ByteSource, Gguf};
 use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, Readback};
 use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
 use crate::sampling::{argmax, Candidate, Sampler, SamplingParams};
@@ -137,7 +137,18 @@ pub struct Engine {
 impl Engine {
     /// Loads a model from the bytes of a GGUF file. `progress(done, total)` follows the weights.
     pub async fn load(file: &[u8], options: LoadOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
-        let gguf = Gguf::parse(file)?;
+        Self::load_from(file, options, progress).await
+    }
+
+    /// Loads a model read in ranges from `source`: the header, then one tensor at a time
+    /// straight into GPU buffers, so host memory holds about one tensor, not the file. (The CPU
+    /// reference backend reads the whole file.)
+    pub async fn load_from(
+        source: &(impl ByteSource + ?Sized),
+        options: LoadOptions,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        let gguf = Gguf::read(source).await?;
         let config = ModelConfig::from_gguf(&gguf)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat_template = ChatTemplate::from_gguf(&gguf)?;
@@ -145,14 +156,15 @@ impl Engine {
         let backend = match options.backend {
             BackendKind::Cpu => {
                 progress(0, 1);
-                let model = Box::new(CpuModel::load(&gguf, file)?);
+                let file = source.read(0, source.len()).await?;
+                let model = Box::new(CpuModel::load(&gguf, &file)?);
                 let cache = model.new_cache();
                 progress(1, 1);
                 Backend::Cpu { model, cache }
             }
             BackendKind::Gpu => {
                 let gpu = Gpu::new(options.gpu).await?;
-                Backend::Gpu(Box::new(GpuModel::load(gpu, &gguf, file, context_length, progress)?))
+                Backend::Gpu(Box::new(GpuModel::load(gpu, &gguf, source, context_length, progress).await?))
             }
         };
         Ok(Self {

@@ -146,7 +146,8 @@ fn gpu(force_f32: bool, style: Option<KernelStyle>, r: &Reference) -> GpuModel {
     if let Some(style) = style {
         gpu.style = style;
     }
-    GpuModel::load(gpu, &r.gguf(), &r.bytes, 256, &mut |_, _| {}).unwrap_or_else(|e| panic!("{}: {e}", r.name))
+    pollster::block_on(GpuModel::load(gpu, &r.gguf(), &r.bytes[..], 256, &mut |_, _| {}))
+        .unwrap_or_else(|e| panic!("{}: {e}", r.name))
 }
 
 #[test]

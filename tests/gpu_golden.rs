@@ -16,7 +16,8 @@ fn load_with(reference: Reference, force_f32: bool, style: Option<KernelStyle>) 
     if let Some(style) = style {
         gpu.style = style;
     }
-    GpuModel::load(gpu, reference.gguf(), reference.bytes(), 2048, &mut |_, _| {}).expect("the model uploads")
+    pollster::block_on(GpuModel::load(gpu, reference.gguf(), reference.bytes(), 2048, &mut |_, _| {}))
+        .expect("the model uploads")
 }
 
 /// Loads the adapter's own path, or None (with a note) when it has no shader-f16.

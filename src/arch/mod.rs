@@ -9,6 +9,9 @@ use crate::gguf::{Gguf, GgufError, TensorInfo};
 use crate::model::ModelConfig;
 use std::collections::HashSet;
 
+/// The tensor of per-pair RoPE frequency divisors (llama 3).
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
+
 /// Architectures (`general.architecture`) with a plan.
 pub const ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3"];
 
@@ -102,9 +105,9 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The plan for a GGUF file. `file` holds the tensor data (read only for small tensors
-    /// that change the plan's numbers, such as `rope_freqs.weight`).
-    pub fn from_gguf(gguf: &Gguf, file: &[u8]) -> Result<Self> {
+    /// The plan for a GGUF file. `rope_freqs` is the data of the `ROPE_FREQS` tensor when the
+    /// file has one (its numbers change the plan's RoPE).
+    pub fn from_gguf(gguf: &Gguf, rope_freqs: Option<&[u8]>) -> Result<Self> {
         let c = ModelConfig::from_gguf(gguf)?;
         let arch = c.architecture.clone();
         let key = |k: &str| format!("{arch}.{k}");
@@ -119,12 +122,13 @@ impl Plan {
             "llama" | "mistral" => RopeStyle::Adjacent,
             _ => RopeStyle::NeoX,
         };
-        let mut freq_factors = match gguf.tensor("rope_freqs.weight") {
-            Some(t) => {
+        let mut freq_factors = match (gguf.tensor(ROPE_FREQS), rope_freqs) {
+            (Some(t), Some(data)) => {
                 check_shape(t, &[c.rope_dim as u64 / 2])?;
-                crate::quant::dequantize(t, t.data(file))?
+                crate::quant::dequantize(t, data)?
             }
-            None => Vec::new(),
+            (Some(_), None) => return Err(Error::Unsupported(format!("{ROPE_FREQS} without its data"))),
+            (None, _) => Vec::new(),
         };
         match gguf.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => {}
@@ -276,7 +280,7 @@ impl Plan {
             crate::quant::tensor_format(info)?;
         }
         let mut used: HashSet<&str> = expected.iter().map(|(n, _)| *n).collect();
-        used.insert("rope_freqs.weight");
+        used.insert(ROPE_FREQS);
         if let Some(t) = gguf.tensors.iter().find(|t| !used.contains(t.name.as_str())) {
             return Err(Error::Unsupported(format!(
                 "tensor {:?}, which the {} plan does not use",

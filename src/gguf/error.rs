@@ -10,6 +10,11 @@ pub enum GgufError {
     UnsupportedVersion { version: u32 },
     #[error("GGUF file is truncated: reading {what} at offset {offset} needs {needed} bytes, but the file has {file_len} bytes")]
     Truncated { what: String, offset: u64, needed: u64, file_len: u64 },
+    /// The header goes on past the bytes read so far: read at least `needed` and parse again.
+    #[error("the GGUF header continues past the first {read} bytes read (it needs {needed})")]
+    HeaderPastPrefix { read: u64, needed: u64 },
+    #[error("could not read the model: {0}")]
+    Read(String),
     #[error("GGUF {what} at offset {offset} declares {count} entries, more than the {remaining} bytes left in the file can hold")]
     CountTooLarge { what: String, offset: u64, count: u64, remaining: u64 },
     #[error("GGUF string at offset {offset} is not valid UTF-8")]

@@ -5,11 +5,15 @@
 
 mod error;
 mod reader;
+mod source;
 mod types;
 mod value;
 mod writer;
 
 pub use error::GgufError;
+pub use source::ByteSource;
+#[cfg(not(target_arch = "wasm32"))]
+pub use source::FileSource;
 pub use types::GgmlType;
 pub use value::Value;
 pub use writer::GgufWriter;
@@ -67,7 +71,13 @@ pub struct Gguf {
 impl Gguf {
     /// Parses the header of a GGUF file held in memory and checks every tensor against the file.
     pub fn parse(file: &[u8]) -> Result<Self, GgufError> {
-        let mut r = Reader::new(file);
+        Self::parse_prefix(file, file.len() as u64)
+    }
+
+    /// Parses the header from `prefix`, the first bytes of a file of `file_len` bytes; a header
+    /// longer than the prefix is `HeaderPastPrefix` with the length to read.
+    pub fn parse_prefix(prefix: &[u8], file_len: u64) -> Result<Self, GgufError> {
+        let mut r = Reader::new(prefix, file_len);
         let magic = r.array::<4>("magic")?;
         if magic != MAGIC {
             return Err(GgufError::BadMagic { found: magic });
@@ -107,7 +117,6 @@ impl Gguf {
             raw.push(read_tensor_info(&mut r)?);
         }
         let data_offset = r.offset().next_multiple_of(alignment);
-        let file_len = file.len() as u64;
         let data_len = file_len.saturating_sub(data_offset);
 
         let mut tensors = Vec::with_capacity(raw.len());

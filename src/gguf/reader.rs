@@ -1,23 +1,27 @@
-//! A bounds-checked little-endian cursor over the file's bytes; every error carries the offset.
+//! A bounds-checked little-endian cursor over the file's first bytes (the whole file, or a prefix
+//! of a file of `file_len` bytes read in ranges); every error carries the offset.
 
 use super::GgufError;
 
 pub(super) struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,
+    file_len: u64,
 }
 
 impl<'a> Reader<'a> {
-    pub fn new(bytes: &'a [u8]) -> Self {
-        Self { bytes, pos: 0 }
+    /// A reader over `prefix`, the first bytes of a file of `file_len` bytes.
+    pub fn new(prefix: &'a [u8], file_len: u64) -> Self {
+        Self { bytes: prefix, pos: 0, file_len: file_len.max(prefix.len() as u64) }
     }
 
     pub fn offset(&self) -> u64 {
         self.pos as u64
     }
 
+    /// Bytes left in the file (not only in the prefix).
     pub fn remaining(&self) -> u64 {
-        (self.bytes.len() - self.pos) as u64
+        self.file_len - self.pos as u64
     }
 
     pub fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8], GgufError> {
@@ -26,8 +30,11 @@ impl<'a> Reader<'a> {
                 what: what.into(),
                 offset: self.offset(),
                 needed: n,
-                file_len: self.bytes.len() as u64,
+                file_len: self.file_len,
             });
+        }
+        if n > (self.bytes.len() - self.pos) as u64 {
+            return Err(GgufError::HeaderPastPrefix { read: self.bytes.len() as u64, needed: self.offset() + n });
         }
         let start = self.pos;
         self.pos += n as usize;

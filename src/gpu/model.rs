@@ -7,11 +7,25 @@ use super::kernels::{self, Dispatch, Epilogue, NormOut, Params, QkvExtras};
 use super::shader::PipelineCache;
 use super::weights::{Linear, Rows};
 use super::{Gpu, KernelStyle};
-use crate::arch::{GateUp, Plan, Qkv};
+use crate::arch::{GateUp, Plan, Qkv, ROPE_FREQS};
 use crate::error::{Error, Result};
-use crate::gguf::Gguf;
+use crate::gguf::{ByteSource, Gguf, TensorInfo};
 use crate::model::reference::AttentionKind;
 use crate::model::ModelConfig;
+
+/// The named tensors' infos and bytes, read one after another from the source.
+async fn fetch<'g>(
+    gguf: &'g Gguf,
+    source: &(impl ByteSource + ?Sized),
+    names: &[&str],
+) -> Result<Vec<(&'g TensorInfo, Vec<u8>)>> {
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let info = gguf.require_tensor(name)?;
+        out.push((info, Gguf::tensor_data(source, info).await?));
+    }
+    Ok(out)
+}
 
 /// Tokens per prefill pass; longer prompts run in several passes.
 pub const PREFILL_CHUNK: usize = 256;
@@ -93,14 +107,18 @@ pub struct GpuModel {
 impl GpuModel {
     /// Uploads the model and records the decode and prefill passes. `progress(done, total)`
     /// counts the embedding, the layers and the output as they are uploaded.
-    pub fn load(
+    pub async fn load(
         gpu: Gpu,
         gguf: &Gguf,
-        file: &[u8],
+        source: &(impl ByteSource + ?Sized),
         context: usize,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        let plan = Plan::from_gguf(gguf, file)?;
+        let rope_freqs = match gguf.tensor(ROPE_FREQS) {
+            Some(t) => Some(Gguf::tensor_data(source, t).await?),
+            None => None,
+        };
+        let plan = Plan::from_gguf(gguf, rope_freqs.as_deref())?;
         let c = plan.config.clone();
         if c.head_dim > 256 || c.head_dim % 8 != 0 || c.d_model % 8 != 0 || c.ffn_dim % 8 != 0 {
             return Err(Error::InvalidMetadata {
@@ -110,65 +128,82 @@ impl GpuModel {
                     .into(),
             });
         }
-        let rows = |name: &str| -> Result<Rows> {
-            let info = gguf.require_tensor(name)?;
-            Rows::of(info, info.data(file))
-        };
         // Progress counts the embedding, each layer and the output.
         let total = c.n_layers + 2;
-        let mut done = 0;
-        let mut tick = |n: usize| {
-            done += n;
-            progress(done, total);
+        progress(0, total);
+        let (g, src) = (gguf, source);
+        let linear = |label: &'static str, tensors: Vec<(&TensorInfo, Vec<u8>)>| -> Result<Linear> {
+            let rows = tensors.iter().map(|(info, data)| Rows::of(info, data)).collect::<Result<Vec<_>>>()?;
+            Linear::new(&gpu, label, &rows)
         };
-        let f32_buffer = |label: &str, names: &[&str]| -> Result<wgpu::Buffer> {
+        let f32_buffer = |label: &str, tensors: Vec<(&TensorInfo, Vec<u8>)>| -> Result<wgpu::Buffer> {
             let mut values = Vec::new();
-            for name in names {
-                let info = gguf.require_tensor(name)?;
-                values.extend(crate::quant::dequantize(info, info.data(file))?);
+            for (info, data) in &tensors {
+                values.extend(crate::quant::dequantize(info, data)?);
             }
             gpu.storage_init(label, bytemuck::cast_slice(&values))
         };
-        let optional =
-            |label: &str, name: &Option<String>| name.as_deref().map(|n| f32_buffer(label, &[n])).transpose();
 
-        let embd = Linear::new(&gpu, "token_embd", &[rows(&plan.token_embd)?])?;
-        tick(1);
+        let embd = linear("token_embd", fetch(g, src, &[&plan.token_embd]).await?)?;
+        progress(1, total);
         let mut layers = Vec::with_capacity(c.n_layers);
-        for l in &plan.layers {
+        for (i, l) in plan.layers.iter().enumerate() {
             let qkv = match &l.qkv {
-                Qkv::Separate([q, k, v]) => Linear::new(&gpu, "qkv", &[rows(q)?, rows(k)?, rows(v)?])?,
-                Qkv::Fused(name) => Linear::new(&gpu, "qkv", &[rows(name)?])?,
+                Qkv::Separate([q, k, v]) => linear("qkv", fetch(g, src, &[q, k, v]).await?)?,
+                Qkv::Fused(name) => linear("qkv", fetch(g, src, &[name]).await?)?,
             };
-            let (gate, up) = match &l.gate_up {
-                GateUp::Separate([g, u]) => (rows(g)?, rows(u)?),
-                GateUp::Fused(name) => rows(name)?.halves(),
+            let gate_up_data = match &l.gate_up {
+                GateUp::Separate([gate, up]) => fetch(g, src, &[gate, up]).await?,
+                GateUp::Fused(name) => fetch(g, src, &[name]).await?,
+            };
+            let gate_up_rows =
+                gate_up_data.iter().map(|(info, data)| Rows::of(info, data)).collect::<Result<Vec<_>>>()?;
+            let (gate, up) = match gate_up_rows[..] {
+                [gate, up] => (gate, up),
+                [fused] => fused.halves(),
+                _ => unreachable!("one or two tensors fetched"),
             };
             let gate_up = match Linear::gated_pair(&gpu, "gate_up", gate, up)? {
                 Some(pair) => pair,
                 None => Linear::new(&gpu, "gate_up", &[gate, up])?,
             };
+            let qkv_bias = match &l.qkv_bias {
+                Some([q, k, v]) => Some(f32_buffer("qkv_bias", fetch(g, src, &[q, k, v]).await?)?),
+                None => None,
+            };
+            let qk_norm = match &l.qk_norm {
+                Some([q, k]) => Some(f32_buffer("qk_norm", fetch(g, src, &[q, k]).await?)?),
+                None => None,
+            };
+            let post_attn_norm = match &l.post_attn_norm {
+                Some(n) => Some(f32_buffer("post_attn_norm", fetch(g, src, &[n]).await?)?),
+                None => None,
+            };
+            let post_ffn_norm = match &l.post_ffn_norm {
+                Some(n) => Some(f32_buffer("post_ffn_norm", fetch(g, src, &[n]).await?)?),
+                None => None,
+            };
             layers.push(LayerWeights {
-                attn_norm: f32_buffer("attn_norm", &[&l.attn_norm])?,
+                attn_norm: f32_buffer("attn_norm", fetch(g, src, &[&l.attn_norm]).await?)?,
                 qkv,
-                qkv_bias: l.qkv_bias.as_ref().map(|[q, k, v]| f32_buffer("qkv_bias", &[q, k, v])).transpose()?,
-                qk_norm: l.qk_norm.as_ref().map(|[q, k]| f32_buffer("qk_norm", &[q, k])).transpose()?,
-                wo: Linear::new(&gpu, "wo", &[rows(&l.wo)?])?,
-                post_attn_norm: optional("post_attn_norm", &l.post_attn_norm)?,
-                ffn_norm: f32_buffer("ffn_norm", &[&l.ffn_norm])?,
+                qkv_bias,
+                qk_norm,
+                wo: linear("wo", fetch(g, src, &[&l.wo]).await?)?,
+                post_attn_norm,
+                ffn_norm: f32_buffer("ffn_norm", fetch(g, src, &[&l.ffn_norm]).await?)?,
                 gate_up,
-                w_down: Linear::new(&gpu, "w_down", &[rows(&l.down)?])?,
-                post_ffn_norm: optional("post_ffn_norm", &l.post_ffn_norm)?,
+                w_down: linear("w_down", fetch(g, src, &[&l.down]).await?)?,
+                post_ffn_norm,
             });
-            tick(1);
+            progress(i + 2, total);
         }
-        let output_norm = f32_buffer("output_norm", &[&plan.output_norm])?;
+        let output_norm = f32_buffer("output_norm", fetch(g, src, &[&plan.output_norm]).await?)?;
         let lm_head = if plan.output == plan.token_embd {
             None
         } else {
-            Some(Linear::new(&gpu, "output", &[rows(&plan.output)?])?)
+            Some(linear("output", fetch(g, src, &[&plan.output]).await?)?)
         };
-        tick(1);
+        progress(total, total);
 
         let buf = Self::buffers(&gpu, &plan, context)?;
         let mut model = Self {

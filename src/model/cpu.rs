@@ -69,7 +69,7 @@ pub enum Logits {
 
 impl CpuModel {
     pub fn load(gguf: &Gguf, file: &[u8]) -> Result<Self> {
-        let plan = Plan::from_gguf(gguf, file)?;
+        let plan = Plan::from_gguf(gguf, gguf.tensor(crate::arch::ROPE_FREQS).map(|t| t.data(file)))?;
         let c = plan.config.clone();
         let load = |name: &str| -> Result<Vec<f32>> {
             let info = gguf.require_tensor(name)?;

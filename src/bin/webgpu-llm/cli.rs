@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use webgpu_llm::chat::Message;
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats};
+use webgpu_llm::gguf::FileSource;
 use webgpu_llm::gpu::GpuOptions;
 use webgpu_llm::sampling::SamplingParams;
 use webgpu_llm::Error;
@@ -142,19 +143,19 @@ fn model_path(arg: Option<PathBuf>) -> PathBuf {
 /// Loads the model; without --backend, the GPU when an adapter exists, else the CPU.
 async fn load(args: &ModelArgs) -> Result<Engine, Error> {
     let path = model_path(args.model.clone());
-    let io_err = |source| Error::Io { path: path.display().to_string(), source };
     eprintln!("loading {}", path.display());
-    let bytes = std::fs::read(&path).map_err(io_err)?;
+    // Read in ranges: the header, then one tensor at a time into GPU memory.
+    let file = FileSource::open(&path)?;
     let start = std::time::Instant::now();
     let mut progress = |done: usize, total: usize| eprint!("\rloading weights: {}%", done * 100 / total.max(1));
     let options = |backend| LoadOptions { backend, context_length: args.context_length, gpu: GpuOptions::from_env() };
     let engine = match args.backend {
-        Some(Backend::Cpu) => Engine::load(&bytes, options(BackendKind::Cpu), &mut progress).await?,
-        Some(Backend::Gpu) => Engine::load(&bytes, options(BackendKind::Gpu), &mut progress).await?,
-        None => match Engine::load(&bytes, options(BackendKind::Gpu), &mut progress).await {
+        Some(Backend::Cpu) => Engine::load_from(&file, options(BackendKind::Cpu), &mut progress).await?,
+        Some(Backend::Gpu) => Engine::load_from(&file, options(BackendKind::Gpu), &mut progress).await?,
+        None => match Engine::load_from(&file, options(BackendKind::Gpu), &mut progress).await {
             Err(Error::NoAdapter(why)) => {
                 eprintln!("\rno GPU adapter ({why}); using the CPU backend");
-                Engine::load(&bytes, options(BackendKind::Cpu), &mut progress).await?
+                Engine::load_from(&file, options(BackendKind::Cpu), &mut progress).await?
             }
             other => other?,
         },

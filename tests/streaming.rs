@@ -1,0 +1,69 @@
+//! Loading reads the file in ranges: the header from a prefix that grows only as far as the
+//! header needs, then each tensor once, straight into GPU buffers — host memory holds about one
+//! tensor, never the file (so a model larger than memory or wasm32's 4 GiB can load).
+
+mod common;
+
+use common::Reference::{Gemma3, SmolLm2};
+use std::cell::Cell;
+use webgpu_llm::gguf::{ByteSource, Gguf, GgufError};
+use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions};
+
+/// Bytes in memory that count what is read of them.
+struct Counting<'a> {
+    bytes: &'a [u8],
+    largest: Cell<u64>,
+    total: Cell<u64>,
+}
+
+impl<'a> Counting<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Self { bytes, largest: Cell::new(0), total: Cell::new(0) }
+    }
+}
+
+impl ByteSource for Counting<'_> {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+    async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, GgufError> {
+        self.largest.set(self.largest.get().max(len));
+        self.total.set(self.total.get() + len);
+        Ok(self.bytes[offset as usize..(offset + len) as usize].to_vec())
+    }
+}
+
+#[test]
+fn the_header_read_in_growing_prefixes_equals_the_whole_file_parse() {
+    for r in [SmolLm2, Gemma3] {
+        let source = Counting::new(r.bytes());
+        let streamed = pollster::block_on(Gguf::read(&source)).unwrap();
+        let whole = r.gguf();
+        assert_eq!(streamed.tensors, whole.tensors);
+        assert_eq!(streamed.metadata, whole.metadata);
+        // Gemma's 262144-token vocabulary makes a header of several MB: a few doubling reads of
+        // prefixes, never the 253 MB file.
+        assert!(streamed.data_offset <= source.largest.get() && source.largest.get() <= 2 * streamed.data_offset);
+        assert!(source.total.get() <= 4 * streamed.data_offset, "read {} bytes for the header", source.total.get());
+    }
+}
+
+#[test]
+fn a_header_cut_short_is_still_a_truncation_error() {
+    let bytes = &SmolLm2.bytes()[..3_000_000];
+    let err = pollster::block_on(Gguf::read(&Counting::new(bytes))).unwrap_err();
+    assert!(matches!(err, GgufError::Truncated { .. } | GgufError::TensorOutOfBounds { .. }), "{err}");
+}
+
+#[test]
+fn the_gpu_upload_reads_each_tensor_once_and_one_tensor_at_a_time() {
+    let gguf = Gemma3.gguf();
+    let source = Counting::new(Gemma3.bytes());
+    let gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32: true })).expect("a GPU adapter");
+    let model = pollster::block_on(GpuModel::load(gpu, gguf, &source, 64, &mut |_, _| {})).unwrap();
+    let largest_tensor = gguf.tensors.iter().map(|t| t.byte_size).max().unwrap();
+    let all_tensors: u64 = gguf.tensors.iter().map(|t| t.byte_size).sum();
+    assert_eq!(source.largest.get(), largest_tensor, "the largest single read is the largest tensor");
+    assert_eq!(source.total.get(), all_tensors, "every tensor is read once (the tied output is not read again)");
+    drop(model);
+}
