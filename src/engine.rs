@@ -3,7 +3,7 @@
 
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
-use crate::gguf::{ByteSource, Gguf};
+use crate::gguf::ByteSource;
 use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, Readback};
 use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
 use crate::sampling::{argmax, Candidate, Sampler, SamplingParams};
@@ -148,7 +148,7 @@ impl Engine {
         options: LoadOptions,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        let gguf = Gguf::read(source).await?;
+        let gguf = source.header().await?;
         let config = ModelConfig::from_gguf(&gguf)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat_template = ChatTemplate::from_gguf(&gguf)?;

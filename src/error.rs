@@ -26,7 +26,7 @@ pub enum Error {
     Tokenizer(String),
     #[error("chat template error: {0}")]
     ChatTemplate(String),
-    #[error("the model has no chat template (tokenizer.chat_template); use a raw prompt instead")]
+    #[error("the model has no chat template (tokenizer.chat_template) and its vocabulary matches no built-in one (Gemma, ChatML, Llama 3, Phi-3); raw-prompt generation still works")]
     NoChatTemplate,
     #[error("invalid sampling parameter {name} = {value}: {expected}")]
     InvalidSamplingParameter { name: &'static str, value: String, expected: &'static str },

@@ -4,6 +4,7 @@
 
 use crate::chat::Message;
 use crate::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats};
+use crate::gguf::{ByteSource, GgufError};
 use crate::gpu::GpuOptions;
 use crate::sampling::SamplingParams;
 use serde::{Deserialize, Serialize};
@@ -110,6 +111,22 @@ fn js_err(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())
 }
 
+/// A Blob read in slices (`Blob.slice(..).arrayBuffer()`): Chromium keeps large Blobs and Cache
+/// Storage bodies on disk, so only the slice asked for enters memory.
+struct BlobSource(web_sys::Blob);
+
+impl ByteSource for BlobSource {
+    fn len(&self) -> u64 {
+        self.0.size() as u64
+    }
+    async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, GgufError> {
+        let err = |e: JsValue| GgufError::Read(format!("{e:?}"));
+        let slice = self.0.slice_with_f64_and_f64(offset as f64, (offset + len) as f64).map_err(err)?;
+        let buffer = wasm_bindgen_futures::JsFuture::from(slice.array_buffer()).await.map_err(err)?;
+        Ok(js_sys::Uint8Array::new(&buffer).to_vec())
+    }
+}
+
 /// The engine as JS sees it. Cheap to clone internally so that async calls own what they use.
 #[wasm_bindgen]
 pub struct WasmEngine {
@@ -127,12 +144,31 @@ impl WasmEngine {
         options: JsValue,
         on_progress: Option<js_sys::Function>,
     ) -> Result<WasmEngine, JsError> {
+        Self::load_source(&bytes.to_vec()[..], options, on_progress).await
+    }
+
+    /// Loads a GGUF model from a Blob (a File, or a Cache Storage entry's body): its header,
+    /// then one tensor at a time, read as slices straight into GPU buffers, so wasm memory holds
+    /// about one tensor however large the model is.
+    #[wasm_bindgen(js_name = loadBlob)]
+    pub async fn load_blob(
+        blob: web_sys::Blob,
+        options: JsValue,
+        on_progress: Option<js_sys::Function>,
+    ) -> Result<WasmEngine, JsError> {
+        Self::load_source(&BlobSource(blob), options, on_progress).await
+    }
+
+    async fn load_source(
+        source: &(impl ByteSource + ?Sized),
+        options: JsValue,
+        on_progress: Option<js_sys::Function>,
+    ) -> Result<WasmEngine, JsError> {
         let opts: JsLoadOptions = if options.is_undefined() || options.is_null() {
             Default::default()
         } else {
             serde_wasm_bindgen::from_value(options)?
         };
-        let file = bytes.to_vec();
         let load = LoadOptions {
             backend: if opts.cpu { BackendKind::Cpu } else { BackendKind::Gpu },
             context_length: opts.context_length,
@@ -143,7 +179,7 @@ impl WasmEngine {
                 let _ = f.call2(&JsValue::NULL, &JsValue::from(done as f64), &JsValue::from(total as f64));
             }
         };
-        let engine = Engine::load(&file, load, &mut progress).await.map_err(js_err)?;
+        let engine = Engine::load_from(source, load, &mut progress).await.map_err(js_err)?;
         Ok(WasmEngine {
             engine: Rc::new(RefCell::new(Some(engine))),
             aborted: Rc::new(Cell::new(false)),
@@ -293,4 +329,26 @@ async fn generate(
         )));
     }
     result.map_err(js_err)
+}
+
+/// What a model needs, from the first bytes of its file (`file_len` bytes in all): the page reads
+/// them with a ranged request before downloading. Returns `{needBytes}` when the header goes on
+/// past `header` (fetch that many and call again), else the model's facts (see `ModelInfo`).
+#[wasm_bindgen]
+pub fn inspect(header: js_sys::Uint8Array, file_len: f64, context_length: Option<u32>) -> Result<JsValue, JsError> {
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct NeedMore {
+        need_bytes: u64,
+    }
+    let serializer = serde_wasm_bindgen::Serializer::json_compatible();
+    match crate::gguf::Gguf::parse_prefix(&header.to_vec(), file_len as u64) {
+        Err(GgufError::HeaderPastPrefix { needed, .. }) => Ok(NeedMore { need_bytes: needed }.serialize(&serializer)?),
+        Err(e) => Err(js_err(e)),
+        Ok(gguf) => {
+            let info = crate::model::ModelInfo::new(&gguf, file_len as u64, context_length.map(|c| c as usize))
+                .map_err(js_err)?;
+            Ok(info.serialize(&serializer)?)
+        }
+    }
 }

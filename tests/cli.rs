@@ -5,13 +5,12 @@ mod common;
 use std::process::{Command, Output};
 
 fn cli(args: &[&str]) -> Output {
+    cli_on(&common::model_path(), args)
+}
+
+fn cli_on(model: &std::path::Path, args: &[&str]) -> Output {
     // Bench and generate take --model; unknown subcommands fail before it matters.
-    Command::new(env!("CARGO_BIN_EXE_webgpu-llm"))
-        .args(args)
-        .arg("--model")
-        .arg(common::model_path())
-        .output()
-        .expect("the CLI runs")
+    Command::new(env!("CARGO_BIN_EXE_webgpu-llm")).args(args).arg("--model").arg(model).output().expect("the CLI runs")
 }
 
 /// stdout of a `--json` run: one object per line.
@@ -47,6 +46,44 @@ fn json_greedy_generation_prints_the_golden_ids() {
     assert!(case["greedy_text"].as_str().unwrap().starts_with(&text));
     let stats = &last[0]["stats"];
     assert_eq!((stats["prompt_tokens"].as_u64(), stats["generated_tokens"].as_u64()), (Some(5), Some(16)));
+}
+
+/// Greedy ids of `prompt` from the CLI on `model` (CPU backend), as JSON lines.
+fn greedy_ids(model: &std::path::Path, prompt: &str, n: usize, backend: &str) -> Vec<u32> {
+    let out = Command::new(env!("CARGO_BIN_EXE_webgpu-llm"))
+        .args(["generate", "--prompt", prompt, "--temperature", "0", "--json", "--ignore-eos", "--backend", backend])
+        .args(["--max-tokens", &n.to_string(), "--model"])
+        .arg(model)
+        .output()
+        .expect("the CLI runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines = json_lines(&out);
+    lines[..lines.len() - 1].iter().map(|t| t["id"].as_u64().unwrap() as u32).collect()
+}
+
+#[test]
+fn a_split_model_runs_from_its_first_parts_name() {
+    let dir = std::env::temp_dir().join(format!("webgpu-llm-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = common::split_in_two(common::model_bytes(), 100);
+    let first = dir.join("smollm2-00001-of-00002.gguf");
+    std::fs::write(&first, a).unwrap();
+    std::fs::write(dir.join("smollm2-00002-of-00002.gguf"), b).unwrap();
+    let case = common::golden("generations.json")["cases"][0].clone();
+    let ids = greedy_ids(&first, "The capital of France is", 8, "cpu");
+    assert_eq!(ids, common::ids(&case["generated_ids"])[..8]);
+    std::fs::remove_file(dir.join("smollm2-00002-of-00002.gguf")).unwrap();
+    let out = cli_on(&first, &["generate", "--prompt", "x", "--max-tokens", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("smollm2-00002-of-00002.gguf"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn gemma3_greedy_generation_through_the_cli_gives_the_golden_ids() {
+    let case = common::Reference::Gemma3.golden("generations.json")["cases"][0].clone();
+    let ids = greedy_ids(&common::Reference::Gemma3.model_path(), "The capital of France is", 8, "gpu");
+    assert_eq!(ids, common::ids(&case["generated_ids"])[..8]);
 }
 
 #[test]

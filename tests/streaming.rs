@@ -6,8 +6,8 @@ mod common;
 
 use common::Reference::{Gemma3, SmolLm2};
 use std::cell::Cell;
-use webgpu_llm::gguf::{ByteSource, Gguf, GgufError};
-use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions};
+use webgpu_llm::gguf::{ByteSource, Gguf, GgufError, SplitSource};
+use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, Readback};
 
 /// Bytes in memory that count what is read of them.
 struct Counting<'a> {
@@ -66,4 +66,34 @@ fn the_gpu_upload_reads_each_tensor_once_and_one_tensor_at_a_time() {
     assert_eq!(source.largest.get(), largest_tensor, "the largest single read is the largest tensor");
     assert_eq!(source.total.get(), all_tensors, "every tensor is read once (the tied output is not read again)");
     drop(model);
+}
+
+#[test]
+fn a_split_model_loads_from_its_parts_and_gives_the_whole_files_logits() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/arch/qwen2/model.gguf");
+    let whole = std::fs::read(path).unwrap();
+    let (a, b) = common::split_in_two(&whole, 10);
+    let split = SplitSource::new(vec![&a[..], &b[..]]);
+    let merged = pollster::block_on(split.header()).unwrap();
+    assert_eq!(merged.tensors.len(), Gguf::parse(&whole).unwrap().tensors.len());
+
+    let logits = |gguf: &Gguf, source: &dyn Fn(&Gguf) -> GpuModel| {
+        let mut model = source(gguf);
+        let mut out = vec![0f32; model.config.vocab_size];
+        pollster::block_on(model.step(&[1, 100, 200, 300, 400], 0, Readback::Logits(&mut out))).unwrap();
+        out
+    };
+    let gpu = || pollster::block_on(Gpu::new(GpuOptions { force_f32: true })).unwrap();
+    let from_parts =
+        logits(&merged, &|g| pollster::block_on(GpuModel::load(gpu(), g, &split, 64, &mut |_, _| {})).unwrap());
+    let whole_gguf = Gguf::parse(&whole).unwrap();
+    let from_whole =
+        logits(&whole_gguf, &|g| pollster::block_on(GpuModel::load(gpu(), g, &whole[..], 64, &mut |_, _| {})).unwrap());
+    assert_eq!(from_parts, from_whole);
+
+    // Parts out of order, or one missing, are refused with a message that says so.
+    for parts in [vec![&b[..], &a[..]], vec![&a[..]]] {
+        let err = pollster::block_on(SplitSource::new(parts).header()).unwrap_err();
+        assert!(err.to_string().contains("split"), "{err}");
+    }
 }

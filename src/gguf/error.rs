@@ -15,6 +15,10 @@ pub enum GgufError {
     HeaderPastPrefix { read: u64, needed: u64 },
     #[error("could not read the model: {0}")]
     Read(String),
+    #[error(
+        "the split GGUF parts do not fit together: {0}; give every part, in order (name-00001-of-0000N.gguf first)"
+    )]
+    SplitMismatch(String),
     #[error("GGUF {what} at offset {offset} declares {count} entries, more than the {remaining} bytes left in the file can hold")]
     CountTooLarge { what: String, offset: u64, count: u64, remaining: u64 },
     #[error("GGUF string at offset {offset} is not valid UTF-8")]

@@ -11,9 +11,9 @@ mod value;
 mod writer;
 
 pub use error::GgufError;
-pub use source::ByteSource;
 #[cfg(not(target_arch = "wasm32"))]
 pub use source::FileSource;
+pub use source::{ByteSource, SplitSource};
 pub use types::GgmlType;
 pub use value::Value;
 pub use writer::GgufWriter;
@@ -143,6 +143,46 @@ impl Gguf {
         check_no_overlap(&tensors, data_offset)?;
 
         Ok(Self { version, metadata, tensors, tensor_index, alignment, data_offset })
+    }
+
+    /// The headers of a split model's parts (in order, starting at `starts` in the concatenation)
+    /// as one: part 1's metadata, every part's tensors at their offsets in the concatenation.
+    pub fn merge_split(parts: Vec<Gguf>, starts: &[u64]) -> Result<Self, GgufError> {
+        let n = parts.len() as u64;
+        let split_key =
+            |g: &Gguf, key: &str| g.get_u64(key).map(|v| v.unwrap_or(if key == "split.no" { 0 } else { 1 }));
+        let mut merged: Option<Gguf> = None;
+        for (i, (part, &start)) in parts.into_iter().zip(starts).enumerate() {
+            let (no, count) = (split_key(&part, "split.no")?, split_key(&part, "split.count")?);
+            if no != i as u64 || count != n {
+                return Err(GgufError::SplitMismatch(format!(
+                    "part {} says it is part {} of {count}, but {n} parts were given in this order",
+                    i + 1,
+                    no + 1
+                )));
+            }
+            match &mut merged {
+                None => merged = Some(part),
+                Some(m) => {
+                    for t in part.tensors {
+                        if m.tensor_index.insert(t.name.clone(), m.tensors.len()).is_some() {
+                            return Err(GgufError::DuplicateTensor { name: t.name });
+                        }
+                        m.tensors.push(TensorInfo { file_offset: t.file_offset + start, ..t });
+                    }
+                }
+            }
+        }
+        let merged = merged.ok_or_else(|| GgufError::SplitMismatch("no parts were given".into()))?;
+        if let Some(total) = merged.get_u64("split.tensors.count")? {
+            if total != merged.tensors.len() as u64 {
+                return Err(GgufError::SplitMismatch(format!(
+                    "split.tensors.count is {total}, the parts hold {} tensors",
+                    merged.tensors.len()
+                )));
+            }
+        }
+        Ok(merged)
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {

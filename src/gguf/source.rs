@@ -16,8 +16,74 @@ pub trait ByteSource {
     /// `len` bytes at `offset` (within the file: callers check bounds first).
     fn read(&self, offset: u64, len: u64) -> impl Future<Output = Result<Vec<u8>, GgufError>>;
 
+    /// The parsed header; a split model (`SplitSource`) merges its parts' headers.
+    fn header(&self) -> impl Future<Output = Result<Gguf, GgufError>> {
+        Gguf::read(self)
+    }
+
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// A model split by llama.cpp's gguf-split into parts (`name-00001-of-00003.gguf`), read as the
+/// concatenation of its parts: each part is a GGUF file of its own whose tensors' offsets are
+/// shifted by the part's start. Part 1 holds the metadata; `split.count`, `split.no` and
+/// `split.tensors.count` are checked.
+pub struct SplitSource<S> {
+    parts: Vec<S>,
+    starts: Vec<u64>,
+}
+
+impl<S: ByteSource> SplitSource<S> {
+    pub fn new(parts: Vec<S>) -> Self {
+        let mut starts = Vec::with_capacity(parts.len());
+        let mut end = 0;
+        for p in &parts {
+            starts.push(end);
+            end += p.len();
+        }
+        Self { parts, starts }
+    }
+}
+
+impl<S: ByteSource> ByteSource for SplitSource<S> {
+    fn len(&self) -> u64 {
+        self.starts.last().zip(self.parts.last()).map_or(0, |(s, p)| s + p.len())
+    }
+
+    async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, GgufError> {
+        // A tensor lies within one part; a read of the whole model (the CPU backend) spans them.
+        let (end, mut pos) = (offset + len, offset);
+        let mut out = Vec::with_capacity(len as usize);
+        while pos < end {
+            let i = self.starts.partition_point(|&s| s <= pos) - 1;
+            let local = pos - self.starts[i];
+            let n = (end - pos).min(self.parts[i].len() - local);
+            out.extend(self.parts[i].read(local, n).await?);
+            pos += n;
+        }
+        Ok(out)
+    }
+
+    async fn header(&self) -> Result<Gguf, GgufError> {
+        let mut headers = Vec::with_capacity(self.parts.len());
+        for part in &self.parts {
+            headers.push(Gguf::read(part).await?);
+        }
+        Gguf::merge_split(headers, &self.starts)
+    }
+}
+
+impl<T: ByteSource + ?Sized> ByteSource for &T {
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+    async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, GgufError> {
+        (**self).read(offset, len).await
+    }
+    async fn header(&self) -> Result<Gguf, GgufError> {
+        (**self).header().await
     }
 }
 

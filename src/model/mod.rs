@@ -3,9 +3,11 @@
 
 mod config;
 mod cpu;
+mod info;
 
 pub use config::ModelConfig;
 pub use cpu::{CpuKvCache, CpuModel, Logits};
+pub use info::ModelInfo;
 
 /// The CPU reference ops, one per GPU kernel family, for the kernels' tests.
 pub mod reference {

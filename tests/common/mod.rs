@@ -4,7 +4,7 @@
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use webgpu_llm::gguf::Gguf;
+use webgpu_llm::gguf::{Gguf, GgufWriter, Value as GgufValue};
 use webgpu_llm::model::CpuModel;
 
 pub fn golden_dir() -> PathBuf {
@@ -98,4 +98,24 @@ pub fn nll(row: &[f32], target: u32) -> f64 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let log_sum = row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln() + max;
     log_sum - row[target as usize] as f64
+}
+
+/// `bytes` (a GGUF file) split as llama.cpp's gguf-split does: part 1 holds the metadata and
+/// the first `first` tensors, part 2 the rest; both carry split.no / split.count.
+pub fn split_in_two(bytes: &[u8], first: usize) -> (Vec<u8>, Vec<u8>) {
+    let g = Gguf::parse(bytes).unwrap();
+    let mut parts = [GgufWriter::new(3), GgufWriter::new(3)];
+    let mut keys: Vec<_> = g.metadata.iter().collect();
+    keys.sort_by_key(|(k, _)| k.as_str());
+    for (k, v) in keys {
+        parts[0].metadata(k, v.clone());
+    }
+    parts[0].metadata("split.tensors.count", GgufValue::I32(g.tensors.len() as i32));
+    for (i, p) in parts.iter_mut().enumerate() {
+        p.metadata("split.no", GgufValue::U16(i as u16)).metadata("split.count", GgufValue::U16(2));
+    }
+    for (i, t) in g.tensors.iter().enumerate() {
+        parts[(i >= first) as usize].tensor(&t.name, &t.shape, t.ty, t.data(bytes).to_vec());
+    }
+    (parts[0].to_bytes(), parts[1].to_bytes())
 }

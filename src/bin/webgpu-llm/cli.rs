@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use webgpu_llm::chat::Message;
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats};
-use webgpu_llm::gguf::FileSource;
+use webgpu_llm::gguf::{FileSource, SplitSource};
 use webgpu_llm::gpu::GpuOptions;
 use webgpu_llm::sampling::SamplingParams;
 use webgpu_llm::Error;
@@ -140,12 +140,27 @@ fn model_path(arg: Option<PathBuf>) -> PathBuf {
     })
 }
 
+/// The parts of a split model (`name-00001-of-00003.gguf`, any part named), or just `path`.
+fn split_parts(path: &std::path::Path) -> Vec<PathBuf> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let parsed = name.strip_suffix(".gguf").and_then(|stem| {
+        let (rest, count) = stem.rsplit_once("-of-")?;
+        let (base, _) = rest.rsplit_once('-')?;
+        let n: usize = count.parse().ok().filter(|_| count.len() == 5)?;
+        Some((base.to_string(), n))
+    });
+    match parsed {
+        Some((base, n)) => (1..=n).map(|i| path.with_file_name(format!("{base}-{i:05}-of-{n:05}.gguf"))).collect(),
+        None => vec![path.to_path_buf()],
+    }
+}
+
 /// Loads the model; without --backend, the GPU when an adapter exists, else the CPU.
 async fn load(args: &ModelArgs) -> Result<Engine, Error> {
     let path = model_path(args.model.clone());
     eprintln!("loading {}", path.display());
     // Read in ranges: the header, then one tensor at a time into GPU memory.
-    let file = FileSource::open(&path)?;
+    let file = SplitSource::new(split_parts(&path).iter().map(|p| FileSource::open(p)).collect::<Result<_, _>>()?);
     let start = std::time::Instant::now();
     let mut progress = |done: usize, total: usize| eprint!("\rloading weights: {}%", done * 100 / total.max(1));
     let options = |backend| LoadOptions { backend, context_length: args.context_length, gpu: GpuOptions::from_env() };

@@ -1,0 +1,60 @@
+//! What a model file is and what running it needs, from its header alone: shown before a
+//! download (the page reads the header with a ranged request) and after a load.
+
+use super::ModelConfig;
+use crate::error::Result;
+use crate::gguf::Gguf;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelInfo {
+    pub name: String,
+    pub architecture: String,
+    pub parameters: u64,
+    pub file_bytes: u64,
+    /// Bytes of tensor data per block type (the quantization mix).
+    pub type_bytes: BTreeMap<String, u64>,
+    /// The context the model was trained for.
+    pub max_context: usize,
+    /// The context these figures assume.
+    pub context: usize,
+    /// GPU memory for the weights as uploaded (blocks padded to whole words).
+    pub weight_bytes: u64,
+    /// GPU memory of the KV cache at `context`, f16 and f32.
+    pub kv_bytes_f16: u64,
+    pub kv_bytes_f32: u64,
+    /// The largest single tensor (it is split across bindings when larger than one).
+    pub largest_tensor_bytes: u64,
+}
+
+impl ModelInfo {
+    /// Facts of the model in `gguf` (of a `file_bytes`-byte file) at `context` tokens (None:
+    /// the engine's default); an error when the engine cannot run its architecture or types.
+    pub fn new(gguf: &Gguf, file_bytes: u64, context: Option<usize>) -> Result<Self> {
+        let c = ModelConfig::from_gguf(gguf)?;
+        let context = context.unwrap_or(crate::engine::DEFAULT_CONTEXT).min(c.context_length).max(1);
+        let mut type_bytes = BTreeMap::new();
+        let mut weight_bytes = 0u64;
+        for t in &gguf.tensors {
+            *type_bytes.entry(t.ty.name().to_string()).or_insert(0) += t.byte_size;
+            let f = crate::quant::tensor_format(t)?;
+            weight_bytes += t.byte_size / f.block().1 as u64 * f.gpu_block_bytes() as u64;
+        }
+        let kv_values = (c.n_layers * c.kv_dim()) as u64 * context as u64 * 2;
+        Ok(Self {
+            name: c.name.clone(),
+            architecture: c.architecture.clone(),
+            parameters: gguf.tensors.iter().map(|t| t.n_elements()).sum(),
+            file_bytes,
+            type_bytes,
+            max_context: c.context_length,
+            context,
+            weight_bytes,
+            kv_bytes_f16: kv_values * 2,
+            kv_bytes_f32: kv_values * 4,
+            largest_tensor_bytes: gguf.tensors.iter().map(|t| t.byte_size).max().unwrap_or(0),
+        })
+    }
+}
