@@ -80,6 +80,75 @@ export interface Info {
   fromCache: boolean;
 }
 
+export interface InspectOptions {
+  /** The context (tokens) the memory figures assume (default: min(model context, 4096), as load). */
+  contextLength?: number;
+  /** Read a URL from Cache Storage when it is there (default true). */
+  cache?: boolean;
+}
+
+/** What a GGUF file holds and needs, from its header alone. */
+export interface ModelInfo {
+  name: string;
+  architecture: string;
+  /** Transformer layers (each keeps its K and V in buffers of their own). */
+  layers: number;
+  /** Sum of the element counts of all tensors. */
+  parameters: number;
+  fileBytes: number;
+  /** Bytes of tensor data per block type (the quantization mix), e.g. {Q4_K: ..., Q6_K: ...}. */
+  typeBytes: Record<string, number>;
+  /** The context the model was trained for. */
+  maxContext: number;
+  /** The context the figures below assume. */
+  context: number;
+  /** GPU memory for the weights as uploaded (blocks padded to whole words). */
+  weightBytes: number;
+  /** The KV cache at `context` tokens, with f16 and with f32 values. */
+  kvBytesF16: number;
+  kvBytesF32: number;
+  /** The largest single tensor in the file (the engine splits it over bindings when needed). */
+  largestTensorBytes: number;
+}
+
+export interface AdapterLimits {
+  name: string;
+  /** The adapter has shader-f16: the KV cache holds f16 values. */
+  f16: boolean;
+  maxBufferSize: number;
+  maxStorageBufferBindingSize: number;
+}
+
+/** `Engine.inspect`'s answer: the model's facts and whether this browser's GPU can hold it. */
+export interface Inspection extends ModelInfo {
+  /** Where the header was read: Cache Storage, the network (Range requests), a File/Blob, bytes. */
+  source: "cache" | "network" | "file" | "bytes";
+  /** This browser's WebGPU adapter, or null when there is none. */
+  adapter: AdapterLimits | null;
+  /** 2 (f16) or 4 (f32): what the engine will use on this adapter. */
+  kvBytesPerValue: 2 | 4;
+  /** The KV cache at `context` tokens on this adapter. */
+  kvBytes: number;
+  /** weightBytes + kvBytes. */
+  gpuBytes: number;
+  /**
+   * The GPU memory assumed available. WebGPU does not expose it: half of navigator.deviceMemory,
+   * or 2 GiB when the browser does not report it; 0 without an adapter.
+   */
+  memoryBudget: number;
+  /** Each buffer within the adapter's limits and gpuBytes within memoryBudget. */
+  fits: boolean;
+  /** The largest context (tokens) that fits both, at most maxContext; 0 when the weights alone do not. */
+  affordableContext: number;
+  /** What `fits` rests on, in words, to show beside it. */
+  note: string;
+}
+
+export interface CachedModel {
+  url: string;
+  bytes: number;
+}
+
 export interface Message {
   role: string;
   content: string;
@@ -87,6 +156,17 @@ export interface Message {
 
 export declare class Engine {
   static load(source: string | URL | Blob | ArrayBuffer | Uint8Array, options?: LoadOptions): Promise<Engine>;
+  /**
+   * A model's facts and whether this GPU can hold it, from the header alone: a URL with Range
+   * requests (or the start of the download, cancelled, from a server without them), a File/Blob
+   * as a slice, a cached URL from Cache Storage. Rejects with an Error in words for a file the
+   * engine cannot run or a server it cannot reach.
+   */
+  static inspect(source: string | URL | Blob | ArrayBuffer | Uint8Array, options?: InspectOptions): Promise<Inspection>;
+  /** The models kept in Cache Storage by `load`. */
+  static cachedModels(): Promise<CachedModel[]>;
+  /** Removes one model from Cache Storage; resolves to whether it was there. */
+  static deleteCached(url: string | URL): Promise<boolean>;
   static clearCache(): Promise<void>;
   generate(prompt: string, options?: GenerateOptions): AsyncIterableIterator<TokenEvent>;
   chat(messages: Message[], options?: GenerateOptions): AsyncIterableIterator<TokenEvent>;

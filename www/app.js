@@ -1,18 +1,24 @@
-// The page's UI: loads the default model (or a picked/dropped GGUF) in the worker, keeps the
-// conversation, streams tokens into the chat, shows stats and the "inside the engine" panel.
-// Model output is always inserted as text, never as HTML.
+// The page's UI: checks a model before downloading it (what it is, what it needs, whether this
+// GPU can hold it), loads it in the worker (from a URL, the list of known models, a picked or
+// dropped file, or the browser's cache), lists and deletes cached models, keeps the conversation,
+// streams tokens into the chat, shows stats and the "inside the engine" panel. Model output and
+// everything read from a model file are inserted as text, never as HTML.
 
 const DEFAULT_MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 const $ = (id) => document.getElementById(id);
 
 const ui = {
   status: $("load-status"), progress: $("load-progress"), error: $("error"), file: $("file-input"),
+  source: $("source"), known: $("known-models"), url: $("model-url"), check: $("check"), load: $("load"),
+  modelInfo: $("model-info"), modelTitle: $("model-info-title"), cached: $("cached-models"), cacheEmpty: $("cache-empty"),
+  cacheSummary: $("cache-summary"),
   messages: $("messages"), composer: $("composer"), prompt: $("prompt"), send: $("send"), stop: $("stop"),
   clear: $("clear"), stats: $("stats"), system: $("system"), temperature: $("temperature"),
   temperatureValue: $("temperature-value"), topP: $("top-p"), topPValue: $("top-p-value"), topK: $("top-k"),
   maxTokens: $("max-tokens"), inside: $("inside"), phase: $("phase"), kvText: $("kv-text"), kvMeter: $("kv-meter"),
   candidates: $("candidates"), adapter: $("adapter"),
 };
+const facts = Object.fromEntries(["architecture", "parameters", "quant", "size", "memory", "context", "fits", "note"].map((f) => [f, $(`fact-${f}`)]));
 
 let worker = null;
 let info = null;
@@ -20,16 +26,46 @@ let conversation = [];
 let generating = false;
 let reply = null;
 let replyText = "";
+// The model being checked ({id, source, andLoad}), the one checked and ready to load
+// ({source, model}), whether a load is under way, and the loaded model's URL (marked in the
+// cache list) and facts (shown again when checking another model fails).
+let checking = null;
+let checked = null;
+let loading = false;
+let loadedUrl = null;
+let loadedFacts = null;
+
+const absolute = (url) => new URL(url, location.href).href;
+
+/** A model's file name, from its URL or File. */
+function sourceName(source) {
+  if (typeof source !== "string") return source.name;
+  try {
+    return decodeURIComponent(new URL(source, location.href).pathname.split("/").pop()) || source;
+  } catch {
+    return source;
+  }
+}
 
 function showError(message) {
   ui.error.textContent = message;
   ui.error.hidden = false;
 }
 
+/** Enables what can be done now: nothing that loads while a model loads or an answer streams. */
+function setControls() {
+  ui.send.disabled = generating || loading || !info;
+  ui.stop.disabled = !generating;
+  ui.check.disabled = loading;
+  ui.load.disabled = loading || generating || !checked;
+  ui.file.disabled = loading || generating;
+  for (const button of ui.cached.querySelectorAll("button.load")) button.disabled = loading || generating;
+  for (const button of ui.cached.querySelectorAll("button.delete")) button.disabled = loading;
+}
+
 function setBusy(busy) {
   generating = busy;
-  ui.send.disabled = busy || !info;
-  ui.stop.disabled = !busy;
+  setControls();
 }
 
 function addMessage(role, text) {
@@ -50,7 +86,13 @@ function addMessage(role, text) {
 function formatBytes(n) {
   if (n < 1024) return `${n} B`;
   if (n < 1024 ** 2) return `${(n / 1024).toFixed(1)} KiB`;
-  return `${(n / 1024 ** 2).toFixed(1)} MiB`;
+  if (n < 1024 ** 3) return `${(n / 1024 ** 2).toFixed(1)} MiB`;
+  return `${(n / 1024 ** 3).toFixed(2)} GiB`;
+}
+
+function formatCount(n) {
+  if (n >= 1e9) return `${(n / 1e9).toFixed(2)} billion`;
+  return `${(n / 1e6).toFixed(1)} million`;
 }
 
 function showKv(tokens) {
@@ -58,6 +100,112 @@ function showKv(tokens) {
   const bytes = 2 * info.nLayers * info.nKvHeads * info.headDim * info.kvBytesPerValue * tokens;
   ui.kvText.textContent = `${tokens} / ${info.contextLength} tokens, ${formatBytes(bytes)}`;
   ui.kvMeter.value = tokens / info.contextLength;
+}
+
+/** A model's facts (from Engine.inspect) under `title`. */
+function showModel(title, model) {
+  ui.modelTitle.textContent = title;
+  ui.modelInfo.hidden = false;
+  const tensorBytes = Object.values(model.typeBytes).reduce((a, b) => a + b, 0);
+  facts.architecture.textContent = model.architecture;
+  facts.parameters.textContent = `${formatCount(model.parameters)} (${model.parameters.toLocaleString("en-US")})`;
+  facts.quant.textContent = Object.entries(model.typeBytes)
+    .sort((a, b) => b[1] - a[1])
+    .map(([type, bytes]) => `${type} ${((100 * bytes) / tensorBytes).toFixed(1)}%`)
+    .join(", ");
+  facts.size.textContent = formatBytes(model.fileBytes);
+  facts.memory.textContent =
+    `${formatBytes(model.gpuBytes)}: weights ${formatBytes(model.weightBytes)} + KV cache ${formatBytes(model.kvBytes)} ` +
+    `(${model.kvBytesPerValue === 2 ? "f16" : "f32"}, ${model.context} tokens)`;
+  facts.context.textContent =
+    `${model.context} tokens (trained for ${model.maxContext}); this GPU can afford about ${model.affordableContext}`;
+  facts.fits.textContent = !model.adapter
+    ? "No WebGPU adapter"
+    : `${model.fits ? "Fits" : "May not fit"}: ${model.adapter.name}, ${model.adapter.f16 ? "with" : "without"} shader-f16, ` +
+      `buffers up to ${formatBytes(Math.min(model.adapter.maxBufferSize, model.adapter.maxStorageBufferBindingSize))}`;
+  facts.note.textContent = model.note;
+}
+
+/** Reads a model's header in the worker and shows what it is; `andLoad`: true, or "cached" (only when it needs no download). */
+function check(source, andLoad = false) {
+  if (loading || !worker) return;
+  ui.error.hidden = true;
+  ui.modelInfo.hidden = true;
+  checked = null;
+  checking = { id: (checking?.id ?? 0) + 1, source, andLoad };
+  ui.load.textContent = "Download and load";
+  setControls();
+  ui.status.textContent = `Checking ${sourceName(source)}…`;
+  worker.postMessage({ type: "inspect", id: checking.id, ...(typeof source === "string" ? { url: source } : { file: source }) });
+}
+
+function inspected(model) {
+  const { source, andLoad } = checking;
+  checking = null;
+  checked = { source, model };
+  const where = { cache: "in this browser's cache", file: "a file on this device", network: "before downloading" }[model.source];
+  showModel(`${model.name} (${sourceName(source)}), ${where}`, model);
+  ui.load.textContent = model.source === "network" ? `Download ${formatBytes(model.fileBytes)} and load` : "Load";
+  if (andLoad === true || (andLoad === "cached" && model.source === "cache")) return load(source);
+  ui.status.textContent = info ? `Ready: ${info.modelName}. Checked ${sourceName(source)}: load it when you want.` : `Checked ${sourceName(source)}: load it when you want.`;
+  setControls();
+}
+
+function load(source) {
+  ui.error.hidden = true;
+  info = null;
+  loading = true;
+  loadedUrl = null;
+  loadedFacts = null;
+  delete document.body.dataset.modelLoaded;
+  setControls();
+  if (typeof source === "string") loadedUrl = absolute(source);
+  ui.status.textContent = "Loading the model…";
+  ui.progress.value = 0;
+  worker.postMessage(typeof source === "string" ? { type: "load", url: source } : { type: "load", file: source });
+}
+
+function showCache(models) {
+  ui.cached.replaceChildren(
+    ...models.map((m) => {
+      const li = document.createElement("li");
+      const name = document.createElement("span");
+      name.className = "name";
+      name.textContent = sourceName(m.url);
+      name.title = m.url;
+      const size = document.createElement("span");
+      size.className = "size";
+      size.textContent = `${formatBytes(m.bytes)}${m.url === loadedUrl && info ? ", loaded" : ""}`;
+      const loadButton = document.createElement("button");
+      loadButton.type = "button";
+      loadButton.className = "load";
+      loadButton.textContent = "Load";
+      loadButton.addEventListener("click", () => {
+        selectUrl(m.url);
+        check(m.url, true);
+      });
+      const remove = document.createElement("button");
+      remove.type = "button";
+      remove.className = "delete";
+      remove.textContent = "Delete";
+      remove.setAttribute("aria-label", `Delete ${sourceName(m.url)} from this browser`);
+      remove.addEventListener("click", () => worker.postMessage({ type: "cache", remove: m.url }));
+      li.append(name, size, loadButton, remove);
+      return li;
+    }),
+  );
+  ui.cacheEmpty.hidden = models.length > 0;
+  ui.cacheSummary.textContent = models.length ? `(${models.length}, ${formatBytes(models.reduce((sum, m) => sum + m.bytes, 0))})` : "";
+  // A checked model that was in the cache is one to download again once deleted.
+  if (checked?.model.source === "cache" && !models.some((m) => m.url === absolute(checked.source))) check(checked.source);
+  setControls();
+}
+
+/** Puts a URL in the URL box and picks its entry in the list of known models, if it has one. */
+function selectUrl(url) {
+  ui.url.value = url;
+  const option = [...ui.known.options].find((o) => o.value && absolute(o.value) === url);
+  ui.known.value = option ? option.value : "";
 }
 
 function showCandidates(candidates) {
@@ -82,6 +230,9 @@ function startWorker() {
   worker.onerror = (e) => showError(`The engine failed to start: ${e.message || "unknown error"}`);
   worker.onmessage = ({ data }) => {
     switch (data.type) {
+      case "inspected":
+        if (data.id === checking?.id) inspected(data.model);
+        break;
       case "progress": {
         const pct = data.total ? Math.round((100 * data.loaded) / data.total) : 0;
         ui.progress.max = 1;
@@ -91,13 +242,22 @@ function startWorker() {
       }
       case "loaded":
         info = data.info;
+        loading = false;
         ui.status.textContent = `Ready: ${info.modelName}${info.fromCache ? " (from the browser cache)" : ""}`;
         ui.progress.value = 1;
         ui.adapter.textContent = `Running on ${info.backend}.`;
+        loadedFacts = data.model && [`${info.modelName} (${checked ? sourceName(checked.source) : "loaded"}), loaded`, data.model];
+        if (loadedFacts) showModel(...loadedFacts);
+        checked = null;
+        ui.load.textContent = "Download and load";
         document.body.dataset.modelLoaded = "true";
         document.body.dataset.fromCache = String(info.fromCache);
+        document.body.dataset.kvBytesPerValue = String(info.kvBytesPerValue);
         showKv(0);
-        setBusy(false);
+        setControls();
+        break;
+      case "cache":
+        showCache(data.models);
         break;
       case "started":
         document.body.dataset.lastRequest = JSON.stringify(data.options);
@@ -121,20 +281,39 @@ function startWorker() {
         break;
       }
       case "error":
-        if (data.during === "load") {
-          info = null;
-          delete document.body.dataset.modelLoaded;
-          ui.status.textContent = "The model could not be loaded.";
-          showError(`The model could not be loaded: ${data.message}`);
-        } else {
-          showError(`Generation failed: ${data.message}`);
-          if (reply) conversation.push({ role: "assistant", content: replyText });
-          finish();
-        }
-        setBusy(false);
+        failed(data);
         break;
     }
   };
+}
+
+function failed({ during, message, id }) {
+  switch (during) {
+    case "inspect":
+      if (id !== checking?.id) return;
+      showError(`The model could not be ${checking.andLoad === true ? "loaded" : "checked"}: ${message}`);
+      checking = null;
+      ui.status.textContent = info ? `Ready: ${info.modelName}` : "No model is loaded.";
+      if (info && loadedFacts) showModel(...loadedFacts);
+      break;
+    case "load":
+      // The checked model stays ready to load again (a cut download is worth a retry).
+      info = null;
+      loading = false;
+      delete document.body.dataset.modelLoaded;
+      ui.progress.value = 0;
+      ui.status.textContent = "The model could not be loaded.";
+      showError(`The model could not be loaded: ${message}`);
+      break;
+    case "cache":
+      showError(`The browser's cache could not be read: ${message}`);
+      break;
+    default:
+      showError(`Generation failed: ${message}`);
+      if (reply) conversation.push({ role: "assistant", content: replyText });
+      finish();
+  }
+  setControls();
 }
 
 function finish() {
@@ -142,16 +321,6 @@ function finish() {
   reply = null;
   setBusy(false);
   document.body.dataset.generating = "false";
-}
-
-function load(source) {
-  ui.error.hidden = true;
-  info = null;
-  setBusy(false);
-  ui.send.disabled = true;
-  ui.status.textContent = "Loading the model…";
-  ui.progress.value = 0;
-  worker.postMessage(typeof source === "string" ? { type: "load", url: source } : { type: "load", file: source });
 }
 
 function send(text) {
@@ -201,18 +370,53 @@ for (const [input, output, digits] of [[ui.temperature, ui.temperatureValue, 2],
   input.addEventListener("input", show);
   show();
 }
-ui.file.addEventListener("change", () => ui.file.files[0] && load(ui.file.files[0]));
+ui.source.addEventListener("submit", (e) => {
+  e.preventDefault();
+  check(ui.url.value.trim());
+});
+ui.known.addEventListener("change", () => {
+  if (!ui.known.value) {
+    ui.url.value = "";
+    ui.url.focus();
+    return;
+  }
+  ui.url.value = absolute(ui.known.value);
+  check(ui.url.value);
+});
+ui.url.addEventListener("input", () => {
+  checked = null;
+  setControls();
+});
+ui.load.addEventListener("click", () => checked && load(checked.source));
+ui.file.addEventListener("change", () => ui.file.files[0] && check(ui.file.files[0], true));
 document.addEventListener("dragover", (e) => e.preventDefault());
 document.addEventListener("drop", (e) => {
   e.preventDefault();
   const file = e.dataTransfer?.files?.[0];
-  if (file) load(file);
+  if (!file) return;
+  if (loading || generating) showError("Wait until the model has loaded and the answer is finished, then drop the file again.");
+  else check(file, true);
 });
 
-if (!("gpu" in navigator)) {
-  ui.status.textContent = "WebGPU is not available.";
-  showError("This browser does not offer WebGPU, which the model needs to run on your GPU. Try a recent Chrome, Edge or Safari (or enable WebGPU in the browser's settings).");
-} else {
+/** Starts the engine's worker and checks the default model, unless this browser has no WebGPU adapter. */
+async function start() {
+  const adapter = "gpu" in navigator ? await navigator.gpu.requestAdapter().catch(() => null) : null;
+  if (!adapter) {
+    ui.status.textContent = "WebGPU is not available.";
+    setControls();
+    ui.check.disabled = true;
+    ui.file.disabled = true;
+    showError(
+      "gpu" in navigator
+        ? "This browser offers WebGPU but found no GPU it can use (the GPU may be blocklisted or its driver too old), and the model needs one. Try updating the browser or the graphics driver."
+        : "This browser does not offer WebGPU, which the model needs to run on your GPU. Try a recent Chrome, Edge or Safari (or enable WebGPU in the browser's settings).",
+    );
+    return;
+  }
   startWorker();
-  load(DEFAULT_MODEL);
+  selectUrl(absolute(DEFAULT_MODEL));
+  worker.postMessage({ type: "cache" });
+  check(ui.url.value, "cached");
 }
+
+start();

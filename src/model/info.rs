@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 pub struct ModelInfo {
     pub name: String,
     pub architecture: String,
+    /// Transformer layers: each keeps its K and V in buffers of their own.
+    pub layers: usize,
     pub parameters: u64,
     pub file_bytes: u64,
     /// Bytes of tensor data per block type (the quantization mix).
@@ -46,6 +48,7 @@ impl ModelInfo {
         Ok(Self {
             name: c.name.clone(),
             architecture: c.architecture.clone(),
+            layers: c.n_layers,
             parameters: gguf.tensors.iter().map(|t| t.n_elements()).sum(),
             file_bytes,
             type_bytes,

@@ -1,6 +1,7 @@
-// Shared by the browser tests: a static server on 127.0.0.1 and Debian's Chromium with WebGPU
-// (SwiftShader on a machine without a GPU). Never downloads a browser.
-import { spawn } from "node:child_process";
+// Shared by the browser tests: a static server on 127.0.0.1 (Range requests, a request log, and a
+// download it can cut off midway) and Debian's Chromium with WebGPU (SwiftShader on a machine
+// without a GPU). Never downloads a browser.
+import http from "node:http";
 import { chromium } from "playwright-core";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
@@ -12,18 +13,89 @@ export const modelPath = path.join(root, "models/SmolLM2-135M-Instruct.Q4_1.gguf
 export const artifacts = path.join(root, "target/browser-tests");
 fs.mkdirSync(artifacts, { recursive: true });
 
-/** Serves `dir` on an ephemeral port; resolves to {url, close}. */
-export function serve(dir) {
-  return new Promise((resolve, reject) => {
-    const proc = spawn("python3", ["-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", dir], { stdio: ["ignore", "pipe", "pipe"] });
-    let out = "";
-    proc.stdout.on("data", (d) => {
-      out += d;
-      const m = out.match(/port (\d+)/);
-      if (m) resolve({ url: `http://127.0.0.1:${m[1]}`, close: () => proc.kill() });
+const TYPES = { ".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".wasm": "application/wasm", ".json": "application/json", ".png": "image/png" };
+
+/**
+ * Serves `dir` on an ephemeral port to any origin; resolves to {url, requests, cutNext, close}.
+ * `ranges: false` ignores Range headers (as python's http.server does). Every response is logged in `requests`
+ * as {method, path, range, status, sent, complete}; `cutNext()` makes the next full GET of a
+ * .gguf close the connection after half its body.
+ */
+export function serve(dir, { ranges = true } = {}) {
+  const requests = [];
+  let cut = false;
+  const server = http.createServer((req, res) => {
+    const urlPath = decodeURIComponent(new URL(req.url, "http://x").pathname);
+    const entry = { method: req.method, path: urlPath, range: req.headers.range ?? null, status: 200, sent: 0, complete: false };
+    requests.push(entry);
+    if (req.method === "OPTIONS") {
+      entry.status = 204;
+      res.writeHead(204, { "access-control-allow-origin": "*", "access-control-allow-headers": "range" }).end();
+      return;
+    }
+    let file = path.join(dir, urlPath);
+    if (!file.startsWith(dir)) file = dir;
+    if (urlPath.endsWith("/")) file = path.join(file, "index.html");
+    let size;
+    try {
+      size = fs.statSync(file).size;
+    } catch {
+      entry.status = 404;
+      res.writeHead(404, { "content-type": "text/plain" }).end("not found");
+      return;
+    }
+    let start = 0;
+    let end = size - 1;
+    // Any origin may read it, as on Hugging Face, but Content-Range is not exposed to other origins.
+    const headers = { "content-type": TYPES[path.extname(file)] ?? "application/octet-stream", "cache-control": "no-store", "access-control-allow-origin": "*" };
+    const m = ranges && entry.range && entry.range.match(/^bytes=(\d*)-(\d*)$/);
+    if (m) {
+      if (m[1] === "") start = Math.max(0, size - Number(m[2]));
+      else [start, end] = [Number(m[1]), m[2] === "" ? size - 1 : Math.min(Number(m[2]), size - 1)];
+      if (start >= size || start > end) {
+        entry.status = 416;
+        res.writeHead(416, { "content-range": `bytes */${size}` }).end();
+        return;
+      }
+      entry.status = 206;
+      headers["content-range"] = `bytes ${start}-${end}/${size}`;
+    }
+    if (ranges) headers["accept-ranges"] = "bytes";
+    headers["content-length"] = String(end - start + 1);
+    res.writeHead(entry.status, headers);
+    if (req.method === "HEAD") return res.end();
+    const limit = cut && !m && file.endsWith(".gguf") ? Math.floor(size / 2) : Infinity;
+    if (limit !== Infinity) cut = false;
+    const stream = fs.createReadStream(file, { start, end });
+    stream.on("data", (chunk) => {
+      if (entry.sent + chunk.length > limit) {
+        stream.destroy();
+        res.write(chunk.subarray(0, limit - entry.sent), () => res.socket.destroy());
+        entry.sent = limit;
+        return;
+      }
+      entry.sent += chunk.length;
+      if (!res.write(chunk)) stream.pause();
     });
-    proc.stderr.on("data", () => {});
-    proc.on("exit", (code) => reject(new Error(`static server exited with ${code}: ${out}`)));
+    res.on("drain", () => stream.resume());
+    stream.on("end", () => {
+      entry.complete = true;
+      res.end();
+    });
+    res.on("close", () => stream.destroy());
+  });
+  return new Promise((resolve) => {
+    server.listen(0, "127.0.0.1", () => {
+      resolve({
+        url: `http://127.0.0.1:${server.address().port}/`,
+        requests,
+        cutNext: () => (cut = true),
+        close: () => {
+          server.closeAllConnections();
+          server.close();
+        },
+      });
+    });
   });
 }
 

@@ -1,56 +1,282 @@
-// The npm package imported into a plain ES-module page with exactly the README's snippet.
+// The npm package imported into a plain ES-module page: the README's snippet, Engine.inspect
+// against facts read from the file by an independent parser (tests/browser/gguf.mjs), and the
+// Cache Storage API (a cut download leaves nothing behind; list and delete).
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { serve, launch, stage } from "./lib.mjs";
+import fs from "node:fs";
+import path from "node:path";
+import { serve, launch, stage, golden, modelPath, root } from "./lib.mjs";
+import { readGguf } from "./gguf.mjs";
 
-const page = `<!doctype html>
+/** A page that imports the package and runs `body` (a module script) or exposes Engine for evaluate(). */
+function html(body) {
+  return `<!doctype html>
 <meta charset="utf-8">
+<link rel="icon" href="data:,">
+<input id="file" type="file">
 <pre id="out"></pre>
 <script type="module">
-const out = document.getElementById("out");
-try {
-  const url = "./model.gguf";
-  const t0 = performance.now();
-  import { Engine } from "./pkg/index.js";
-} catch (e) {}
+${body}
 </script>`;
+}
 
-test("the README snippet streams a chat completion from the built package", { timeout: 900_000 }, async () => {
-  const html = `<!doctype html>
-<meta charset="utf-8">
-<pre id="out"></pre>
-<script type="module">
-import { Engine } from "./pkg/index.js";
+test("the README snippet streams a seeded chat completion, the same text for the same seed", { timeout: 900_000 }, async () => {
+  const snippet = `import { Engine } from "./pkg/index.js";
 const out = document.getElementById("out");
 const url = "./model.gguf";
 try {
   const engine = await Engine.load(url, { onProgress: ({ loaded, total }) => {} });
-  for await (const ev of engine.chat([{ role: "user", content: "Hi" }], { temperature: 0.7, topP: 0.9, maxTokens: 128 })) {
+  for await (const ev of engine.chat([{ role: "user", content: "Hi" }], { temperature: 0.7, topP: 0.9, maxTokens: 128, seed: 42 })) {
     out.textContent += ev.text;                      // ev = { id, text }
     window.tokens = (window.tokens ?? 0) + 1;
   }
   window.stats = engine.stats();
   window.info = engine.info();
+  window.engine = engine;
 } catch (e) {
   window.failure = String(e && e.message || e);
 }
-window.finished = true;
-</script>`;
-  void page;
-  const dir = stage("package", { "index.html": html });
+window.finished = true;`;
+  const server = await serve(stage("package", { "index.html": html(snippet) }));
+  const browser = await launch();
+  try {
+    const tab = await browser.newPage();
+    tab.on("console", (m) => console.log("page:", m.text()));
+    await tab.goto(`${server.url}index.html`);
+    await tab.waitForFunction(() => window.finished, null, { timeout: 880_000, polling: 500 });
+    const result = await tab.evaluate(() => ({ failure: window.failure, text: document.getElementById("out").textContent, tokens: window.tokens, stats: window.stats, info: window.info }));
+    console.log(JSON.stringify(result));
+    assert.equal(result.failure, undefined);
+    assert.ok(result.tokens > 0 && result.text.trim().length > 0, "streamed some text");
+    assert.equal(result.stats.generatedTokens, result.tokens);
+    assert.equal(result.info.architecture, "llama");
+
+    // The same seed samples the same tokens; greedy decoding gives the golden answer.
+    const again = await tab.evaluate(async () => {
+      let text = "";
+      for await (const ev of window.engine.chat([{ role: "user", content: "Hi" }], { temperature: 0.7, topP: 0.9, maxTokens: 128, seed: 42 })) text += ev.text;
+      return text;
+    });
+    assert.equal(again, result.text);
+    const colors = golden.cases.find((c) => c.name === "chat_primary_colors");
+    const greedy = await tab.evaluate(async (messages) => {
+      let text = "";
+      for await (const ev of window.engine.chat(messages, { temperature: 0, maxTokens: 64 })) text += ev.text;
+      return text;
+    }, colors.messages);
+    assert.equal(greedy, colors.greedy_text_before_first_eos);
+  } finally {
+    await browser.close();
+    server.close();
+  }
+});
+
+/** What Engine.inspect must report for the default model, from tests/browser/gguf.mjs. */
+function expectedInfo(context) {
+  const { metadata: m, tensors } = readGguf(modelPath);
+  const arch = m["general.architecture"];
+  const typeBytes = {};
+  for (const t of tensors) typeBytes[t.type] = (typeBytes[t.type] ?? 0) + t.bytes;
+  const headDim = m[`${arch}.attention.key_length`] ?? m[`${arch}.embedding_length`] / m[`${arch}.attention.head_count`];
+  const maxContext = m[`${arch}.context_length`];
+  const ctx = Math.min(context ?? 4096, maxContext);
+  const kvValues = 2 * m[`${arch}.block_count`] * m[`${arch}.attention.head_count_kv`] * headDim * ctx;
+  return {
+    name: m["general.name"],
+    architecture: arch,
+    parameters: tensors.reduce((sum, t) => sum + t.elements, 0),
+    fileBytes: fs.statSync(modelPath).size,
+    typeBytes,
+    maxContext,
+    context: ctx,
+    kvBytesF16: 2 * kvValues,
+    kvBytesF32: 4 * kvValues,
+    largestTensorBytes: Math.max(...tensors.map((t) => t.bytes)),
+    tensorBytes: tensors.reduce((sum, t) => sum + t.bytes, 0),
+  };
+}
+
+function assertInfo(info, expected) {
+  for (const key of ["name", "architecture", "parameters", "fileBytes", "maxContext", "context", "kvBytesF16", "kvBytesF32", "largestTensorBytes"]) {
+    assert.equal(info[key], expected[key], key);
+  }
+  assert.deepEqual(info.typeBytes, expected.typeBytes);
+  // Weights go to the GPU as they are in the file, blocks padded to whole words (Q8_0: 34 -> 36 bytes).
+  assert.ok(info.weightBytes >= expected.tensorBytes && info.weightBytes <= expected.tensorBytes * 36 / 34, `weightBytes ${info.weightBytes}`);
+}
+
+const ggufRequests = (server) => server.requests.filter((r) => r.path.endsWith(".gguf"));
+
+test("Engine.inspect reads a model from its header: by URL with ranges, from a server without, from a picked file", { timeout: 600_000 }, async () => {
+  const expected = expectedInfo();
+  const dir = stage("package-inspect", { "index.html": html(`import { Engine } from "./pkg/index.js"; window.Engine = Engine; window.ready = true;`), "not-a-model.gguf": "<html>hello</html>" });
+  const ranged = await serve(dir);
+  const crossOrigin = await serve(dir);
+  const plain = await serve(dir, { ranges: false });
+  const browser = await launch();
+  try {
+    const tab = await browser.newPage();
+    tab.on("console", (m) => console.log("page:", m.text()));
+    await tab.goto(`${ranged.url}index.html`);
+    await tab.waitForFunction(() => window.ready);
+    const inspect = (url, options) => tab.evaluate(([u, o]) => window.Engine.inspect(u, o), [url, options]);
+
+    // A server that answers Range: only the header's bytes travel.
+    const t0 = Date.now();
+    const info = await inspect("./model.gguf");
+    console.log(`inspect by URL: ${Date.now() - t0} ms`, JSON.stringify(info));
+    assertInfo(info, expected);
+    assert.equal(info.source, "network");
+    const requests = ggufRequests(ranged);
+    assert.ok(requests.length >= 1 && requests.every((r) => r.status === 206), JSON.stringify(requests));
+    const sent = requests.reduce((sum, r) => sum + r.sent, 0);
+    assert.ok(sent < 4 << 20, `inspect read ${sent} bytes of a ${expected.fileBytes}-byte file`);
+
+    // This adapter (SwiftShader) has no shader-f16: the KV cache is f32, 4 bytes a value.
+    const adapter = await tab.evaluate(async () => {
+      const a = await navigator.gpu.requestAdapter();
+      return { f16: a.features.has("shader-f16"), maxBinding: Math.min(a.limits.maxBufferSize, a.limits.maxStorageBufferBindingSize), memory: navigator.deviceMemory };
+    });
+    assert.equal(info.kvBytesPerValue, adapter.f16 ? 2 : 4);
+    assert.equal(info.kvBytes, adapter.f16 ? expected.kvBytesF16 : expected.kvBytesF32);
+    assert.equal(info.gpuBytes, info.weightBytes + info.kvBytes);
+    assert.equal(info.adapter.f16, adapter.f16);
+    assert.equal(info.fits, true);
+    // 135M parameters and 92 KiB of KV cache a token: the whole trained context fits in the budget.
+    assert.equal(info.affordableContext, expected.maxContext);
+    assert.match(info.note, /does not tell .* memory/);
+
+    // The context the figures assume follows the option, within the trained context.
+    const short = await inspect("./model.gguf", { contextLength: 1000 });
+    assertInfo(short, expectedInfo(1000));
+    assert.equal(short.kvBytes, short.kvBytesPerValue * expectedInfo(1000).kvBytesF16 / 2);
+
+    // Another origin that does not expose Content-Range: the size comes from a HEAD request.
+    const other = await inspect(`${crossOrigin.url}model.gguf`);
+    assertInfo(other, expected);
+    assert.deepEqual(ggufRequests(crossOrigin).map((r) => [r.method, r.status]).sort(), [["GET", 206], ["GET", 206], ["HEAD", 200]]);
+
+    // A server that ignores Range: the whole-file answer is cancelled once the header is in.
+    const before = Date.now();
+    const fromPlain = await inspect(`${plain.url}model.gguf`);
+    assertInfo(fromPlain, expected);
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    const whole = ggufRequests(plain);
+    console.log(`inspect without ranges: ${Date.now() - before} ms, ${JSON.stringify(whole)}`);
+    assert.equal(whole.length, 1);
+    assert.equal(whole[0].status, 200);
+    assert.equal(whole[0].complete, false, "the download was not cancelled");
+    assert.ok(whole[0].sent < expected.fileBytes / 4, `sent ${whole[0].sent} bytes`);
+
+    // A GPU with little memory (as far as the browser says): the KV cache of 4096 tokens does not
+    // fit beside the weights, and the context that does is what the budget leaves.
+    const small = await browser.newPage();
+    await small.addInitScript(() => Object.defineProperty(Navigator.prototype, "deviceMemory", { get: () => 0.25 }));
+    await small.goto(`${ranged.url}index.html`);
+    await small.waitForFunction(() => window.ready);
+    const tight = await small.evaluate(() => window.Engine.inspect("./model.gguf"));
+    assert.equal(tight.memoryBudget, 0.125 * 1024 ** 3);
+    assert.equal(tight.fits, false);
+    assert.equal(tight.affordableContext, Math.floor((tight.memoryBudget - tight.weightBytes) / (tight.kvBytes / tight.context)));
+    assert.ok(tight.affordableContext > 0 && tight.affordableContext < 4096, `${tight.affordableContext}`);
+    assert.match(tight.note, new RegExp(`${tight.affordableContext} tokens fit`));
+    await small.close();
+
+    // A picked file: read as a slice, nothing fetched.
+    await tab.setInputFiles("#file", modelPath);
+    const fromFile = await tab.evaluate(() => window.Engine.inspect(document.getElementById("file").files[0]));
+    assertInfo(fromFile, expected);
+    assert.equal(fromFile.source, "file");
+
+    // Errors are Errors with words: not a GGUF file, a missing file.
+    const failure = (url) => tab.evaluate((u) => window.Engine.inspect(u).then(() => "no error", (e) => `${e instanceof Error} ${e.message}`), url);
+    assert.match(await failure("./not-a-model.gguf"), /^true .*GGUF/);
+    assert.match(await failure("./missing.gguf"), /^true .*404/);
+  } finally {
+    await browser.close();
+    ranged.close();
+    crossOrigin.close();
+    plain.close();
+  }
+});
+
+test("a cut download leaves nothing in Cache Storage; cachedModels lists a model and deleteCached removes it", { timeout: 900_000 }, async () => {
+  const dir = stage("package-cache", { "index.html": html(`import { Engine } from "./pkg/index.js"; window.Engine = Engine; window.ready = true;`) });
+  const server = await serve(dir);
+  const browser = await launch();
+  const size = fs.statSync(modelPath).size;
+  try {
+    const tab = await browser.newPage();
+    tab.on("console", (m) => console.log("page:", m.text()));
+    await tab.goto(`${server.url}index.html`);
+    await tab.waitForFunction(() => window.ready);
+    const load = () => tab.evaluate(async () => {
+      try {
+        const engine = await window.Engine.load("./model.gguf");
+        const info = engine.info();
+        engine.unload();
+        return { ok: info.fromCache };
+      } catch (e) {
+        return { error: `${e instanceof Error} ${e.message}` };
+      }
+    });
+    const entries = () => tab.evaluate(async () => (await (await caches.open("webgpu-llm-models-v1")).keys()).map((r) => r.url));
+
+    server.cutNext();
+    const cut = await load();
+    console.log("cut download:", JSON.stringify(cut), JSON.stringify(ggufRequests(server)));
+    assert.match(cut.error ?? "", /^true .*download .* failed/);
+    assert.equal(ggufRequests(server).at(-1).sent, Math.floor(size / 2));
+    assert.deepEqual(await entries(), []);
+    assert.deepEqual(await tab.evaluate(() => window.Engine.cachedModels()), []);
+
+    const t0 = Date.now();
+    assert.deepEqual(await load(), { ok: false });
+    console.log(`download and load: ${Date.now() - t0} ms`);
+    const url = `${server.url}model.gguf`;
+    assert.deepEqual(await tab.evaluate(() => window.Engine.cachedModels()), [{ url, bytes: size }]);
+    const count = ggufRequests(server).length;
+    const cached = await tab.evaluate(() => window.Engine.inspect("./model.gguf"));
+    assert.equal(cached.source, "cache");
+    assert.equal(cached.fileBytes, size);
+    assert.equal(ggufRequests(server).length, count, "inspect of a cached model went to the network");
+
+    assert.equal(await tab.evaluate(() => window.Engine.deleteCached("./model.gguf")), true);
+    assert.deepEqual(await entries(), []);
+    assert.deepEqual(await tab.evaluate(() => window.Engine.cachedModels()), []);
+    assert.equal(await tab.evaluate(() => window.Engine.deleteCached("./model.gguf")), false);
+  } finally {
+    await browser.close();
+    server.close();
+  }
+});
+
+test("Gemma 3 270M (Q4_K_M, gemma3 plan, SentencePiece) gives its golden greedy ids through the package", { timeout: 900_000 }, async () => {
+  const goldenDir = process.env.GOLDEN_DIR ?? path.join(root, "../shared/golden");
+  const gemma = JSON.parse(fs.readFileSync(path.join(goldenDir, "gemma3-270m/generations.json"), "utf8"));
+  const c = gemma.cases.find((x) => x.name === "raw_capital_france");
+  const n = 6;
+  const dir = stage("gemma", { "index.html": html(`import { Engine } from "./pkg/index.js"; window.Engine = Engine; window.ready = true;`) });
+  fs.symlinkSync(path.join(root, "models/gemma-3-270m-q4_k_m.gguf"), path.join(dir, "gemma.gguf"));
   const server = await serve(dir);
   const browser = await launch();
   try {
     const tab = await browser.newPage();
     tab.on("console", (m) => console.log("page:", m.text()));
-    await tab.goto(`${server.url}/index.html`);
-    await tab.waitForFunction(() => window.finished, null, { timeout: 880_000, polling: 500 });
-    const result = await tab.evaluate(() => ({ failure: window.failure, text: document.getElementById("out").textContent, tokens: window.tokens, stats: window.stats, info: window.info }));
-    console.log(JSON.stringify(result));
-    assert.equal(result.failure, undefined);
-    assert.ok(result.tokens > 0 && result.text.length > 0, "streamed some text");
-    assert.equal(result.stats.generatedTokens, result.tokens);
-    assert.equal(result.info.architecture, "llama");
+    await tab.goto(`${server.url}index.html`);
+    await tab.waitForFunction(() => window.ready);
+    const ids = await tab.evaluate(
+      async ({ prompt, n }) => {
+        const engine = await window.Engine.load("./gemma.gguf", { cache: false, contextLength: 64 });
+        const ids = [];
+        for await (const ev of engine.generate(prompt, { temperature: 0, maxTokens: n, ignoreEos: true })) ids.push(ev.id);
+        return { ids, info: engine.info() };
+      },
+      { prompt: c.prompt_text, n },
+    );
+    console.log(JSON.stringify(ids));
+    assert.equal(ids.info.architecture, "gemma3");
+    assert.deepEqual(ids.ids, c.generated_ids.slice(0, n));
   } finally {
     await browser.close();
     server.close();

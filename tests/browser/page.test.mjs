@@ -1,35 +1,51 @@
 // End-to-end test of the web page (dist/, built by scripts/build-page) in Debian's headless
-// Chromium: load, streamed chat with the golden greedy answer, sliders reaching the request,
-// Stop, the browser cache on reload, and a corrupted GGUF shown as an error in words.
-// Screenshots go to target/browser-tests/.
+// Chromium: the model's facts before the download, load, streamed chat with the golden greedy
+// answer, sliders reaching the request, Stop, the browser cache on reload, the list of cached
+// models (delete), a cut download and a corrupted GGUF shown as errors in words, and unreachable
+// models from the known list. Screenshots go to target/browser-tests/.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
-import { launch, root, golden, artifacts, modelPath } from "./lib.mjs";
+import { launch, root, golden, artifacts, modelPath, serve } from "./lib.mjs";
+import { readGguf } from "./gguf.mjs";
 
 const LOAD_TIMEOUT = 600_000;
 const GEN_TIMEOUT = 900_000;
+const serveDist = () => serve(path.join(root, "dist"));
+const ggufGets = (server) => server.requests.filter((r) => r.path.endsWith(".gguf") && r.method === "GET");
+const fullDownloads = (server) => ggufGets(server).filter((r) => !r.range);
+const cacheEntries = (page) => page.evaluate(async () => (await (await caches.open("webgpu-llm-models-v1")).keys()).map((r) => r.url));
+const mib = (bytes) => `${(bytes / 1024 ** 2).toFixed(1)} MiB`;
 
-/** Serves dist/ and records the paths requested (python's http.server logs them on stderr). */
-function serveDist() {
-  return new Promise((resolve, reject) => {
-    const proc = spawn("python3", ["-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", path.join(root, "dist")], {
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    const requests = [];
-    let out = "";
-    proc.stderr.on("data", (d) => {
-      for (const m of String(d).matchAll(/"GET ([^ ]+) HTTP/g)) requests.push(m[1]);
-    });
-    proc.stdout.on("data", (d) => {
-      out += d;
-      const m = out.match(/port (\d+)/);
-      if (m) resolve({ url: `http://127.0.0.1:${m[1]}/`, requests, close: () => proc.kill() });
-    });
-    proc.on("exit", (code) => reject(new Error(`server exited with ${code}`)));
-  });
+/** The facts of the default model the page must show, from the file itself (tests/browser/gguf.mjs). */
+function modelFacts() {
+  const { metadata: m, tensors } = readGguf(modelPath);
+  const arch = m["general.architecture"];
+  const typeBytes = {};
+  for (const t of tensors) typeBytes[t.type] = (typeBytes[t.type] ?? 0) + t.bytes;
+  return {
+    architecture: arch,
+    parameters: tensors.reduce((sum, t) => sum + t.elements, 0),
+    types: Object.keys(typeBytes),
+    size: mib(fs.statSync(modelPath).size),
+    maxContext: m[`${arch}.context_length`],
+    layers: m[`${arch}.block_count`],
+    kvHeads: m[`${arch}.attention.head_count_kv`],
+    headDim: m[`${arch}.embedding_length`] / m[`${arch}.attention.head_count`],
+  };
+}
+
+async function assertFacts(page, facts) {
+  assert.equal(await page.textContent("#fact-architecture"), facts.architecture);
+  assert.match(await page.textContent("#fact-parameters"), new RegExp(`\\(${facts.parameters.toLocaleString("en-US")}\\)`));
+  const quant = await page.textContent("#fact-quant");
+  for (const type of facts.types) assert.match(quant, new RegExp(`${type} \\d+\\.\\d%`));
+  assert.equal(await page.textContent("#fact-size"), facts.size);
+  assert.match(await page.textContent("#fact-context"), new RegExp(`^${Math.min(4096, facts.maxContext)} tokens \\(trained for ${facts.maxContext}\\)`));
+  assert.match(await page.textContent("#fact-memory"), /weights .* \+ KV cache .* \(f(16|32), \d+ tokens\)/);
+  assert.match(await page.textContent("#fact-fits"), /^Fits/);
+  assert.match(await page.textContent("#fact-note"), /does not tell a page how much memory/);
 }
 
 async function setSlider(page, id, value) {
@@ -45,8 +61,9 @@ async function waitIdle(page, timeout = GEN_TIMEOUT) {
 
 const lastReply = (page) => page.$$eval("#messages li.assistant .text", (els) => els.at(-1)?.textContent ?? "");
 
-test("the page loads the model, chats, stops, caches the model and reports a bad file", { timeout: 3_000_000 }, async () => {
+test("the page shows the model before downloading it, loads it, chats, stops, caches it and reports a bad file", { timeout: 3_000_000 }, async () => {
   const chatCase = golden.cases.find((c) => c.name === "chat_capital_france");
+  const facts = modelFacts();
   const server = await serveDist();
   const browser = await launch();
   try {
@@ -55,9 +72,26 @@ test("the page loads the model, chats, stops, caches the model and reports a bad
     const errors = [];
     page.on("pageerror", (e) => errors.push(String(e)));
     await page.goto(server.url);
+
+    // Before the download: what the model is and needs, read from its header with Range requests.
+    await page.waitForSelector("#model-info:not([hidden])", { timeout: LOAD_TIMEOUT });
+    assert.match(await page.textContent("#model-info-title"), /before downloading/);
+    await assertFacts(page, facts);
+    assert.deepEqual(fullDownloads(server), []);
+    assert.ok(ggufGets(server).reduce((sum, r) => sum + r.sent, 0) < 4 << 20, "inspecting read more than the header");
+    assert.match(await page.textContent("#load"), new RegExp(`Download ${facts.size} and load`));
+    await page.screenshot({ path: path.join(artifacts, "page-before-download.png") });
+
+    await page.click("#load");
     await page.screenshot({ path: path.join(artifacts, "page-loading.png") });
     await page.waitForFunction(() => document.body.dataset.modelLoaded === "true", null, { timeout: LOAD_TIMEOUT, polling: 500 });
     assert.equal(await page.getAttribute("body", "data-from-cache"), "false");
+    assert.equal(fullDownloads(server).length, 1);
+    assert.match(await page.textContent("#model-info-title"), /loaded$/);
+    await assertFacts(page, facts);
+    await page.waitForSelector("#cached-models li");
+    assert.deepEqual(await page.$$eval("#cached-models li .name", (els) => els.map((e) => e.textContent)), [path.basename(modelPath)]);
+    assert.match(await page.textContent("#cached-models li .size"), new RegExp(`^${facts.size}`));
 
     // Greedy chat: the answer grows over several DOM updates and equals the golden text.
     await setSlider(page, "temperature", 0);
@@ -120,8 +154,10 @@ test("the page loads the model, chats, stops, caches the model and reports a bad
     const kv = await page.textContent("#kv-text");
     const held = Number(kv.match(/^(\d+) \/ (\d+) tokens/)[1]);
     assert.ok(held > 40, kv);
-    // 2 (K, V) x 30 layers x 3 KV heads x 64 dims x 4 bytes (f32 cache in this browser) per token.
-    assert.match(kv, new RegExp(`${(held * 2 * 30 * 3 * 64 * 4 / 1024 ** 2).toFixed(1)} MiB`));
+    // 2 (K, V) x layers x KV heads x head dim x bytes per value (the engine's: 2 for f16, 4 for f32) per token.
+    const bytesPerValue = Number(await page.getAttribute("body", "data-kv-bytes-per-value"));
+    assert.ok(bytesPerValue === 2 || bytesPerValue === 4, `bytes per value ${bytesPerValue}`);
+    assert.match(kv, new RegExp(`${mib(held * 2 * facts.layers * facts.kvHeads * facts.headDim * bytesPerValue)}`));
     await setSlider(page, "top-p", 1);
     await page.fill("#prompt", "And another?");
     await page.click("#send");
@@ -131,14 +167,50 @@ test("the page loads the model, chats, stops, caches the model and reports a bad
     assert.equal(await page.textContent("#phase"), "idle");
     await page.screenshot({ path: path.join(artifacts, "page-inside-engine.png") });
 
-    // Reload: the model comes from Cache Storage, not the network.
-    const before = server.requests.filter((r) => r.endsWith(".gguf")).length;
-    assert.equal(before, 1);
+    // Reload: the model is checked and loaded from Cache Storage at once, nothing from the network.
+    const before = ggufGets(server).length;
     await page.reload();
     await page.waitForFunction(() => document.body.dataset.modelLoaded === "true", null, { timeout: LOAD_TIMEOUT, polling: 500 });
     assert.equal(await page.getAttribute("body", "data-from-cache"), "true");
-    assert.equal(server.requests.filter((r) => r.endsWith(".gguf")).length, 1, "the GGUF was downloaded again");
+    assert.equal(ggufGets(server).length, before, "the GGUF was fetched again");
     assert.match(await page.textContent("#load-status"), /browser cache/);
+    await assertFacts(page, facts);
+
+    // Delete it from the list: gone from Cache Storage, and the list says so.
+    await page.waitForSelector("#cached-models li button.delete");
+    await page.click("#cached-models li button.delete");
+    await page.waitForSelector("#cache-empty:not([hidden])");
+    assert.deepEqual(await cacheEntries(page), []);
+    assert.equal(await page.$$eval("#cached-models li", (lis) => lis.length), 0);
+
+    // A download cut off halfway: an error in words, nothing cached, and a second try works.
+    await page.click("#check");
+    await page.waitForSelector("#load:not([disabled])");
+    server.cutNext();
+    await page.click("#load");
+    await page.waitForSelector("#error:not([hidden])", { timeout: LOAD_TIMEOUT });
+    const cut = await page.textContent("#error");
+    assert.match(cut, /could not be loaded: the model download from .* failed .*try again/);
+    assert.ok(fullDownloads(server).at(-1).sent < fs.statSync(modelPath).size);
+    await page.screenshot({ path: path.join(artifacts, "page-cut-download.png") });
+    assert.deepEqual(await cacheEntries(page), []);
+    assert.equal(await page.$$eval("#cached-models li", (lis) => lis.length), 0);
+    await page.click("#load");
+    await page.waitForFunction(() => document.body.dataset.modelLoaded === "true", null, { timeout: LOAD_TIMEOUT, polling: 500 });
+    assert.equal(await page.isHidden("#error"), true);
+    assert.equal(await page.getAttribute("body", "data-from-cache"), "false");
+    await page.waitForSelector("#cached-models li");
+    assert.equal((await cacheEntries(page)).length, 1);
+
+    // The known models on Hugging Face: unreachable from this test machine, which the page says in words.
+    const known = await page.$$eval("#known-models option", (os) => os.map((o) => o.value));
+    for (const name of ["gemma-3-270m-it-Q4_K_M.gguf", "qwen2.5-0.5b-instruct-q4_k_m.gguf", "Llama-3.2-1B-Instruct-Q4_K_M.gguf"]) {
+      assert.ok(known.some((url) => url.startsWith("https://huggingface.co/") && url.endsWith(`/resolve/main/${name}`)), name);
+    }
+    await page.selectOption("#known-models", { index: 1 });
+    await page.waitForSelector("#error:not([hidden])", { timeout: 120_000 });
+    assert.match(await page.textContent("#error"), /could not be checked: could not reach https:\/\/huggingface\.co\//);
+    assert.match(await page.textContent("#load-status"), /^Ready/);
 
     // A corrupted GGUF: the error is shown in words, the page keeps working.
     const bad = path.join(artifacts, "corrupted.gguf");
@@ -147,8 +219,7 @@ test("the page loads the model, chats, stops, caches the model and reports a bad
     await page.setInputFiles("#file-input", bad);
     await page.waitForSelector("#error:not([hidden])", { timeout: LOAD_TIMEOUT });
     const message = await page.textContent("#error");
-    assert.match(message, /could not be loaded/);
-    assert.match(message, /GGUF/);
+    assert.match(message, /could not be loaded: GGUF .* truncated or corrupt/);
     await page.screenshot({ path: path.join(artifacts, "page-error.png") });
     assert.deepEqual(errors, []);
 
@@ -174,7 +245,7 @@ test("without WebGPU the page says so in plain words and downloads nothing", { t
     await page.waitForSelector("#error:not([hidden])", { timeout: 120_000 });
     assert.match(await page.textContent("#error"), /WebGPU/);
     assert.equal(await page.isDisabled("#send"), true);
-    assert.equal(server.requests.filter((r) => r.endsWith(".gguf")).length, 0);
+    assert.equal(ggufGets(server).length, 0);
     assert.deepEqual(errors, []);
   } finally {
     await browser.close();
