@@ -168,6 +168,8 @@ export declare class Engine {
   /** Removes one model from Cache Storage; resolves to whether it was there. */
   static deleteCached(url: string | URL): Promise<boolean>;
   static clearCache(): Promise<void>;
+  /** Bytes of the engine's wasm linear memory (its high-water mark: wasm memory never shrinks). */
+  static wasmMemoryBytes(): Promise<number>;
   generate(prompt: string, options?: GenerateOptions): AsyncIterableIterator<TokenEvent>;
   chat(messages: Message[], options?: GenerateOptions): AsyncIterableIterator<TokenEvent>;
   abort(): void;

@@ -333,6 +333,11 @@ export class Engine {
     return store ? store.delete(absolute(url)) : false;
   }
 
+  /** Bytes of the engine's wasm linear memory (it never shrinks: its high-water mark). */
+  static async wasmMemoryBytes() {
+    return (await initOnce()).memory.buffer.byteLength;
+  }
+
   /** Removes every model this package stored in Cache Storage. */
   static async clearCache() {
     if (typeof caches !== "undefined") await caches.delete(CACHE_NAME);

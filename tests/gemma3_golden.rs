@@ -7,8 +7,6 @@ mod common;
 
 use common::Reference::Gemma3;
 use webgpu_llm::arch::{Activation, RopeStyle};
-use webgpu_llm::model::Logits;
-use webgpu_llm::sampling::argmax;
 
 const LOGIT_TOLERANCE: f64 = 1e-3;
 
@@ -37,72 +35,15 @@ fn the_plan_is_gemma3s() {
 /// logits at each recorded step within LOGIT_TOLERANCE.
 #[test]
 fn greedy_generations_and_logits_match_transformers() {
-    let model = Gemma3.cpu_model();
-    let golden = Gemma3.golden("generations.json");
-    let cases = golden["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 8);
-    let mut max_diff = 0f64;
-    for case in cases {
-        let name = case["name"].as_str().unwrap();
-        let prompt = common::ids(&case["prompt_ids"]);
-        let expected = common::ids(&case["generated_ids"]);
-        let margins = common::floats(&case["top1_top2_margins"]);
-        let top: Vec<&serde_json::Value> = case["top_logits"].as_array().unwrap().iter().collect();
-        let mut cache = model.new_cache();
-        let mut logits = model.forward(&mut cache, &prompt, Logits::Last).unwrap();
-        let mut compared = 0;
-        for (step, &want) in expected.iter().enumerate() {
-            if let Some(t) = top.iter().find(|t| t["step"].as_u64() == Some(step as u64)) {
-                assert_eq!(t["position"].as_u64().unwrap() as usize, cache.len() - 1);
-                for (id, want) in common::ids(&t["ids"]).iter().zip(common::floats(&t["logits"])) {
-                    let diff = (logits[*id as usize] as f64 - want).abs();
-                    max_diff = max_diff.max(diff);
-                    assert!(
-                        diff < LOGIT_TOLERANCE,
-                        "{name} step {step}: logit of {id} is {}, golden {want}",
-                        logits[*id as usize]
-                    );
-                }
-            }
-            let next = argmax(&logits);
-            if next != want {
-                assert!(
-                    margins[step] < 2.0 * LOGIT_TOLERANCE,
-                    "{name}: greedy token {step} is {next}, golden {want} (golden margin {})",
-                    margins[step]
-                );
-                break;
-            }
-            compared += 1;
-            logits = model.forward(&mut cache, &[next], Logits::Last).unwrap();
-        }
-        eprintln!("{name}: {compared}/{} greedy tokens identical", expected.len());
-    }
-    eprintln!("max |logit - golden| over all recorded steps: {max_diff:.2e}");
+    let (max_diff, same) = common::check_cpu_generations(Gemma3, LOGIT_TOLERANCE);
+    eprintln!("{same}/512 greedy tokens identical; max |logit - golden| over all recorded steps: {max_diff:.2e}");
 }
 
 /// Teacher-forced perplexity over the 1074-token passage: positions past 512 exercise the
 /// sliding window.
 #[test]
 fn passage_perplexity_matches_transformers() {
-    let model = Gemma3.cpu_model();
-    let golden = Gemma3.golden("perplexity.json");
-    let ids = common::ids(&golden["ids"]);
-    let golden_nll = common::floats(&golden["nll"]);
-    let mut cache = model.new_cache();
-    let vocab = model.config.vocab_size;
-    let mut nll = Vec::with_capacity(ids.len() - 1);
-    for (c, chunk) in ids.chunks(128).enumerate() {
-        let logits = model.forward(&mut cache, chunk, Logits::All).unwrap();
-        for (t, row) in logits.chunks_exact(vocab).enumerate() {
-            let Some(&target) = ids.get(c * 128 + t + 1) else { break };
-            nll.push(common::nll(row, target));
-        }
-    }
-    assert_eq!(nll.len(), golden_nll.len());
-    let worst = nll.iter().zip(&golden_nll).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-    let ppl = (nll.iter().sum::<f64>() / nll.len() as f64).exp();
-    let want = golden["perplexity"].as_f64().unwrap();
+    let (ppl, want, worst) = common::cpu_passage_perplexity(Gemma3, 128);
     eprintln!("perplexity {ppl:.6} (golden {want:.6}), max |dNLL| {worst:.2e}");
     assert!(((ppl - want) / want).abs() < 1e-3, "perplexity {ppl}, golden {want}");
     assert!(worst < 1e-3, "per-token NLL differs by up to {worst}");

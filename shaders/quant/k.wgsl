@@ -39,24 +39,27 @@ fn dq8_q3_k(base: u32, g: u32) -> Dq8 {
     return Dq8(qa * scale, qb * scale);
 }
 
-// The 6-bit (scale, min) of sub-block j of a Q4_K / Q5_K block at word bw (scales at byte 4).
-fn k_scale_min(bw: u32, j: u32) -> vec2<f32> {
-    if (j < 4u) {
-        return vec2<f32>(f32(byte_at(bw, 4u + j) & 63u), f32(byte_at(bw, 8u + j) & 63u));
+// d * scale and dmin * min of the sub-block holding group gg of a Q4_K / Q5_K block at word bw:
+// [d][dmin] in word 0, then 6-bit (scale, min) pairs packed in the 12 bytes from byte 4.
+fn k_scale_min(bw: u32, gg: u32) -> vec2<f32> {
+    let j = gg / 4u;
+    var sc = byte_at(bw, 4u + j) & 63u;
+    var m = byte_at(bw, 8u + j) & 63u;
+    if (j >= 4u) {
+        sc = (byte_at(bw, 8u + j) & 15u) | ((byte_at(bw, j) >> 6u) << 4u);
+        m = (byte_at(bw, 8u + j) >> 4u) | ((byte_at(bw, 4u + j) >> 6u) << 4u);
     }
-    let sc = (byte_at(bw, 8u + j) & 15u) | ((byte_at(bw, j) >> 6u) << 4u);
-    let m = (byte_at(bw, 8u + j) >> 4u) | ((byte_at(bw, 4u + j) >> 6u) << 4u);
-    return vec2<f32>(f32(sc), f32(m));
+    let dm = unpack2x16float(w[bw]);
+    return vec2<f32>(dm.x * f32(sc), dm.y * f32(m));
 }
 
 // Q4_K: value v = 64 c + 32 h + l is nibble h of qs[32 c + l]; sub-blocks of 32.
 fn dq8_q4_k(base: u32, g: u32) -> Dq8 {
     let bw = base + (g >> 5u) * 36u;
     let gg = g & 31u;
-    let dm = unpack2x16float(w[bw]);
-    let sm = k_scale_min(bw, gg / 4u);
-    let dl = dm.x * sm.x;
-    let ml = dm.y * sm.y;
+    let s = k_scale_min(bw, gg);
+    let dl = s.x;
+    let ml = s.y;
     let qw = bw + 4u + (gg / 8u) * 8u + (gg % 4u) * 2u;
     let shift = 4u * ((gg / 4u) % 2u);
     return Dq8(nibbles(w[qw], shift) * dl - ml, nibbles(w[qw + 1u], shift) * dl - ml);
@@ -66,10 +69,9 @@ fn dq8_q4_k(base: u32, g: u32) -> Dq8 {
 fn dq8_q5_k(base: u32, g: u32) -> Dq8 {
     let bw = base + (g >> 5u) * 44u;
     let gg = g & 31u;
-    let dm = unpack2x16float(w[bw]);
-    let sm = k_scale_min(bw, gg / 4u);
-    let dl = dm.x * sm.x;
-    let ml = dm.y * sm.y;
+    let s = k_scale_min(bw, gg);
+    let dl = s.x;
+    let ml = s.y;
     let qw = bw + 12u + (gg / 8u) * 8u + (gg % 4u) * 2u;
     let shift = 4u * ((gg / 4u) % 2u);
     let hw = bw + 4u + (gg % 4u) * 2u;

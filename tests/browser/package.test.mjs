@@ -7,6 +7,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { serve, launch, stage, golden, modelPath, root } from "./lib.mjs";
 import { readGguf } from "./gguf.mjs";
+import { writeBigModel } from "./big-model.mjs";
 
 /** A page that imports the package and runs `body` (a module script) or exposes Engine for evaluate(). */
 function html(body) {
@@ -280,5 +281,60 @@ test("Gemma 3 270M (Q4_K_M, gemma3 plan, SentencePiece) gives its golden greedy 
   } finally {
     await browser.close();
     server.close();
+  }
+});
+
+// Skipped until models over 2 GiB are cached in parts: Chromium's Cache Storage rejects one
+// entry past 2^31 bytes ("Cache.put() encountered a network error" after 2,160,394,240 bytes of
+// this 4,155,211,840-byte file), so the download fails before the streaming load is reached.
+const BIG_MODEL_SKIP = "Cache Storage refuses a single entry over 2 GiB; storing big models in parts is the next step";
+
+test("a random-weight 8B-shaped Q4_0 model (4.2 GB) loads through the package and makes tokens with JS heap and wasm memory under 512 MB", { timeout: 1_800_000, skip: BIG_MODEL_SKIP }, async () => {
+  const MB = 1 << 20;
+  const dir = stage("big", { "index.html": html(`import { Engine } from "./pkg/index.js"; window.Engine = Engine; window.ready = true;`) });
+  const file = path.join(dir, "big.gguf");
+  const size = writeBigModel(file, modelPath);
+  assert.ok(size > 4e9, `${size} bytes`);
+  const server = await serve(dir);
+  const browser = await launch();
+  try {
+    const tab = await browser.newPage();
+    tab.on("console", (m) => console.log("page:", m.text()));
+    await tab.goto(`${server.url}index.html`);
+    await tab.waitForFunction(() => window.ready);
+    const result = await tab.evaluate(async () => {
+      // Sampled every 100 ms while the model downloads into the cache, uploads and generates.
+      const peak = { heap: 0, wasm: 0 };
+      const sample = async () => {
+        peak.heap = Math.max(peak.heap, performance.memory.usedJSHeapSize);
+        peak.wasm = Math.max(peak.wasm, await window.Engine.wasmMemoryBytes());
+      };
+      const timer = setInterval(sample, 100);
+      try {
+        const engine = await window.Engine.load("./big.gguf", { contextLength: 64 });
+        const ids = [];
+        for await (const ev of engine.generate("Hello", { temperature: 0, maxTokens: 2, ignoreEos: true })) ids.push(ev.id);
+        await sample();
+        const info = engine.info();
+        engine.unload();
+        await window.Engine.clearCache();
+        return { ids, info, peak };
+      } catch (e) {
+        return { failure: String(e?.message ?? e), peak };
+      } finally {
+        clearInterval(timer);
+      }
+    });
+    console.log(JSON.stringify(result));
+    assert.equal(result.failure, undefined);
+    assert.equal(result.info.nLayers, 32);
+    assert.equal(result.ids.length, 2);
+    assert.ok(result.ids.every((id) => id >= 0 && id < result.info.vocabSize), "ids inside the vocabulary");
+    assert.ok(result.peak.wasm < 512 * MB, `wasm memory peaked at ${(result.peak.wasm / MB).toFixed(0)} MB`);
+    assert.ok(result.peak.heap < 512 * MB, `the JS heap peaked at ${(result.peak.heap / MB).toFixed(0)} MB`);
+  } finally {
+    await browser.close();
+    server.close();
+    fs.rmSync(file, { force: true });
   }
 });

@@ -119,3 +119,68 @@ pub fn split_in_two(bytes: &[u8], first: usize) -> (Vec<u8>, Vec<u8>) {
     }
     (parts[0].to_bytes(), parts[1].to_bytes())
 }
+
+/// Every golden generation on the CPU reference: greedy tokens identical to the golden ones up
+/// to any step where the golden top-1/top-2 margin is within twice `tol` (a flip there is no
+/// discrepancy), and the top-20 logits at each recorded step within `tol`. Returns the largest
+/// logit difference and how many tokens were identical.
+pub fn check_cpu_generations(reference: Reference, tol: f64) -> (f64, usize) {
+    use webgpu_llm::model::Logits;
+    let model = reference.cpu_model();
+    let golden = reference.golden("generations.json");
+    let cases = golden["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 8);
+    let (mut max_diff, mut same) = (0f64, 0);
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let prompt = ids(&case["prompt_ids"]);
+        let expected = ids(&case["generated_ids"]);
+        let margins = floats(&case["top1_top2_margins"]);
+        let top: Vec<&Value> = case["top_logits"].as_array().unwrap().iter().collect();
+        let mut cache = model.new_cache();
+        let mut logits = model.forward(&mut cache, &prompt, Logits::Last).unwrap();
+        for (step, &want) in expected.iter().enumerate() {
+            if let Some(t) = top.iter().find(|t| t["step"].as_u64() == Some(step as u64)) {
+                assert_eq!(t["position"].as_u64().unwrap() as usize, cache.len() - 1);
+                for (id, want) in ids(&t["ids"]).iter().zip(floats(&t["logits"])) {
+                    let diff = (logits[*id as usize] as f64 - want).abs();
+                    max_diff = max_diff.max(diff);
+                    assert!(diff < tol, "{name} step {step}: logit of {id} is {}, golden {want}", logits[*id as usize]);
+                }
+            }
+            let next = webgpu_llm::sampling::argmax(&logits);
+            if next != want {
+                let margin = margins[step];
+                assert!(margin < 2.0 * tol, "{name}: greedy token {step} is {next}, golden {want} (margin {margin})");
+                break;
+            }
+            same += 1;
+            logits = model.forward(&mut cache, &[next], Logits::Last).unwrap();
+        }
+    }
+    (max_diff, same)
+}
+
+/// Teacher-forced perplexity of the golden passage on the CPU reference, through the KV cache in
+/// chunks; returns it with the golden one and the largest per-token NLL difference.
+pub fn cpu_passage_perplexity(reference: Reference, chunk: usize) -> (f64, f64, f64) {
+    use webgpu_llm::model::Logits;
+    let model = reference.cpu_model();
+    let golden = reference.golden("perplexity.json");
+    let ids = ids(&golden["ids"]);
+    let golden_nll = floats(&golden["nll"]);
+    let mut cache = model.new_cache();
+    let vocab = model.config.vocab_size;
+    let mut nlls = Vec::with_capacity(ids.len() - 1);
+    for (c, tokens) in ids.chunks(chunk).enumerate() {
+        let logits = model.forward(&mut cache, tokens, Logits::All).unwrap();
+        for (t, row) in logits.chunks_exact(vocab).enumerate() {
+            let Some(&target) = ids.get(c * chunk + t + 1) else { break };
+            nlls.push(nll(row, target));
+        }
+    }
+    assert_eq!(nlls.len(), golden_nll.len());
+    let worst = nlls.iter().zip(&golden_nll).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    let ppl = (nlls.iter().sum::<f64>() / nlls.len() as f64).exp();
+    (ppl, golden["perplexity"].as_f64().unwrap(), worst)
+}
