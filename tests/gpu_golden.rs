@@ -33,14 +33,17 @@ fn load_f16(reference: Reference) -> Option<GpuModel> {
 struct Tolerances {
     logits: f64,
     perplexity_rel: f64,
+    /// A greedy token may differ from the golden one only at a step whose golden top-1/top-2
+    /// margin is below this (then the comparison of that generation ends).
+    flip_margin: f64,
 }
 
-const F32: Tolerances = Tolerances { logits: 2e-3, perplexity_rel: 1e-3 };
-const F16: Tolerances = Tolerances { logits: 5e-2, perplexity_rel: 1e-2 };
+const F32: Tolerances = Tolerances { logits: 2e-3, perplexity_rel: 1e-3, flip_margin: 0.0 };
+const F16: Tolerances = Tolerances { logits: 5e-2, perplexity_rel: 1e-2, flip_margin: 0.05 };
 
-/// The first `cases` golden generations: greedy tokens identical to the golden ones for `steps` tokens, up to a step where the golden
-/// top-1/top-2 margin is within twice the logit tolerance (a flip there is no discrepancy), and
-/// the last prompt position's top-20 logits within the tolerance.
+/// The first `cases` golden generations: greedy tokens identical to the golden ones for `steps`
+/// tokens (on the f16 path up to a step whose golden top-1/top-2 margin is below `flip_margin`),
+/// and the last prompt position's top-20 logits within the tolerance.
 fn check_generations(reference: Reference, model: &mut GpuModel, tol: &Tolerances, steps: usize, cases: usize) {
     let golden = reference.golden("generations.json");
     let vocab = model.config.vocab_size;
@@ -65,7 +68,7 @@ fn check_generations(reference: Reference, model: &mut GpuModel, tol: &Tolerance
             if next != expected[step] {
                 let margin = margins[step];
                 assert!(
-                    margin < 2.0 * tol.logits,
+                    margin < tol.flip_margin,
                     "{name}: greedy token {step} is {next}, golden {} (margin {margin})",
                     expected[step]
                 );
