@@ -53,16 +53,21 @@ fn k_scale_min(bw: u32, gg: u32) -> vec2<f32> {
     return vec2<f32>(dm.x * f32(sc), dm.y * f32(m));
 }
 
-// Q4_K: value v = 64 c + 32 h + l is nibble h of qs[32 c + l]; sub-blocks of 32.
+// The 4-bit quants of group gg of a Q4_K / Q5_K block whose qs start at word qs: value
+// v = 64 c + 32 h + l is nibble h of qs[32 c + l].
+fn k_nibbles(qs: u32, gg: u32) -> Dq8 {
+    let qw = qs + (gg / 8u) * 8u + (gg % 4u) * 2u;
+    let shift = 4u * ((gg / 4u) % 2u);
+    return Dq8(nibbles(w[qw], shift), nibbles(w[qw + 1u], shift));
+}
+
+// Q4_K: sub-blocks of 32; qs at byte 16.
 fn dq8_q4_k(base: u32, g: u32) -> Dq8 {
     let bw = base + (g >> 5u) * 36u;
     let gg = g & 31u;
     let s = k_scale_min(bw, gg);
-    let dl = s.x;
-    let ml = s.y;
-    let qw = bw + 4u + (gg / 8u) * 8u + (gg % 4u) * 2u;
-    let shift = 4u * ((gg / 4u) % 2u);
-    return Dq8(nibbles(w[qw], shift) * dl - ml, nibbles(w[qw + 1u], shift) * dl - ml);
+    let q = k_nibbles(bw + 4u, gg);
+    return Dq8(q.a * s.x - s.y, q.b * s.x - s.y);
 }
 
 // Q5_K: low nibbles as Q4_K (qs at byte 48); fifth bit v / 32 of qh[v % 32].
@@ -70,14 +75,11 @@ fn dq8_q5_k(base: u32, g: u32) -> Dq8 {
     let bw = base + (g >> 5u) * 44u;
     let gg = g & 31u;
     let s = k_scale_min(bw, gg);
-    let dl = s.x;
-    let ml = s.y;
-    let qw = bw + 12u + (gg / 8u) * 8u + (gg % 4u) * 2u;
-    let shift = 4u * ((gg / 4u) % 2u);
+    let q = k_nibbles(bw + 12u, gg);
     let hw = bw + 4u + (gg % 4u) * 2u;
-    let qa = nibbles(w[qw], shift) + 16.0 * vec4<f32>(field4(w[hw], gg / 4u, 1u));
-    let qb = nibbles(w[qw + 1u], shift) + 16.0 * vec4<f32>(field4(w[hw + 1u], gg / 4u, 1u));
-    return Dq8(qa * dl - ml, qb * dl - ml);
+    let qa = q.a + 16.0 * vec4<f32>(field4(w[hw], gg / 4u, 1u));
+    let qb = q.b + 16.0 * vec4<f32>(field4(w[hw + 1u], gg / 4u, 1u));
+    return Dq8(qa * s.x - s.y, qb * s.x - s.y);
 }
 
 // Q6_K: value v = 128 h + u: nibble u / 64 of ql[64 h + u % 64], bits 2 (u / 32) of

@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, GgufError, TensorInfo};
-use crate::model::ModelConfig;
+use crate::model::{invalid, ModelConfig};
 use std::collections::HashSet;
 
 /// The tensor of per-pair RoPE frequency divisors (llama 3).
@@ -323,8 +323,4 @@ pub fn check_shape(info: &TensorInfo, expected: &[u64]) -> Result<()> {
         .into());
     }
     Ok(())
-}
-
-fn invalid(key: &str, value: impl ToString, reason: &str) -> Error {
-    Error::InvalidMetadata { key: key.into(), value: value.to_string(), reason: reason.into() }
 }

@@ -46,7 +46,7 @@ impl<'a> Rows<'a> {
         (self.slice(0, half), self.slice(half, half))
     }
 
-    fn gpu_bytes(&self) -> Vec<u8> {
+    fn gpu_bytes(&self) -> std::borrow::Cow<'a, [u8]> {
         self.format.to_gpu_layout(self.data)
     }
 
@@ -86,7 +86,10 @@ impl Linear {
         let same_type = inputs.iter().all(|t| std::ptr::eq(t.format, first.format));
         let mut parts = Vec::new();
         if same_type && total_rows * first.row_words * 4 <= max {
-            let bytes: Vec<u8> = inputs.iter().flat_map(Rows::gpu_bytes).collect();
+            let bytes = match inputs {
+                [one] => one.gpu_bytes(),
+                _ => inputs.iter().map(|r| r.gpu_bytes()).collect::<Vec<_>>().concat().into(),
+            };
             let buffer = gpu.storage_init(label, &bytes)?;
             parts.push(first.part(buffer, total_rows, 0, false));
         } else {
@@ -114,8 +117,8 @@ impl Linear {
         let mut parts = Vec::new();
         for r0 in (0..gate.rows).step_by(per_part) {
             let n = per_part.min(gate.rows - r0);
-            let mut bytes = gate.slice(r0, n).gpu_bytes();
-            bytes.extend(up.slice(r0, n).gpu_bytes());
+            let mut bytes = gate.slice(r0, n).gpu_bytes().into_owned();
+            bytes.extend_from_slice(&up.slice(r0, n).gpu_bytes());
             let buffer = gpu.storage_init(label, &bytes)?;
             parts.push(gate.part(buffer, n, r0, true));
         }

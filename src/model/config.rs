@@ -123,6 +123,7 @@ fn positive(key: &str, v: u64) -> Result<usize> {
     Ok(v as usize)
 }
 
-fn invalid(key: &str, value: impl ToString, reason: &str) -> Error {
+/// An InvalidMetadata error for `key`.
+pub(crate) fn invalid(key: &str, value: impl ToString, reason: &str) -> Error {
     Error::InvalidMetadata { key: key.into(), value: value.to_string(), reason: reason.into() }
 }

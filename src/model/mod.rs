@@ -5,6 +5,7 @@ mod config;
 mod cpu;
 mod info;
 
+pub(crate) use config::invalid;
 pub use config::ModelConfig;
 pub use cpu::{CpuKvCache, CpuModel, Logits};
 pub use info::ModelInfo;

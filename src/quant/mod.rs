@@ -8,6 +8,7 @@ mod blocks;
 
 use crate::error::{Error, Result};
 use crate::gguf::{GgmlType, TensorInfo};
+use std::borrow::Cow;
 
 /// The WGSL every weight-reading kernel gets: the `Dq8` type, bit helpers, shared tables.
 pub const WGSL_COMMON: &str = include_str!("../../shaders/quant/common.wgsl");
@@ -79,9 +80,9 @@ impl BlockFormat {
         (cols % values == 0 && cols % 8 == 0 && bytes % 4 == 0).then_some(bytes / 4)
     }
 
-    /// Whole blocks in the GPU layout.
-    pub fn to_gpu_layout(&self, data: &[u8]) -> Vec<u8> {
-        let Some(at) = self.pad_at else { return data.to_vec() };
+    /// Whole blocks in the GPU layout (borrowed when it is the GGUF layout).
+    pub fn to_gpu_layout<'a>(&self, data: &'a [u8]) -> Cow<'a, [u8]> {
+        let Some(at) = self.pad_at else { return Cow::Borrowed(data) };
         let (_, bytes) = self.block();
         let mut out = Vec::with_capacity(data.len() / bytes * (bytes + 2));
         for block in data.chunks_exact(bytes) {
@@ -89,7 +90,7 @@ impl BlockFormat {
             out.extend_from_slice(&[0, 0]);
             out.extend_from_slice(&block[at..]);
         }
-        out
+        Cow::Owned(out)
     }
 
     /// Decodes whole blocks: `out.len()` values from exactly that many values' bytes.
