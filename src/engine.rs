@@ -140,8 +140,8 @@ impl Engine {
         Self::load_from(file, options, progress).await
     }
 
-    /// Loads a model read in ranges from `source`: the header, then one tensor at a time
-    /// straight into GPU buffers, so host memory holds about one tensor, not the file. (The CPU
+    /// Loads a model read in ranges from `source`: the header, then each tensor in pieces of at
+    /// most 8 MiB straight into GPU buffers, so host memory holds one piece, not the file. (The CPU
     /// reference backend reads the whole file.)
     pub async fn load_from(
         source: &(impl ByteSource + ?Sized),

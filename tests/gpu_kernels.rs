@@ -151,8 +151,14 @@ fn types() -> impl Iterator<Item = GgmlType> {
     FORMATS.iter().map(|f| f.ty)
 }
 
-fn linear(h: &Harness, info: &TensorInfo, bytes: &[u8]) -> Linear {
-    Linear::new(&h.gpu, "w", &[Rows::of(info, bytes).unwrap()]).unwrap()
+async fn linear(h: &Harness, info: &TensorInfo, bytes: &[u8]) -> Linear {
+    Linear::new(&h.gpu, "w", &[Rows::of(info).unwrap()], bytes).await.unwrap()
+}
+
+/// `b` placed after `a` in one file (the source weights are read from): b's new info, the file.
+fn after(a: &TensorInfo, a_bytes: &[u8], b: &TensorInfo, b_bytes: &[u8]) -> (TensorInfo, Vec<u8>) {
+    assert_eq!(a.file_offset, 0);
+    (TensorInfo { file_offset: a_bytes.len() as u64, ..b.clone() }, [a_bytes, b_bytes].concat())
 }
 
 /// |got - want| <= rel * scale + 1e-5 where scale is the sum of |terms| of the dot product.
@@ -198,7 +204,7 @@ gpu_test! {
             for ty in types() {
                 let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
                 let w = dequantize(&info, &bytes).unwrap();
-                let lin = linear(&h, &info, &bytes);
+                let lin = linear(&h, &info, &bytes).await;
                 let x = random(&mut rng, cols, 1.0);
                 let (want, scale) = reference_matmul(&w, &x, cols);
                 let xb = h.buf(&x);
@@ -227,8 +233,10 @@ gpu_test! {
             {
                 let (gi, gb) = random_tensor(&mut rng, ty, rows, cols);
                 let (ui, ub) = random_tensor(&mut rng, ty, rows, cols);
-                let (gate, up) = (Rows::of(&gi, &gb).unwrap(), Rows::of(&ui, &ub).unwrap());
-                let pair = Linear::gated_pair(&h.gpu, "gate_up", gate, up).unwrap().expect("same types pair up");
+                let (up_info, file) = after(&gi, &gb, &ui, &ub);
+                let (gate, up) = (Rows::of(&gi).unwrap(), Rows::of(&up_info).unwrap());
+                let pair =
+                    Linear::gated_pair(&h.gpu, "gate_up", gate, up, &file[..]).await.unwrap().expect("same types pair up");
                 let x = random(&mut rng, cols, 1.0);
                 let (g, gs) = reference_matmul(&dequantize(&gi, &gb).unwrap(), &x, cols);
                 let (u, us) = reference_matmul(&dequantize(&ui, &ub).unwrap(), &x, cols);
@@ -256,7 +264,7 @@ gpu_test! {
             for &(ty, cols) in &cases {
                 let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
                 let w = dequantize(&info, &bytes).unwrap();
-                let lin = linear(&h, &info, &bytes);
+                let lin = linear(&h, &info, &bytes).await;
                 let x = random(&mut rng, n * cols, 1.0);
                 let (want, scale) = reference_matmul(&w, &x, cols);
                 let y0 = random(&mut rng, n * rows, 1.0);
@@ -279,8 +287,9 @@ gpu_test! {
             h.set(n, 0);
             let (gi, gb) = random_tensor(&mut rng, GgmlType::Q4_0, rows, cols);
             let (ui, ub) = random_tensor(&mut rng, GgmlType::Q4_0, rows, cols);
-            let pair =
-                Linear::gated_pair(&h.gpu, "gate_up", Rows::of(&gi, &gb).unwrap(), Rows::of(&ui, &ub).unwrap()).unwrap().unwrap();
+            let (up_info, file) = after(&gi, &gb, &ui, &ub);
+            let (gate, up) = (Rows::of(&gi).unwrap(), Rows::of(&up_info).unwrap());
+            let pair = Linear::gated_pair(&h.gpu, "gate_up", gate, up, &file[..]).await.unwrap().unwrap();
             let x = random(&mut rng, n * cols, 1.0);
             let (g, _) = reference_matmul(&dequantize(&gi, &gb).unwrap(), &x, cols);
             let (u, _) = reference_matmul(&dequantize(&ui, &ub).unwrap(), &x, cols);
@@ -314,7 +323,7 @@ gpu_test! {
             for ty in types() {
                 let (info, bytes) = random_tensor(&mut rng, ty, vocab, d);
                 let table = dequantize(&info, &bytes).unwrap();
-                let lin = linear(&h, &info, &bytes);
+                let lin = linear(&h, &info, &bytes).await;
                 let (tb, xb) = (h.u32_buf(&tokens), h.buf(&vec![0.0; tokens.len() * d]));
                 let ops = kernels::embed(&h.gpu, &mut h.cache, &h.params, &lin, scale, &tb, &xb);
                 h.run(&ops, tokens.len());
@@ -533,7 +542,9 @@ gpu_test! {
             let (b, bb) = random_tensor(&mut rng, GgmlType::Q4_1, 30, cols);
             // 1 KiB bindings: a's 100 rows of 72 bytes need 8 parts; b (another type) its own parts.
             h.gpu.limits.max_storage_buffer_binding_size = 1024;
-            let lin = Linear::new(&h.gpu, "split", &[Rows::of(&a, &ab).unwrap(), Rows::of(&b, &bb).unwrap()]).unwrap();
+            let (b_info, file) = after(&a, &ab, &b, &bb);
+            let inputs = [Rows::of(&a).unwrap(), Rows::of(&b_info).unwrap()];
+            let lin = Linear::new(&h.gpu, "split", &inputs, &file[..]).await.unwrap();
             assert!(lin.parts.len() >= 9, "{} parts", lin.parts.len());
             h.gpu.limits.max_storage_buffer_binding_size = 1 << 27;
             let w: Vec<f32> = [dequantize(&a, &ab).unwrap(), dequantize(&b, &bb).unwrap()].concat();
@@ -569,7 +580,7 @@ gpu_test! {
         for mut h in Harness::paths().await {
             let (info, bytes) = random_tensor(&mut rng, GgmlType::Q4_1, rows, cols);
             let w = dequantize(&info, &bytes).unwrap();
-            let lin = linear(&h, &info, &bytes);
+            let lin = linear(&h, &info, &bytes).await;
             let x = random(&mut rng, cols, 3.0);
             let nw = random(&mut rng, cols, 1.0);
             let mut normed = vec![0f32; cols];

@@ -1,12 +1,13 @@
 //! Loading reads the file in ranges: the header from a prefix that grows only as far as the
-//! header needs, then each tensor once, straight into GPU buffers — host memory holds about one
-//! tensor, never the file (so a model larger than memory or wasm32's 4 GiB can load).
+//! header needs, then each tensor once, in pieces of at most 8 MiB straight into GPU buffers —
+//! host memory holds one piece, never the file (so a model larger than memory or wasm32's 4 GiB can load).
 
 mod common;
 
 use common::Reference::{Gemma3, SmolLm2};
 use std::cell::Cell;
 use webgpu_llm::gguf::{ByteSource, Gguf, GgufError, SplitSource};
+use webgpu_llm::gpu::weights::PIECE_BYTES;
 use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, Readback};
 
 /// Bytes in memory that count what is read of them.
@@ -56,14 +57,16 @@ fn a_header_cut_short_is_still_a_truncation_error() {
 }
 
 #[test]
-fn the_gpu_upload_reads_each_tensor_once_and_one_tensor_at_a_time() {
+fn the_gpu_upload_reads_each_tensor_once_in_pieces_of_at_most_8_mib() {
     let gguf = Gemma3.gguf();
     let source = Counting::new(Gemma3.bytes());
     let gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32: true })).expect("a GPU adapter");
     let model = pollster::block_on(GpuModel::load(gpu, gguf, &source, 64, &mut |_, _| {})).unwrap();
     let largest_tensor = gguf.tensors.iter().map(|t| t.byte_size).max().unwrap();
     let all_tensors: u64 = gguf.tensors.iter().map(|t| t.byte_size).sum();
-    assert_eq!(source.largest.get(), largest_tensor, "the largest single read is the largest tensor");
+    // Gemma's 168 MiB embedding is read in pieces: host memory holds one piece, not a tensor.
+    assert!(largest_tensor > 20 * PIECE_BYTES as u64);
+    assert!(source.largest.get() <= PIECE_BYTES as u64, "a read of {} bytes", source.largest.get());
     assert_eq!(source.total.get(), all_tensors, "every tensor is read once (the tied output is not read again)");
     drop(model);
 }

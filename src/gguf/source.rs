@@ -1,6 +1,6 @@
 //! Where a GGUF file's bytes come from, read in ranges: the header first (as much as it needs),
-//! then one tensor at a time, so a model larger than host memory (or than wasm32's 4 GiB) loads
-//! into GPU buffers with about one tensor in memory. Implemented for bytes in memory, natively
+//! then the tensors in pieces (src/gpu/weights.rs), so a model larger than host memory (or than
+//! wasm32's 4 GiB) loads into GPU buffers with one piece of at most 8 MiB in memory. Implemented for bytes in memory, natively
 //! for files, and in the browser for Blobs (src/wasm.rs).
 
 use super::{Gguf, GgufError, TensorInfo};

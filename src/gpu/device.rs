@@ -292,6 +292,15 @@ impl Gpu {
         })
     }
 
+    /// Submits the writes queued so far and, natively, waits for them, so that their staging
+    /// memory is freed: an upload holds about one tensor's staging, not the model's. In the
+    /// browser the writes are already on their way (the wait is a no-op there).
+    pub fn flush_writes(&self) -> Result<()> {
+        self.queue.submit([]);
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::Gpu(e.to_string()))?;
+        Ok(())
+    }
+
     pub fn submit(&self, encoder: wgpu::CommandEncoder) {
         self.counters.submissions.fetch_add(1, Ordering::Relaxed);
         self.queue.submit([encoder.finish()]);

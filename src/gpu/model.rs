@@ -17,11 +17,11 @@ use crate::model::ModelConfig;
 async fn fetch<'g>(
     gguf: &'g Gguf,
     source: &(impl ByteSource + ?Sized),
-    names: &[&str],
+    names: &[impl AsRef<str>],
 ) -> Result<Vec<(&'g TensorInfo, Vec<u8>)>> {
     let mut out = Vec::with_capacity(names.len());
     for name in names {
-        let info = gguf.require_tensor(name)?;
+        let info = gguf.require_tensor(name.as_ref())?;
         out.push((info, Gguf::tensor_data(source, info).await?));
     }
     Ok(out)
@@ -132,9 +132,9 @@ impl GpuModel {
         let total = c.n_layers + 2;
         progress(0, total);
         let (g, src) = (gguf, source);
-        let linear = |label: &'static str, tensors: Vec<(&TensorInfo, Vec<u8>)>| -> Result<Linear> {
-            let rows = tensors.iter().map(|(info, data)| Rows::of(info, data)).collect::<Result<Vec<_>>>()?;
-            Linear::new(&gpu, label, &rows)
+        let linear = async |label: &'static str, names: &[&String]| -> Result<Linear> {
+            let rows = names.iter().map(|n| Rows::of(g.require_tensor(n)?)).collect::<Result<Vec<_>>>()?;
+            Linear::new(&gpu, label, &rows, src).await
         };
         let f32_buffer = |label: &str, tensors: Vec<(&TensorInfo, Vec<u8>)>| -> Result<wgpu::Buffer> {
             let mut values = Vec::new();
@@ -143,66 +143,49 @@ impl GpuModel {
             }
             gpu.storage_init(label, bytemuck::cast_slice(&values))
         };
+        // The biases and norms only some plans have.
+        let optional_f32 = async |label: &str, names: Option<&[String]>| -> Result<Option<wgpu::Buffer>> {
+            Ok(match names {
+                Some(names) => Some(f32_buffer(label, fetch(g, src, names).await?)?),
+                None => None,
+            })
+        };
 
-        let embd = linear("token_embd", fetch(g, src, &[&plan.token_embd]).await?)?;
+        let embd = linear("token_embd", &[&plan.token_embd]).await?;
         progress(1, total);
         let mut layers = Vec::with_capacity(c.n_layers);
         for (i, l) in plan.layers.iter().enumerate() {
             let qkv = match &l.qkv {
-                Qkv::Separate([q, k, v]) => linear("qkv", fetch(g, src, &[q, k, v]).await?)?,
-                Qkv::Fused(name) => linear("qkv", fetch(g, src, &[name]).await?)?,
+                Qkv::Separate([q, k, v]) => linear("qkv", &[q, k, v]).await?,
+                Qkv::Fused(name) => linear("qkv", &[name]).await?,
             };
-            let gate_up_data = match &l.gate_up {
-                GateUp::Separate([gate, up]) => fetch(g, src, &[gate, up]).await?,
-                GateUp::Fused(name) => fetch(g, src, &[name]).await?,
+            let (gate, up) = match &l.gate_up {
+                GateUp::Separate([gate, up]) => (Rows::of(g.require_tensor(gate)?)?, Rows::of(g.require_tensor(up)?)?),
+                GateUp::Fused(name) => Rows::of(g.require_tensor(name)?)?.halves(),
             };
-            let gate_up_rows =
-                gate_up_data.iter().map(|(info, data)| Rows::of(info, data)).collect::<Result<Vec<_>>>()?;
-            let (gate, up) = match gate_up_rows[..] {
-                [gate, up] => (gate, up),
-                [fused] => fused.halves(),
-                _ => unreachable!("one or two tensors fetched"),
-            };
-            let gate_up = match Linear::gated_pair(&gpu, "gate_up", gate, up)? {
+            let gate_up = match Linear::gated_pair(&gpu, "gate_up", gate, up, src).await? {
                 Some(pair) => pair,
-                None => Linear::new(&gpu, "gate_up", &[gate, up])?,
-            };
-            let qkv_bias = match &l.qkv_bias {
-                Some([q, k, v]) => Some(f32_buffer("qkv_bias", fetch(g, src, &[q, k, v]).await?)?),
-                None => None,
-            };
-            let qk_norm = match &l.qk_norm {
-                Some([q, k]) => Some(f32_buffer("qk_norm", fetch(g, src, &[q, k]).await?)?),
-                None => None,
-            };
-            let post_attn_norm = match &l.post_attn_norm {
-                Some(n) => Some(f32_buffer("post_attn_norm", fetch(g, src, &[n]).await?)?),
-                None => None,
-            };
-            let post_ffn_norm = match &l.post_ffn_norm {
-                Some(n) => Some(f32_buffer("post_ffn_norm", fetch(g, src, &[n]).await?)?),
-                None => None,
+                None => Linear::new(&gpu, "gate_up", &[gate, up], src).await?,
             };
             layers.push(LayerWeights {
                 attn_norm: f32_buffer("attn_norm", fetch(g, src, &[&l.attn_norm]).await?)?,
                 qkv,
-                qkv_bias,
-                qk_norm,
-                wo: linear("wo", fetch(g, src, &[&l.wo]).await?)?,
-                post_attn_norm,
+                qkv_bias: optional_f32("qkv_bias", l.qkv_bias.as_ref().map(|n| &n[..])).await?,
+                qk_norm: optional_f32("qk_norm", l.qk_norm.as_ref().map(|n| &n[..])).await?,
+                wo: linear("wo", &[&l.wo]).await?,
+                post_attn_norm: optional_f32("post_attn_norm", l.post_attn_norm.as_ref().map(std::slice::from_ref))
+                    .await?,
                 ffn_norm: f32_buffer("ffn_norm", fetch(g, src, &[&l.ffn_norm]).await?)?,
                 gate_up,
-                w_down: linear("w_down", fetch(g, src, &[&l.down]).await?)?,
-                post_ffn_norm,
+                w_down: linear("w_down", &[&l.down]).await?,
+                post_ffn_norm: optional_f32("post_ffn_norm", l.post_ffn_norm.as_ref().map(std::slice::from_ref))
+                    .await?,
             });
             progress(i + 2, total);
         }
         let output_norm = f32_buffer("output_norm", fetch(g, src, &[&plan.output_norm]).await?)?;
-        let lm_head = if plan.output == plan.token_embd {
-            None
-        } else {
-            Some(linear("output", fetch(g, src, &[&plan.output]).await?)?)
-        };
+        let lm_head =
+            if plan.output == plan.token_embd { None } else { Some(linear("output", &[&plan.output]).await?) };
         progress(total, total);
 
         let buf = Self::buffers(&gpu, &plan, context)?;

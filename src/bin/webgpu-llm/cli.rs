@@ -159,7 +159,7 @@ fn split_parts(path: &std::path::Path) -> Vec<PathBuf> {
 async fn load(args: &ModelArgs) -> Result<Engine, Error> {
     let path = model_path(args.model.clone());
     eprintln!("loading {}", path.display());
-    // Read in ranges: the header, then one tensor at a time into GPU memory.
+    // Read in ranges: the header, then each tensor in pieces into GPU memory.
     let file = SplitSource::new(split_parts(&path).iter().map(|p| FileSource::open(p)).collect::<Result<_, _>>()?);
     let start = std::time::Instant::now();
     let mut progress = |done: usize, total: usize| eprint!("\rloading weights: {}%", done * 100 / total.max(1));
