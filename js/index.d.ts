@@ -95,7 +95,10 @@ export interface ModelInfo {
   layers: number;
   /** Sum of the element counts of all tensors. */
   parameters: number;
+  /** The file's bytes (all parts of a split model). */
   fileBytes: number;
+  /** 1, or how many files a split model comes in. */
+  parts: number;
   /** Bytes of tensor data per block type (the quantization mix), e.g. {Q4_K: ..., Q6_K: ...}. */
   typeBytes: Record<string, number>;
   /** The context the model was trained for. */
@@ -145,9 +148,21 @@ export interface Inspection extends ModelInfo {
 }
 
 export interface CachedModel {
+  /** The model's URL; a split model's first part's URL. */
   url: string;
+  /** Bytes kept (all cached parts of a split model). */
   bytes: number;
+  /** A split model only: how many of its parts are cached, and how many it has. */
+  parts?: number;
+  of?: number;
 }
+
+/**
+ * Where a model comes from: a URL (a split model's by any part's URL,
+ * `name-00001-of-00003.gguf`), a File/Blob, every part of a split model as Files (any order), or
+ * bytes.
+ */
+export type ModelSource = string | URL | Blob | Blob[] | FileList | ArrayBuffer | Uint8Array;
 
 export interface Message {
   role: string;
@@ -155,17 +170,17 @@ export interface Message {
 }
 
 export declare class Engine {
-  static load(source: string | URL | Blob | ArrayBuffer | Uint8Array, options?: LoadOptions): Promise<Engine>;
+  static load(source: ModelSource, options?: LoadOptions): Promise<Engine>;
   /**
    * A model's facts and whether this GPU can hold it, from the header alone: a URL with Range
    * requests (or the start of the download, cancelled, from a server without them), a File/Blob
    * as a slice, a cached URL from Cache Storage. Rejects with an Error in words for a file the
    * engine cannot run or a server it cannot reach.
    */
-  static inspect(source: string | URL | Blob | ArrayBuffer | Uint8Array, options?: InspectOptions): Promise<Inspection>;
+  static inspect(source: ModelSource, options?: InspectOptions): Promise<Inspection>;
   /** The models kept in Cache Storage by `load`. */
   static cachedModels(): Promise<CachedModel[]>;
-  /** Removes one model from Cache Storage; resolves to whether it was there. */
+  /** Removes one model (every part of a split one) from Cache Storage; resolves to whether it was there. */
   static deleteCached(url: string | URL): Promise<boolean>;
   static clearCache(): Promise<void>;
   /** Bytes of the engine's wasm linear memory (its high-water mark: wasm memory never shrinks). */

@@ -20,7 +20,44 @@ function toError(e) {
 }
 
 const openCache = () => (typeof caches === "undefined" ? null : caches.open(CACHE_NAME));
-const absolute = (url) => new URL(String(url), globalThis.location?.href).href;
+/** An absolute URL without its fragment (Cache Storage ignores fragments anyway). */
+function absolute(url) {
+  const u = new URL(String(url), globalThis.location?.href);
+  u.hash = "";
+  return u.href;
+}
+
+// A split model's parts, as llama.cpp's gguf-split names them: name-00001-of-00003.gguf.
+const SPLIT = /-(\d{5})-of-(\d{5})\.gguf$/i;
+
+/** The URLs of every part of a split model named by any of its parts' URLs; else just `url`. */
+function partUrls(url) {
+  const u = new URL(url);
+  const m = u.pathname.match(SPLIT);
+  if (!m || Number(m[2]) < 1) return [url];
+  return Array.from({ length: Number(m[2]) }, (_, i) => {
+    const part = new URL(u);
+    part.pathname = u.pathname.replace(SPLIT, `-${String(i + 1).padStart(5, "0")}-of-${m[2]}.gguf`);
+    return part.href;
+  });
+}
+
+/**
+ * Picked or dropped files in the order of their parts: a split model's parts sorted by their
+ * numbers (all of them must be there), or the one file. Files named otherwise keep their order
+ * and the engine checks each part's own split.no.
+ */
+function orderParts(files) {
+  if (files.length === 0) throw new TypeError("no model file was given");
+  const named = files.map((f) => ({ file: f, m: String(f.name ?? "").match(SPLIT) }));
+  if (!named.every((n) => n.m)) return files;
+  const count = Number(named[0].m[2]);
+  const base = (n) => n.file.name.slice(0, n.m.index);
+  if (files.length !== count || named.some((n) => Number(n.m[2]) !== count || base(n) !== base(named[0]))) {
+    throw new Error(`${named[0].file.name} is one part of a model split in ${count} parts: pick or drop all ${count} parts (${base(named[0])}-00001-of-${named[0].m[2]}.gguf ...) together`);
+  }
+  return named.sort((a, b) => Number(a.m[1]) - Number(b.m[1])).map((n) => n.file);
+}
 
 /** fetch, with an error in words when the server cannot be reached or answers with an error. */
 async function fetchOk(url, init) {
@@ -40,64 +77,216 @@ function bodyLength(response) {
   return Number(response.headers.get("content-length")) || 0;
 }
 
-/** The body of `response`, counted for progress as it streams through. */
-function counted(response, onProgress) {
-  const total = bodyLength(response);
-  if (!response.body) return response;
-  let loaded = 0;
-  const body = response.body.pipeThrough(
-    new TransformStream({
-      transform(chunk, controller) {
-        loaded += chunk.length;
-        onProgress?.({ phase: "download", loaded, total: total || loaded });
-        controller.enqueue(chunk);
-      },
-    }),
-  );
-  return new Response(body, { headers: { "x-webgpu-llm-cached": "1" } });
+// Cache Storage refuses an entry over 2 GiB (Chromium), so a download is stored in chunks of its
+// own under `<url>?webgpu-llm-chunk=<i>`, and last an empty entry under the URL that says how
+// many chunks and bytes there are. A model is in the cache only once that entry is there.
+const CHUNK_BYTES = 32 << 20;
+const CHUNKS = "x-webgpu-llm-chunks";
+const BYTES = "x-webgpu-llm-bytes";
+const CHUNK_KEY = /[?&]webgpu-llm-chunk=\d+$/;
+const chunkKey = (url, i) => `${url}${url.includes("?") ? "&" : "?"}webgpu-llm-chunk=${i}`;
+
+/** A cached URL's bytes as one Blob (its chunks joined; read from disk as sliced), or null. */
+async function cachedBlob(store, url) {
+  const entry = await store?.match(url);
+  if (!entry) return null;
+  const chunks = Number(entry.headers.get(CHUNKS));
+  if (!entry.headers.has(CHUNKS)) return entry.blob(); // one whole-file entry
+  const parts = [];
+  for (let i = 0; i < chunks; i++) {
+    const chunk = await store.match(chunkKey(url, i));
+    if (!chunk) return null;
+    parts.push(await chunk.blob());
+  }
+  return new Blob(parts);
+}
+
+/** The bytes a cache entry holds for its URL: from its chunk count entry, or its body's size. */
+async function cachedBytes(store, request) {
+  const entry = await store.match(request);
+  if (!entry) return null;
+  if (entry.headers.has(CHUNKS)) return Number(entry.headers.get(BYTES));
+  return (await entry.blob()).size;
+}
+
+/** Removes a URL's entries (the chunks and the entry that lists them); whether any was there. */
+async function deleteUrl(store, url) {
+  let found = false;
+  for (const request of await store.keys()) {
+    if (request.url === url || request.url.replace(CHUNK_KEY, "") === url) found = (await store.delete(request)) || found;
+  }
+  return found;
 }
 
 /**
- * A model URL as a Blob, from Cache Storage when it is there. A download streams into the cache
- * (on disk) and the model is then read from there in slices, so the page never holds the file in
- * memory. A download cut off midway rejects the cache write and leaves nothing behind.
+ * Reads a stream into `size`-byte chunks of one buffer it reuses (`buffer`, at least `size`
+ * bytes, or a new one): `chunk(bytes)` gets each (the last may be shorter) and must be done with
+ * it when its promise settles. Returns {total, buffer}: the bytes read and the buffer, which a
+ * BYOB read hands back as a new ArrayBuffer object over the same memory. With a BYOB
+ * reader (fetch bodies and Blob streams in Chromium and Firefox) the bytes are read straight into
+ * that buffer, so gigabytes pass through without leaving garbage in the JS heap.
  */
-async function fetchModel(url, { cache = true, onProgress } = {}) {
-  const store = cache ? await openCache() : null;
-  const cached = await store?.match(url);
-  if (cached) {
-    const blob = await cached.blob();
-    onProgress?.({ phase: "download", loaded: blob.size, total: blob.size });
-    return { blob, fromCache: true };
+async function readChunks(stream, size, chunk, counted, buffer = new ArrayBuffer(size)) {
+  let fill = 0;
+  let total = 0;
+  let byob = null;
+  try {
+    byob = stream.getReader({ mode: "byob" });
+  } catch {
+    // Not a byte stream: read its chunks and copy them in.
   }
-  const download = async () => counted(await fetchOk(url), onProgress);
-  if (store) {
-    const body = await download();
+  const reader = byob ?? stream.getReader();
+  let pending = null;
+  try {
+    for (;;) {
+      let got;
+      if (byob) {
+        const { done, value } = await byob.read(new Uint8Array(buffer, fill, size - fill));
+        if (value) buffer = value.buffer;
+        if (done) break;
+        got = value.byteLength;
+      } else {
+        if (!pending) {
+          const { done, value } = await reader.read();
+          if (done) break;
+          pending = value;
+        }
+        got = Math.min(pending.length, size - fill);
+        new Uint8Array(buffer, fill, got).set(pending.subarray(0, got));
+        pending = got < pending.length ? pending.subarray(got) : null;
+      }
+      fill += got;
+      total += got;
+      counted?.(total);
+      if (fill === size) {
+        await chunk(new Uint8Array(buffer, 0, fill));
+        fill = 0;
+      }
+    }
+    if (fill) await chunk(new Uint8Array(buffer, 0, fill));
+  } catch (e) {
+    reader.cancel().catch(() => {});
+    throw e;
+  }
+  return { total, buffer };
+}
+
+/**
+ * Streams a response's body into Cache Storage, chunk by chunk. `counted(n)` follows the bytes.
+ * A download cut off midway rejects; the chunks stored before are removed, so nothing of it stays.
+ */
+async function storeChunked(store, url, response, counted) {
+  let chunks = 0;
+  try {
+    // new Response(bytes) copies them, so the buffer can take the next chunk.
+    const { total } = await readChunks(response.body, CHUNK_BYTES, (bytes) => store.put(chunkKey(url, chunks++), new Response(bytes)), counted);
+    await store.put(url, new Response(null, { headers: { [CHUNKS]: String(chunks), [BYTES]: String(total) } }));
+  } catch (e) {
+    await deleteUrl(store, url).catch(() => {});
+    throw e;
+  }
+}
+
+/**
+ * Reads slices of Blobs into one buffer it reuses (the engine copies each slice into wasm memory
+ * before asking for the next), so that loading a model leaves no garbage in the JS heap.
+ */
+class Slices {
+  #buffer = new ArrayBuffer(0);
+
+  async read(blob, offset, len) {
+    const slice = blob.slice(offset, offset + len);
+    if (slice.size !== len) throw new Error(`the file is ${blob.size} bytes, too short for ${len} bytes at ${offset}: it changed or is truncated`);
+    if (len === 0) return new Uint8Array(0);
+    if (this.#buffer.byteLength < len) this.#buffer = new ArrayBuffer(len);
+    const { total, buffer } = await readChunks(slice.stream(), len, () => {}, null, this.#buffer);
+    this.#buffer = buffer;
+    if (total !== len) throw new Error(`only ${total} of ${len} bytes at ${offset} could be read: the file changed or is truncated`);
+    return new Uint8Array(buffer, 0, len);
+  }
+}
+
+/**
+ * One URL as a Blob, from Cache Storage when it is there. A download streams into the cache (on
+ * disk) and the model is then read from there in slices, so the page never holds the file in
+ * memory. A download cut off midway leaves nothing behind. `counted(loaded, total)` follows it.
+ */
+async function fetchPart(store, url, counted) {
+  const cached = await cachedBlob(store, url);
+  if (cached) {
+    counted(cached.size, cached.size);
+    return { blob: cached, fromCache: true };
+  }
+  const response = await fetchOk(url);
+  const length = bodyLength(response);
+  if (store && response.body) {
     try {
-      // The browser errors the body of a connection closed before its Content-Length (or its
-      // last chunk), and then put() rejects without storing anything.
-      await store.put(url, body);
+      await storeChunked(store, url, response, (loaded) => counted(loaded, length || loaded));
+      const stored = await cachedBlob(store, url);
+      if (stored) return { blob: stored, fromCache: false };
     } catch (e) {
       if (e?.name !== "QuotaExceededError") throw new Error(`the model download from ${url} failed (${toError(e).message}); nothing was kept in the cache: try again`);
       console.warn("webgpu-llm: the model does not fit the storage quota; loading it without caching");
-      return { blob: await (await download()).blob(), fromCache: false };
     }
-    const stored = await store.match(url);
-    if (stored) return { blob: await stored.blob(), fromCache: false };
+    try {
+      return { blob: await (await fetchOk(url)).blob(), fromCache: false };
+    } catch (e) {
+      const quota = await globalThis.navigator?.storage?.estimate?.().catch(() => null);
+      const room = quota ? ` (${((quota.quota - quota.usage) / GIB).toFixed(1)} GiB free for this site)` : "";
+      throw new Error(`${url} does not fit this browser's storage for the site${room} and could not be held in memory either (${toError(e).message}): free some space, leave private browsing (it keeps little), or pick the file from disk instead`);
+    }
   }
-  return { blob: await (await download()).blob(), fromCache: false };
+  const blob = await response.blob();
+  counted(blob.size, blob.size);
+  return { blob, fromCache: false };
 }
 
-/** The model as a Blob (URLs, Files) or bytes. */
+/** A model URL (any part's, for a split model) as its parts' Blobs, each cached. */
+async function fetchModel(url, { cache = true, onProgress } = {}) {
+  const store = cache ? await openCache() : null;
+  const urls = partUrls(url);
+  // Each part's size, for one progress bar over all of them: its length (when said) or 0 until it starts.
+  const sizes = urls.length > 1 ? await Promise.all(urls.map(async (u) => (await cachedBlob(store, u))?.size ?? bodyLength(await fetchOk(u, { method: "HEAD" }).catch(() => new Response())))) : [0];
+  const blobs = [];
+  let fromCache = true;
+  let before = 0;
+  for (const [i, u] of urls.entries()) {
+    const part = await fetchPart(store, u, (loaded, total) => {
+      sizes[i] = total;
+      const all = sizes.reduce((a, b) => a + b, 0);
+      onProgress?.({ phase: "download", loaded: before + loaded, total: Math.max(all, before + loaded) });
+    });
+    blobs.push(part.blob);
+    fromCache &&= part.fromCache;
+    before += part.blob.size;
+  }
+  return { blobs, fromCache };
+}
+
+/** The model as Blobs, one per part (URLs, Files, arrays of a split model's Files), or bytes. */
 async function toSource(source, options) {
   if (typeof source === "string" || source instanceof URL) return fetchModel(absolute(source), options);
-  if (typeof Blob !== "undefined" && source instanceof Blob) {
-    options.onProgress?.({ phase: "download", loaded: source.size, total: source.size });
-    return { blob: source, fromCache: false };
+  const files = asFiles(source);
+  if (files) {
+    const size = files.reduce((sum, f) => sum + f.size, 0);
+    options.onProgress?.({ phase: "download", loaded: size, total: size });
+    return { blobs: files, fromCache: false };
   }
   const bytes = asBytes(source);
   if (bytes) return { bytes, fromCache: false };
-  throw new TypeError("the model source must be a URL, a File/Blob, an ArrayBuffer or a Uint8Array");
+  throw new TypeError(SOURCE_TYPES);
+}
+
+const SOURCE_TYPES = "the model source must be a URL, a File/Blob (or every part of a split model as an array of Files), an ArrayBuffer or a Uint8Array";
+
+/** A File/Blob, or an array (or FileList) of a split model's parts, as Blobs in part order. */
+function asFiles(source) {
+  if (typeof Blob === "undefined") return null;
+  if (source instanceof Blob) return [source];
+  const list = Array.isArray(source) || (typeof FileList !== "undefined" && source instanceof FileList) ? Array.from(source) : null;
+  if (!list) return null;
+  if (!list.every((f) => f instanceof Blob)) throw new TypeError(SOURCE_TYPES);
+  return orderParts(list);
 }
 
 function asBytes(source) {
@@ -190,34 +379,41 @@ function rangeTotal(response) {
   return m ? Number(m[1]) : undefined;
 }
 
-/** Where a model's first bytes come from, for `Engine.inspect`. */
-async function prefixOf(source, cache) {
+/** Where a model's first bytes come from, for `Engine.inspect`: one prefix per part. */
+async function prefixesOf(source, cache) {
   if (typeof source === "string" || source instanceof URL) {
-    const url = absolute(source);
-    const cached = cache ? await (await openCache())?.match(url) : undefined;
-    if (cached) return { prefix: blobPrefix(await cached.blob()), from: "cache" };
-    return { prefix: new UrlPrefix(url), from: "network" };
+    const store = cache ? await openCache() : null;
+    let from = "cache";
+    const prefixes = [];
+    for (const url of partUrls(absolute(source))) {
+      const cached = await cachedBlob(store, url);
+      if (!cached) from = "network";
+      prefixes.push(cached ? blobPrefix(cached) : new UrlPrefix(url));
+    }
+    return { prefixes, from };
   }
-  if (typeof Blob !== "undefined" && source instanceof Blob) return { prefix: blobPrefix(source), from: "file" };
+  const files = asFiles(source);
+  if (files) return { prefixes: files.map(blobPrefix), from: "file" };
   const bytes = asBytes(source);
-  if (bytes) return { prefix: { fileLen: bytes.length, bytes: async () => bytes, close() {} }, from: "bytes" };
-  throw new TypeError("the model source must be a URL, a File/Blob, an ArrayBuffer or a Uint8Array");
+  if (bytes) return { prefixes: [{ fileLen: bytes.length, bytes: async () => bytes, close() {} }], from: "bytes" };
+  throw new TypeError(SOURCE_TYPES);
 }
 
-/** The model's facts from its header, read in growing prefixes as the header asks. */
-async function readInfo(prefix, contextLength) {
+/** The model's facts from its headers (one per part), each read in growing prefixes as it asks. */
+async function readInfo(prefixes, contextLength) {
   await initOnce();
-  let want = FIRST_HEADER_READ;
+  const want = prefixes.map(() => FIRST_HEADER_READ);
   try {
     for (;;) {
-      const bytes = await prefix.bytes(want);
-      const info = inspectHeader(bytes, prefix.fileLen, contextLength);
-      if (info.needBytes === undefined) return info;
-      if (bytes.length >= prefix.fileLen) throw new Error("the GGUF header runs past the end of the file: it is truncated or corrupt");
-      want = Math.max(info.needBytes, 2 * want);
+      const bytes = await Promise.all(prefixes.map((p, i) => p.bytes(want[i])));
+      const info = inspectHeader(bytes, prefixes.map((p) => p.fileLen), contextLength);
+      if (info.needBytes === undefined) return { ...info, parts: prefixes.length };
+      const i = info.part;
+      if (bytes[i].length >= prefixes[i].fileLen) throw new Error("the GGUF header runs past the end of the file: it is truncated or corrupt");
+      want[i] = Math.max(info.needBytes, 2 * want[i]);
     }
   } finally {
-    prefix.close();
+    for (const p of prefixes) p.close();
   }
 }
 
@@ -273,9 +469,12 @@ export class Engine {
   }
 
   /**
-   * Loads a GGUF model. `source`: a URL (streamed into Cache Storage with progress), a File/Blob,
-   * or bytes. URLs and Blobs are read in slices, tensor by tensor, into GPU memory. Options: onProgress({phase, loaded, total}), cache (default true),
-   * contextLength, cpu (run on the CPU reference instead of WebGPU).
+   * Loads a GGUF model. `source`: a URL (streamed into Cache Storage with progress; any part's URL
+   * of a split model `name-00001-of-00003.gguf` loads all its parts), a File/Blob, an array or
+   * FileList of a split model's parts, or bytes. URLs and Blobs are read in slices, tensor by
+   * tensor, into GPU memory, so a model larger than wasm's 4 GiB loads when the GPU has room.
+   * Options: onProgress({phase, loaded, total}), cache (default true), contextLength, cpu (run on
+   * the CPU reference instead of WebGPU).
    */
   static async load(source, options = {}) {
     if (!options.cpu) {
@@ -288,11 +487,11 @@ export class Engine {
       }
     }
     await initOnce();
-    const { blob, bytes, fromCache } = await toSource(source, options);
+    const { blobs, bytes, fromCache } = await toSource(source, options);
     try {
       const opts = { contextLength: options.contextLength, cpu: !!options.cpu };
       const progress = (done, total) => options.onProgress?.({ phase: "upload", loaded: done, total });
-      const inner = blob ? await WasmEngine.loadBlob(blob, opts, progress) : await WasmEngine.load(bytes, opts, progress);
+      const inner = blobs ? await WasmEngine.loadBlobs(blobs, new Slices(), opts, progress) : await WasmEngine.load(bytes, opts, progress);
       return new Engine(inner, fromCache);
     } catch (e) {
       throw toError(e);
@@ -306,31 +505,43 @@ export class Engine {
    * Cache Storage first). Throws an Error in words for a file the engine cannot run.
    */
   static async inspect(source, options = {}) {
-    const { prefix, from } = await prefixOf(source, options.cache !== false);
     try {
-      const info = await readInfo(prefix, options.contextLength);
+      const { prefixes, from } = await prefixesOf(source, options.cache !== false);
+      const info = await readInfo(prefixes, options.contextLength);
       return { ...info, source: from, ...(await fit(info)) };
     } catch (e) {
       throw toError(e);
     }
   }
 
-  /** The models this package keeps in Cache Storage: [{url, bytes}]. */
+  /**
+   * The models this package keeps in Cache Storage: [{url, bytes}], a split model once under its
+   * first part's URL with `parts` (how many of its parts are cached) and `of` (how many it has).
+   */
   static async cachedModels() {
     const store = await openCache();
     if (!store) return [];
-    const models = [];
+    const models = new Map();
     for (const request of await store.keys()) {
-      const blob = await (await store.match(request))?.blob();
-      if (blob) models.push({ url: request.url, bytes: blob.size });
+      if (CHUNK_KEY.test(request.url)) continue;
+      const bytes = await cachedBytes(store, request);
+      if (bytes === null) continue;
+      const parts = partUrls(request.url);
+      const model = models.get(parts[0]) ?? { url: parts[0], bytes: 0, ...(parts.length > 1 && { parts: 0, of: parts.length }) };
+      model.bytes += bytes;
+      if (parts.length > 1) model.parts += 1;
+      models.set(parts[0], model);
     }
-    return models;
+    return [...models.values()];
   }
 
-  /** Removes one model from Cache Storage; resolves to whether it was there. */
+  /** Removes a model (every part of a split one) from Cache Storage; resolves to whether it was there. */
   static async deleteCached(url) {
     const store = await openCache();
-    return store ? store.delete(absolute(url)) : false;
+    if (!store) return false;
+    let found = false;
+    for (const part of partUrls(absolute(url))) found = (await deleteUrl(store, part)) || found;
+    return found;
   }
 
   /** Bytes of the engine's wasm linear memory (it never shrinks: its high-water mark). */

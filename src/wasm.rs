@@ -4,7 +4,7 @@
 
 use crate::chat::Message;
 use crate::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats};
-use crate::gguf::{ByteSource, GgufError};
+use crate::gguf::{ByteSource, Gguf, GgufError, SplitSource};
 use crate::gpu::GpuOptions;
 use crate::sampling::SamplingParams;
 use serde::{Deserialize, Serialize};
@@ -111,19 +111,33 @@ fn js_err(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())
 }
 
-/// A Blob read in slices (`Blob.slice(..).arrayBuffer()`): Chromium keeps large Blobs and Cache
-/// Storage bodies on disk, so only the slice asked for enters memory.
-struct BlobSource(web_sys::Blob);
+#[wasm_bindgen]
+extern "C" {
+    /// The package's reader of Blob slices (`Slices` in js/index.js): it reads into one buffer
+    /// it reuses, so a model's gigabytes pass through without leaving garbage in the JS heap.
+    pub type SliceReader;
+    /// `len` bytes of `blob` from `offset`, as a Uint8Array valid until the next read.
+    #[wasm_bindgen(method)]
+    fn read(this: &SliceReader, blob: &web_sys::Blob, offset: f64, len: f64) -> js_sys::Promise;
+}
+
+/// A Blob read in slices: Chromium keeps large Blobs and Cache Storage bodies on disk, so only
+/// the slice asked for enters memory.
+struct BlobSource {
+    blob: web_sys::Blob,
+    reader: SliceReader,
+}
 
 impl ByteSource for BlobSource {
     fn len(&self) -> u64 {
-        self.0.size() as u64
+        self.blob.size() as u64
     }
     async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, GgufError> {
-        let err = |e: JsValue| GgufError::Read(format!("{e:?}"));
-        let slice = self.0.slice_with_f64_and_f64(offset as f64, (offset + len) as f64).map_err(err)?;
-        let buffer = wasm_bindgen_futures::JsFuture::from(slice.array_buffer()).await.map_err(err)?;
-        Ok(js_sys::Uint8Array::new(&buffer).to_vec())
+        let promise = self.reader.read(&self.blob, offset as f64, len as f64);
+        let bytes = wasm_bindgen_futures::JsFuture::from(promise).await.map_err(|e| {
+            GgufError::Read(e.dyn_ref::<js_sys::Error>().map_or_else(|| format!("{e:?}"), |e| e.message().into()))
+        })?;
+        Ok(js_sys::Uint8Array::from(bytes).to_vec())
     }
 }
 
@@ -147,16 +161,20 @@ impl WasmEngine {
         Self::load_source(&bytes.to_vec()[..], options, on_progress).await
     }
 
-    /// Loads a GGUF model from a Blob (a File, or a Cache Storage entry's body): its header,
-    /// then one tensor at a time, read as slices straight into GPU buffers, so wasm memory holds
-    /// about one tensor however large the model is.
-    #[wasm_bindgen(js_name = loadBlob)]
-    pub async fn load_blob(
-        blob: web_sys::Blob,
+    /// Loads a GGUF model from Blobs (Files, or Cache Storage entries' bodies): one Blob per part
+    /// of a split model (`name-00001-of-00003.gguf`, in order), else one. Headers first, then one
+    /// tensor at a time, read as slices of at most 8 MiB straight into GPU buffers, so wasm memory
+    /// holds one slice however large the model is.
+    #[wasm_bindgen(js_name = loadBlobs)]
+    pub async fn load_blobs(
+        parts: Vec<web_sys::Blob>,
+        reader: SliceReader,
         options: JsValue,
         on_progress: Option<js_sys::Function>,
     ) -> Result<WasmEngine, JsError> {
-        Self::load_source(&BlobSource(blob), options, on_progress).await
+        let reader = || reader.clone().unchecked_into::<SliceReader>();
+        let source = SplitSource::new(parts.into_iter().map(|blob| BlobSource { blob, reader: reader() }).collect());
+        Self::load_source(&source, options, on_progress).await
     }
 
     async fn load_source(
@@ -331,24 +349,40 @@ async fn generate(
     result.map_err(js_err)
 }
 
-/// What a model needs, from the first bytes of its file (`file_len` bytes in all): the page reads
-/// them with a ranged request before downloading. Returns `{needBytes}` when the header goes on
-/// past `header` (fetch that many and call again), else the model's facts (see `ModelInfo`).
+/// What a model needs, from the first bytes of its file (`file_lens[i]` bytes in all for part i of
+/// a split model; one prefix and one length for a whole file): the page reads them with ranged
+/// requests before downloading. Returns `{needBytes, part}` when part `part`'s header goes on past
+/// its prefix (fetch that many bytes of it and call again), else the model's facts (`ModelInfo`).
 #[wasm_bindgen]
-pub fn inspect(header: js_sys::Uint8Array, file_len: f64, context_length: Option<u32>) -> Result<JsValue, JsError> {
+pub fn inspect(
+    prefixes: Vec<js_sys::Uint8Array>,
+    file_lens: Vec<f64>,
+    context_length: Option<u32>,
+) -> Result<JsValue, JsError> {
     #[derive(Serialize)]
     #[serde(rename_all = "camelCase")]
     struct NeedMore {
         need_bytes: u64,
+        part: usize,
     }
     let serializer = serde_wasm_bindgen::Serializer::json_compatible();
-    match crate::gguf::Gguf::parse_prefix(&header.to_vec(), file_len as u64) {
-        Err(GgufError::HeaderPastPrefix { needed, .. }) => Ok(NeedMore { need_bytes: needed }.serialize(&serializer)?),
-        Err(e) => Err(js_err(e)),
-        Ok(gguf) => {
-            let info = crate::model::ModelInfo::new(&gguf, file_len as u64, context_length.map(|c| c as usize))
-                .map_err(js_err)?;
-            Ok(info.serialize(&serializer)?)
-        }
+    if prefixes.len() != file_lens.len() {
+        return Err(js_err("inspect: one file length per header prefix"));
     }
+    let (mut headers, mut starts, mut total) = (Vec::with_capacity(prefixes.len()), Vec::new(), 0u64);
+    for (part, (prefix, &len)) in prefixes.iter().zip(&file_lens).enumerate() {
+        let len = len as u64;
+        match Gguf::parse_prefix(&prefix.to_vec(), len) {
+            Err(GgufError::HeaderPastPrefix { needed, .. }) => {
+                return Ok(NeedMore { need_bytes: needed, part }.serialize(&serializer)?)
+            }
+            Err(e) => return Err(js_err(e)),
+            Ok(gguf) => headers.push(gguf),
+        }
+        starts.push(total);
+        total += len;
+    }
+    let gguf = Gguf::merge_split(headers, &starts).map_err(js_err)?;
+    let info = crate::model::ModelInfo::new(&gguf, total, context_length.map(|c| c as usize)).map_err(js_err)?;
+    Ok(info.serialize(&serializer)?)
 }

@@ -37,8 +37,9 @@ let loadedFacts = null;
 
 const absolute = (url) => new URL(url, location.href).href;
 
-/** A model's file name, from its URL or File. */
+/** A model's file name, from its URL or File (a split model's: its first part's, and the count). */
 function sourceName(source) {
+  if (Array.isArray(source)) return source.length > 1 ? `${[...source].map((f) => f.name).sort()[0]} and ${source.length - 1} more parts` : source[0].name;
   if (typeof source !== "string") return source.name;
   try {
     return decodeURIComponent(new URL(source, location.href).pathname.split("/").pop()) || source;
@@ -175,7 +176,7 @@ function showCache(models) {
       name.title = m.url;
       const size = document.createElement("span");
       size.className = "size";
-      size.textContent = `${formatBytes(m.bytes)}${m.url === loadedUrl && info ? ", loaded" : ""}`;
+      size.textContent = `${formatBytes(m.bytes)}${m.of ? `, ${m.parts} of ${m.of} parts` : ""}${m.url === loadedUrl && info ? ", loaded" : ""}`;
       const loadButton = document.createElement("button");
       loadButton.type = "button";
       loadButton.className = "load";
@@ -388,14 +389,16 @@ ui.url.addEventListener("input", () => {
   setControls();
 });
 ui.load.addEventListener("click", () => checked && load(checked.source));
-ui.file.addEventListener("change", () => ui.file.files[0] && check(ui.file.files[0], true));
+/** One picked or dropped file, or all the parts of a split model. */
+const picked = (files) => (files.length > 1 ? Array.from(files) : files[0]);
+ui.file.addEventListener("change", () => ui.file.files.length && check(picked(ui.file.files), true));
 document.addEventListener("dragover", (e) => e.preventDefault());
 document.addEventListener("drop", (e) => {
   e.preventDefault();
-  const file = e.dataTransfer?.files?.[0];
-  if (!file) return;
+  const files = e.dataTransfer?.files;
+  if (!files?.length) return;
   if (loading || generating) showError("Wait until the model has loaded and the answer is finished, then drop the file again.");
-  else check(file, true);
+  else check(picked(files), true);
 });
 
 /** Starts the engine's worker and checks the default model, unless this browser has no WebGPU adapter. */

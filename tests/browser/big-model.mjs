@@ -3,56 +3,10 @@
 // copied byte for byte, llama.* keys for 32 layers of d_model 4096, then the tensors streamed to
 // disk from one repeated block of random Q4_0 data (small scales keep the activations finite).
 import fs from "node:fs";
+import { readGguf, ggufHeader, kv, str, u32, f32, GGUF_ALIGN as ALIGN } from "./gguf.mjs";
 
-const LAYERS = 32, D = 4096, FFN = 14336, HEADS = 32, KV_HEADS = 8, ALIGN = 32;
+const LAYERS = 32, D = 4096, FFN = 14336, HEADS = 32, KV_HEADS = 8;
 const Q4_0 = 2, F32 = 0;
-
-/** Raw bytes of every `tokenizer.*` key-value pair of a GGUF header, and their count. */
-function tokenizerKvs(file) {
-  const fd = fs.openSync(file, "r");
-  const buf = Buffer.alloc(16 << 20);
-  fs.readSync(fd, buf, 0, buf.length, 0);
-  fs.closeSync(fd);
-  let at = 16;
-  const nKv = Number(buf.readBigUInt64LE(at));
-  at += 8;
-  const sizes = { 0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8 };
-  const skip = (type) => {
-    if (type === 8) at += 8 + Number(buf.readBigUInt64LE(at));
-    else if (type === 9) {
-      const item = buf.readUInt32LE(at);
-      const n = Number(buf.readBigUInt64LE(at + 4));
-      at += 12;
-      for (let i = 0; i < n; i++) skip(item);
-    } else at += sizes[type];
-  };
-  const kept = [];
-  for (let i = 0; i < nKv; i++) {
-    const start = at;
-    const keyLen = Number(buf.readBigUInt64LE(at));
-    const key = buf.toString("utf8", at + 8, at + 8 + keyLen);
-    at += 8 + keyLen;
-    const type = buf.readUInt32LE(at);
-    at += 4;
-    skip(type);
-    if (key.startsWith("tokenizer.") && key !== "tokenizer.chat_template") kept.push(buf.subarray(start, at));
-  }
-  return kept;
-}
-
-const str = (s) => {
-  const b = Buffer.from(s, "utf8");
-  const len = Buffer.alloc(8);
-  len.writeBigUInt64LE(BigInt(b.length));
-  return Buffer.concat([len, b]);
-};
-const kv = (key, type, value) => {
-  const t = Buffer.alloc(4);
-  t.writeUInt32LE(type);
-  return Buffer.concat([str(key), t, value]);
-};
-const u32 = (v) => { const b = Buffer.alloc(4); b.writeUInt32LE(v); return b; };
-const f32 = (v) => { const b = Buffer.alloc(4); b.writeFloatLE(v); return b; };
 
 /** The tensors of the 8B shape: [name, dims (ggml order), type]. */
 function tensors(vocab) {
@@ -75,9 +29,8 @@ const bytesOf = (dims, type) => {
 
 /** Writes the model to `out` (skipped when a file of the right size is there); returns its size. */
 export function writeBigModel(out, tokenizerFrom) {
-  const toks = tokenizerKvs(tokenizerFrom);
-  const vocabKv = toks.find((b) => b.includes(Buffer.from("tokenizer.ggml.tokens")));
-  const vocab = Number(vocabKv.readBigUInt64LE(8 + "tokenizer.ggml.tokens".length + 8));
+  const { metadata, kvs } = readGguf(tokenizerFrom);
+  const vocab = metadata["tokenizer.ggml.tokens"].length;
   const list = tensors(vocab);
   const meta = [
     kv("general.architecture", 8, str("llama")),
@@ -90,26 +43,16 @@ export function writeBigModel(out, tokenizerFrom) {
     kv("llama.attention.head_count_kv", 4, u32(KV_HEADS)),
     kv("llama.rope.freq_base", 6, f32(500000)),
     kv("llama.attention.layer_norm_rms_epsilon", 6, f32(1e-5)),
-    ...toks,
+    // The default model's tokenizer, byte for byte (its chat template left out).
+    ...kvs.filter((k) => k.key.startsWith("tokenizer.") && k.key !== "tokenizer.chat_template").map((k) => k.raw),
   ];
-  const infos = [];
   let offset = 0;
-  for (const [name, dims, type] of list) {
-    const d = Buffer.alloc(4 + dims.length * 8 + 4 + 8);
-    d.writeUInt32LE(dims.length, 0);
-    dims.forEach((x, i) => d.writeBigUInt64LE(BigInt(x), 4 + i * 8));
-    d.writeUInt32LE(type, 4 + dims.length * 8);
-    d.writeBigUInt64LE(BigInt(offset), 8 + dims.length * 8);
-    infos.push(Buffer.concat([str(name), d]));
-    offset += Math.ceil(bytesOf(dims, type) / ALIGN) * ALIGN;
-  }
-  const head = Buffer.alloc(24);
-  head.write("GGUF", 0, "latin1");
-  head.writeUInt32LE(3, 4);
-  head.writeBigUInt64LE(BigInt(list.length), 8);
-  head.writeBigUInt64LE(BigInt(meta.length), 16);
-  let header = Buffer.concat([head, ...meta, ...infos]);
-  header = Buffer.concat([header, Buffer.alloc((ALIGN - (header.length % ALIGN)) % ALIGN)]);
+  const infos = list.map(([name, dims, typeId]) => {
+    const at = offset;
+    offset += Math.ceil(bytesOf(dims, typeId) / ALIGN) * ALIGN;
+    return { name, dims, typeId, offset: at };
+  });
+  const header = ggufHeader(meta, infos);
   const total = header.length + offset;
   if (fs.existsSync(out) && fs.statSync(out).size === total) return total;
 

@@ -101,7 +101,27 @@ export function serve(dir, { ranges = true } = {}) {
 
 /** Headless Chromium; `webgpu: false` leaves WebGPU off, as on a browser without a usable GPU. */
 export async function launch({ webgpu = true } = {}) {
-  return chromium.launch({
+  return chromium.launch(chromiumOptions(webgpu));
+}
+
+/**
+ * Headless Chromium with a profile on disk, as a user has: its Cache Storage is on disk with a
+ * quota of a share of the disk, where a fresh (incognito-like) context keeps it in memory and
+ * refuses more than about 1.2 GB. A BrowserContext, with the profile removed on close.
+ */
+export async function launchWithProfile({ webgpu = true } = {}) {
+  const profile = fs.mkdtempSync(path.join(artifacts, "profile-"));
+  const context = await chromium.launchPersistentContext(profile, chromiumOptions(webgpu));
+  const close = context.close.bind(context);
+  context.close = async () => {
+    await close();
+    fs.rmSync(profile, { recursive: true, force: true });
+  };
+  return context;
+}
+
+function chromiumOptions(webgpu) {
+  return {
     executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
     args: [
       "--no-sandbox",
@@ -112,7 +132,7 @@ export async function launch({ webgpu = true } = {}) {
       "--no-first-run",
       "--disable-dev-shm-usage",
     ],
-  });
+  };
 }
 
 /** A folder to serve, with links to the built package and the default model. */
@@ -124,4 +144,38 @@ export function stage(name, files) {
   fs.symlinkSync(modelPath, path.join(dir, "model.gguf"));
   for (const [file, text] of Object.entries(files)) fs.writeFileSync(path.join(dir, file), text);
   return dir;
+}
+
+/** A page that imports the package and runs `body` (a module script); it has a file input #file. */
+export function packageHtml(body) {
+  return `<!doctype html>
+<meta charset="utf-8">
+<link rel="icon" href="data:,">
+<input id="file" type="file" multiple>
+<pre id="out"></pre>
+<script type="module">
+${body}
+</script>`;
+}
+
+/**
+ * A plain page that imports the package as `window.Engine`, staged as `name` with `files`, served
+ * and open in Chromium with its console forwarded: {dir, server, browser, tab, close}. `profile`:
+ * a profile on disk (see launchWithProfile), for models over the in-memory cache quota.
+ */
+export async function openPackagePage(name, { files = {}, profile = false } = {}) {
+  const dir = stage(name, { "index.html": packageHtml(`import { Engine } from "./pkg/index.js"; window.Engine = Engine; window.ready = true;`), ...files });
+  const server = await serve(dir);
+  const browser = profile ? await launchWithProfile() : await launch();
+  try {
+    const tab = await browser.newPage();
+    tab.on("console", (m) => console.log("page:", m.text()));
+    await tab.goto(`${server.url}index.html`);
+    await tab.waitForFunction(() => window.ready);
+    return { dir, server, browser, tab, close: async () => { await browser.close(); server.close(); } };
+  } catch (e) {
+    await browser.close();
+    server.close();
+    throw e;
+  }
 }

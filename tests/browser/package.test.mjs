@@ -5,21 +5,9 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import path from "node:path";
-import { serve, launch, stage, golden, modelPath, root } from "./lib.mjs";
-import { readGguf } from "./gguf.mjs";
+import { serve, launch, stage, golden, modelPath, root, packageHtml as html, openPackagePage } from "./lib.mjs";
+import { readGguf, splitGguf } from "./gguf.mjs";
 import { writeBigModel } from "./big-model.mjs";
-
-/** A page that imports the package and runs `body` (a module script) or exposes Engine for evaluate(). */
-function html(body) {
-  return `<!doctype html>
-<meta charset="utf-8">
-<link rel="icon" href="data:,">
-<input id="file" type="file">
-<pre id="out"></pre>
-<script type="module">
-${body}
-</script>`;
-}
 
 test("the README snippet streams a seeded chat completion, the same text for the same seed", { timeout: 900_000 }, async () => {
   const snippet = `import { Engine } from "./pkg/index.js";
@@ -107,6 +95,10 @@ function assertInfo(info, expected) {
 }
 
 const ggufRequests = (server) => server.requests.filter((r) => r.path.endsWith(".gguf"));
+const cacheKeys = (tab) => tab.evaluate(async () => (await (await caches.open("webgpu-llm-models-v1")).keys()).map((r) => r.url));
+// The package stores a download in chunks of 32 MiB (Chromium refuses one entry over 2 GiB).
+const CHUNK_BYTES = 32 << 20;
+const chunkKeys = (url, size) => Array.from({ length: Math.ceil(size / CHUNK_BYTES) }, (_, i) => `${url}?webgpu-llm-chunk=${i}`);
 
 test("Engine.inspect reads a model from its header: by URL with ranges, from a server without, from a picked file", { timeout: 600_000 }, async () => {
   const expected = expectedInfo();
@@ -202,15 +194,9 @@ test("Engine.inspect reads a model from its header: by URL with ranges, from a s
 });
 
 test("a cut download leaves nothing in Cache Storage; cachedModels lists a model and deleteCached removes it", { timeout: 900_000 }, async () => {
-  const dir = stage("package-cache", { "index.html": html(`import { Engine } from "./pkg/index.js"; window.Engine = Engine; window.ready = true;`) });
-  const server = await serve(dir);
-  const browser = await launch();
+  const { tab, server, close } = await openPackagePage("package-cache");
   const size = fs.statSync(modelPath).size;
   try {
-    const tab = await browser.newPage();
-    tab.on("console", (m) => console.log("page:", m.text()));
-    await tab.goto(`${server.url}index.html`);
-    await tab.waitForFunction(() => window.ready);
     const load = () => tab.evaluate(async () => {
       try {
         const engine = await window.Engine.load("./model.gguf");
@@ -221,14 +207,14 @@ test("a cut download leaves nothing in Cache Storage; cachedModels lists a model
         return { error: `${e instanceof Error} ${e.message}` };
       }
     });
-    const entries = () => tab.evaluate(async () => (await (await caches.open("webgpu-llm-models-v1")).keys()).map((r) => r.url));
-
+    // The cut comes after the first 32 MiB chunk was stored: that chunk must go too.
     server.cutNext();
     const cut = await load();
     console.log("cut download:", JSON.stringify(cut), JSON.stringify(ggufRequests(server)));
     assert.match(cut.error ?? "", /^true .*download .* failed/);
     assert.equal(ggufRequests(server).at(-1).sent, Math.floor(size / 2));
-    assert.deepEqual(await entries(), []);
+    assert.ok(size / 2 > CHUNK_BYTES);
+    assert.deepEqual(await cacheKeys(tab), []);
     assert.deepEqual(await tab.evaluate(() => window.Engine.cachedModels()), []);
 
     const t0 = Date.now();
@@ -236,19 +222,83 @@ test("a cut download leaves nothing in Cache Storage; cachedModels lists a model
     console.log(`download and load: ${Date.now() - t0} ms`);
     const url = `${server.url}model.gguf`;
     assert.deepEqual(await tab.evaluate(() => window.Engine.cachedModels()), [{ url, bytes: size }]);
+    // Stored as 32 MiB chunks and the entry that lists them: no entry near Chromium's 2 GiB limit.
+    assert.deepEqual((await cacheKeys(tab)).sort(), [url, ...chunkKeys(url, size)].sort());
     const count = ggufRequests(server).length;
     const cached = await tab.evaluate(() => window.Engine.inspect("./model.gguf"));
     assert.equal(cached.source, "cache");
     assert.equal(cached.fileBytes, size);
     assert.equal(ggufRequests(server).length, count, "inspect of a cached model went to the network");
+    assert.deepEqual(await load(), { ok: true });
+    assert.equal(ggufRequests(server).length, count, "a load of a cached model went to the network");
 
     assert.equal(await tab.evaluate(() => window.Engine.deleteCached("./model.gguf")), true);
-    assert.deepEqual(await entries(), []);
+    assert.deepEqual(await cacheKeys(tab), []);
     assert.deepEqual(await tab.evaluate(() => window.Engine.cachedModels()), []);
     assert.equal(await tab.evaluate(() => window.Engine.deleteCached("./model.gguf")), false);
   } finally {
-    await browser.close();
-    server.close();
+    await close();
+  }
+});
+
+test("a split model (3 parts) loads from any part's URL, each part cached, and from its parts picked together", { timeout: 900_000 }, async () => {
+  const { dir, tab, server, close } = await openPackagePage("package-split");
+  const parts = splitGguf(modelPath, path.join(dir, "smol.gguf"), 3);
+  const sizes = parts.map((p) => fs.statSync(p).size);
+  const total = sizes.reduce((a, b) => a + b, 0);
+  const c = golden.cases.find((x) => x.name === "raw_capital_france");
+  const n = 8;
+  try {
+    // The header facts add up over the parts: the same model as the file it was split from.
+    const info = await tab.evaluate(() => window.Engine.inspect("./smol-00002-of-00003.gguf"));
+    assertInfo(info, { ...expectedInfo(), fileBytes: total });
+    assert.equal(info.parts, 3);
+    assert.equal(info.source, "network");
+
+    const run = (source, prompt, n) => tab.evaluate(async ({ source, prompt, n }) => {
+      try {
+        let last = null;
+        const engine = await window.Engine.load(source === "picked" ? document.getElementById("file").files : source, { contextLength: 64, onProgress: (p) => (last = p) });
+        const ids = [];
+        for await (const ev of engine.generate(prompt, { temperature: 0, maxTokens: n, ignoreEos: true })) ids.push(ev.id);
+        const fromCache = engine.info().fromCache;
+        engine.unload();
+        return { ids, fromCache, last };
+      } catch (e) {
+        return { error: `${e instanceof Error} ${e.message}` };
+      }
+    }, { source, prompt, n });
+
+    const byUrl = await run("./smol-00003-of-00003.gguf", c.prompt_text, n);
+    console.log(JSON.stringify(byUrl));
+    assert.equal(byUrl.error, undefined);
+    assert.deepEqual(byUrl.ids, c.generated_ids.slice(0, n));
+    assert.equal(byUrl.fromCache, false);
+    assert.deepEqual(byUrl.last, { phase: "upload", loaded: byUrl.last.total, total: byUrl.last.total });
+    const urls = parts.map((p) => `${server.url}${path.basename(p)}`);
+    assert.deepEqual(await tab.evaluate(() => window.Engine.cachedModels()), [{ url: urls[0], bytes: total, parts: 3, of: 3 }]);
+    assert.deepEqual((await cacheKeys(tab)).sort(), urls.flatMap((u, i) => [u, ...chunkKeys(u, sizes[i])]).sort());
+
+    const count = ggufRequests(server).length;
+    const again = await run("./smol-00001-of-00003.gguf", c.prompt_text, n);
+    assert.deepEqual(again.ids, byUrl.ids);
+    assert.equal(again.fromCache, true);
+    assert.equal(ggufRequests(server).length, count, "a cached split model went to the network");
+    assert.equal(await tab.evaluate(() => window.Engine.deleteCached("./smol-00002-of-00003.gguf")), true);
+    assert.deepEqual(await cacheKeys(tab), []);
+
+    // Picked or dropped together, in any order.
+    await tab.setInputFiles("#file", [parts[2], parts[0], parts[1]]);
+    const picked = await run("picked", c.prompt_text, n);
+    assert.deepEqual(picked.ids, byUrl.ids);
+    const pickedInfo = await tab.evaluate(() => window.Engine.inspect(document.getElementById("file").files));
+    assertInfo(pickedInfo, { ...expectedInfo(), fileBytes: total });
+    assert.equal(pickedInfo.source, "file");
+    // One part missing: an error that says which parts to pick.
+    await tab.setInputFiles("#file", [parts[0], parts[2]]);
+    assert.match((await run("picked", c.prompt_text, 1)).error, /^true smol-00001-of-00003\.gguf is one part of a model split in 3 parts: pick or drop all 3 parts/);
+  } finally {
+    await close();
   }
 });
 
@@ -257,15 +307,9 @@ test("Gemma 3 270M (Q4_K_M, gemma3 plan, SentencePiece) gives its golden greedy 
   const gemma = JSON.parse(fs.readFileSync(path.join(goldenDir, "gemma3-270m/generations.json"), "utf8"));
   const c = gemma.cases.find((x) => x.name === "raw_capital_france");
   const n = 6;
-  const dir = stage("gemma", { "index.html": html(`import { Engine } from "./pkg/index.js"; window.Engine = Engine; window.ready = true;`) });
+  const { dir, tab, close } = await openPackagePage("gemma");
   fs.symlinkSync(path.join(root, "models/gemma-3-270m-q4_k_m.gguf"), path.join(dir, "gemma.gguf"));
-  const server = await serve(dir);
-  const browser = await launch();
   try {
-    const tab = await browser.newPage();
-    tab.on("console", (m) => console.log("page:", m.text()));
-    await tab.goto(`${server.url}index.html`);
-    await tab.waitForFunction(() => window.ready);
     const ids = await tab.evaluate(
       async ({ prompt, n }) => {
         const engine = await window.Engine.load("./gemma.gguf", { cache: false, contextLength: 64 });
@@ -279,48 +323,52 @@ test("Gemma 3 270M (Q4_K_M, gemma3 plan, SentencePiece) gives its golden greedy 
     assert.equal(ids.info.architecture, "gemma3");
     assert.deepEqual(ids.ids, c.generated_ids.slice(0, n));
   } finally {
-    await browser.close();
-    server.close();
+    await close();
   }
 });
 
-// Skipped until models over 2 GiB are cached in parts: Chromium's Cache Storage rejects one
-// entry past 2^31 bytes ("Cache.put() encountered a network error" after 2,160,394,240 bytes of
-// this 4,155,211,840-byte file), so the download fails before the streaming load is reached.
-const BIG_MODEL_SKIP = "Cache Storage refuses a single entry over 2 GiB; storing big models in parts is the next step";
-
-test("a random-weight 8B-shaped Q4_0 model (4.2 GB) loads through the package and makes tokens with JS heap and wasm memory under 512 MB", { timeout: 1_800_000, skip: BIG_MODEL_SKIP }, async () => {
+test("a random-weight 8B-shaped Q4_0 model (4.2 GB) loads through the package and makes tokens with JS heap and wasm memory under 512 MB", { timeout: 1_800_000 }, async () => {
   const MB = 1 << 20;
-  const dir = stage("big", { "index.html": html(`import { Engine } from "./pkg/index.js"; window.Engine = Engine; window.ready = true;`) });
+  const { dir, tab, close } = await openPackagePage("big", { profile: true });
   const file = path.join(dir, "big.gguf");
   const size = writeBigModel(file, modelPath);
   assert.ok(size > 4e9, `${size} bytes`);
-  const server = await serve(dir);
-  const browser = await launch();
   try {
-    const tab = await browser.newPage();
-    tab.on("console", (m) => console.log("page:", m.text()));
-    await tab.goto(`${server.url}index.html`);
-    await tab.waitForFunction(() => window.ready);
     const result = await tab.evaluate(async () => {
       // Sampled every 100 ms while the model downloads into the cache, uploads and generates.
       const peak = { heap: 0, wasm: 0 };
+      let phase = "start";
+      const phases = {};
       const sample = async () => {
-        peak.heap = Math.max(peak.heap, performance.memory.usedJSHeapSize);
+        const heap = performance.memory.usedJSHeapSize;
+        peak.heap = Math.max(peak.heap, heap);
+        phases[phase] = Math.max(phases[phase] ?? 0, Math.round(heap / 2 ** 20));
         peak.wasm = Math.max(peak.wasm, await window.Engine.wasmMemoryBytes());
       };
       const timer = setInterval(sample, 100);
+      const t0 = performance.now();
+      const ms = {};
       try {
-        const engine = await window.Engine.load("./big.gguf", { contextLength: 64 });
+        const engine = await window.Engine.load("./big.gguf", {
+          contextLength: 64,
+          onProgress: (p) => {
+            phase = p.phase;
+            ms[p.phase] = performance.now() - t0;
+          },
+        });
+        phase = "generate";
         const ids = [];
         for await (const ev of engine.generate("Hello", { temperature: 0, maxTokens: 2, ignoreEos: true })) ids.push(ev.id);
+        ms.generate = performance.now() - t0;
+        phase = "done";
         await sample();
         const info = engine.info();
+        const cached = await window.Engine.cachedModels();
         engine.unload();
         await window.Engine.clearCache();
-        return { ids, info, peak };
+        return { ids, info, peak, phases, ms, cached };
       } catch (e) {
-        return { failure: String(e?.message ?? e), peak };
+        return { failure: String(e?.message ?? e), peak, phases, ms };
       } finally {
         clearInterval(timer);
       }
@@ -328,13 +376,13 @@ test("a random-weight 8B-shaped Q4_0 model (4.2 GB) loads through the package an
     console.log(JSON.stringify(result));
     assert.equal(result.failure, undefined);
     assert.equal(result.info.nLayers, 32);
+    assert.equal(result.cached[0].bytes, size);
     assert.equal(result.ids.length, 2);
     assert.ok(result.ids.every((id) => id >= 0 && id < result.info.vocabSize), "ids inside the vocabulary");
     assert.ok(result.peak.wasm < 512 * MB, `wasm memory peaked at ${(result.peak.wasm / MB).toFixed(0)} MB`);
     assert.ok(result.peak.heap < 512 * MB, `the JS heap peaked at ${(result.peak.heap / MB).toFixed(0)} MB`);
   } finally {
-    await browser.close();
-    server.close();
+    await close();
     fs.rmSync(file, { force: true });
   }
 });
