@@ -1,5 +1,6 @@
 // Greedy pick on the GPU: out[0] = index of the largest of the N logits (lowest index on ties),
-// so decode reads back 4 bytes instead of the vocabulary's logits.
+// so decode reads back 4 bytes instead of the vocabulary's logits; 0xffffffff when any logit is
+// NaN or infinite (the model broke down: the host reports it and emits nothing).
 // Bindings: 0 logits, 1 out. Dispatch: (1, 1, 1).
 
 override N: u32;
@@ -10,15 +11,26 @@ const WG: u32 = 256u;
 
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
+var<workgroup> non_finite: atomic<u32>;
+
+// NaN or +-infinity, from the bits (robust where the compiler assumes finite floats).
+fn is_non_finite(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u;
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) li: u32) {
-    var bv = -3.4e38;
+    if (li == 0u) { atomicStore(&non_finite, 0u); }
+    workgroupBarrier();
+    var bv = bitcast<f32>(0xff800000u);
     var bi = 0xffffffffu;
+    var bad = false;
     for (var i = li; i < N; i += WG) {
         let v = logits[i];
+        bad = bad || is_non_finite(v);
         if (v > bv) { bv = v; bi = i; }
     }
+    if (bad) { atomicStore(&non_finite, 1u); }
     best_v[li] = bv;
     best_i[li] = bi;
     workgroupBarrier();
@@ -33,5 +45,5 @@ fn main(@builtin(local_invocation_index) li: u32) {
         }
         workgroupBarrier();
     }
-    if (li == 0u) { out[0] = best_i[0]; }
+    if (li == 0u) { out[0] = select(best_i[0], 0xffffffffu, atomicLoad(&non_finite) != 0u); }
 }

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::gguf::ByteSource;
 use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, Readback};
 use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
-use crate::sampling::{argmax, Candidate, Sampler, SamplingParams};
+use crate::sampling::{all_finite, argmax, Candidate, Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use web_time::Instant;
 
@@ -55,6 +55,27 @@ pub struct GenerateOptions {
     /// Attach the this many most likely candidates to every token event (reads the logits back
     /// every step; 0 = off, the fast path).
     pub top_candidates: usize,
+}
+
+impl GenerateOptions {
+    /// Checks what needs no model: callers validate before loading one.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_tokens == 0 {
+            return Err(Error::InvalidSamplingParameter {
+                name: "max_tokens",
+                value: "0".into(),
+                expected: "must be at least 1",
+            });
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err(Error::InvalidSamplingParameter {
+                name: "stop",
+                value: "\"\"".into(),
+                expected: "a stop string must not be empty (it would match before any text)",
+            });
+        }
+        self.sampling.validate()
+    }
 }
 
 impl Default for GenerateOptions {
@@ -148,6 +169,13 @@ impl Engine {
         options: LoadOptions,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
+        if options.context_length == Some(0) {
+            return Err(Error::InvalidOption {
+                name: "context length",
+                value: "0".into(),
+                expected: "must be at least 1 token".into(),
+            });
+        }
         let gguf = source.header().await?;
         let config = ModelConfig::from_gguf(&gguf)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
@@ -240,14 +268,8 @@ impl Engine {
         if let Some(&id) = tokens.iter().find(|&&id| id as usize >= self.config.vocab_size) {
             return Err(Error::TokenOutOfRange { id, vocab_size: self.config.vocab_size });
         }
-        if options.max_tokens == 0 {
-            return Err(Error::InvalidSamplingParameter {
-                name: "max_tokens",
-                value: "0".into(),
-                expected: "must be at least 1",
-            });
-        }
-        if tokens.len() + options.max_tokens > self.context_length {
+        options.validate()?;
+        if tokens.len().checked_add(options.max_tokens).is_none_or(|n| n > self.context_length) {
             return Err(Error::ContextOverflow {
                 prompt_tokens: tokens.len(),
                 max_tokens: options.max_tokens,
@@ -356,6 +378,12 @@ impl Engine {
             }
         };
         self.cached.extend_from_slice(tokens);
+        // The logits on the host (the CPU's, or read back to sample): NaN or infinity in them is
+        // an error, never a token. The GPU's argmax flags them itself.
+        let host_logits = want_logits || matches!(self.backend, Backend::Cpu { .. });
+        if host_logits && !all_finite(&self.logits) {
+            return Err(Error::NonFiniteLogits { position: self.cached.len() });
+        }
         if top > 0 {
             let tok = &self.tokenizer;
             *candidates = sampler
@@ -369,10 +397,16 @@ impl Engine {
                 })
                 .collect();
         }
-        Ok(match greedy_id {
+        let id = match greedy_id {
             Some(id) if !want_logits => id,
             _ => sampler.sample(&mut self.logits),
-        })
+        };
+        // Never hand out an id past the vocabulary (a broken kernel or a logits buffer that does
+        // not match the vocabulary).
+        if id as usize >= self.config.vocab_size {
+            return Err(Error::TokenOutOfRange { id, vocab_size: self.config.vocab_size });
+        }
+        Ok(id)
     }
 
     fn truncate_cache(&mut self, len: usize) {

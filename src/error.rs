@@ -32,6 +32,10 @@ pub enum Error {
     InvalidSamplingParameter { name: &'static str, value: String, expected: &'static str },
     #[error("the prompt has {prompt_tokens} tokens and asks for {max_tokens} more, but the context holds {context_length}; shorten the prompt, lower max_tokens or load with a longer context")]
     ContextOverflow { prompt_tokens: usize, max_tokens: usize, context_length: usize },
+    #[error("invalid {name} = {value}: {expected}")]
+    InvalidOption { name: &'static str, value: String, expected: String },
+    #[error("the model produced non-finite values (NaN or infinity) in its logits after {position} tokens: its weights or metadata are corrupt, or it overflows in this precision; nothing was sampled from them")]
+    NonFiniteLogits { position: usize },
     #[error("the prompt is empty: give at least one token")]
     EmptyPrompt,
     #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]

@@ -5,6 +5,11 @@
 
 use crate::error::{Error, Result};
 
+/// The repetition penalty divides or multiplies logits: past these bounds a logit of a few
+/// hundred overflows f32 or vanishes, which no caller means. (Usual values: 1.0 to 1.5.)
+const MIN_REPETITION_PENALTY: f32 = 0.01;
+const MAX_REPETITION_PENALTY: f32 = 100.0;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// 0 means greedy (argmax).
@@ -55,8 +60,12 @@ impl SamplingParams {
         if !(self.min_p >= 0.0 && self.min_p < 1.0) {
             return bad("min_p", self.min_p, "must be in [0, 1)");
         }
-        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            return bad("repetition_penalty", self.repetition_penalty, "must be a finite number > 0 (1 = off)");
+        if !(MIN_REPETITION_PENALTY..=MAX_REPETITION_PENALTY).contains(&self.repetition_penalty) {
+            return bad(
+                "repetition_penalty",
+                self.repetition_penalty,
+                "must be in [0.01, 100] (1 = off; further from 1 it overflows the logits it divides)",
+            );
         }
         if !self.presence_penalty.is_finite() || self.presence_penalty.abs() > 2.0 {
             return bad("presence_penalty", self.presence_penalty, "must be in [-2, 2]");
@@ -187,6 +196,11 @@ impl Sampler {
         self.apply_penalties(&mut logits);
         let temperature = if self.params.temperature > 0.0 { self.params.temperature } else { 1.0 };
         let mut all: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l / temperature)).collect();
+        if all.iter().any(|c| !c.1.is_finite()) {
+            // Overflowed by a tiny temperature: all the mass is on the argmax (see `filter`).
+            let best = argmax(&logits);
+            all.iter_mut().for_each(|c| c.1 = if c.0 == best { 0.0 } else { f32::NEG_INFINITY });
+        }
         sort_desc(&mut all);
         softmax_pairs(&mut all);
         let kept: Vec<u32> = if self.params.is_greedy() {
@@ -221,6 +235,13 @@ impl Sampler {
         let cands = &mut self.candidates;
         cands.clear();
         cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)));
+        // A temperature so small that logits / temperature overflows leaves all the mass on the
+        // largest logit: that is greedy decoding (the logits themselves are finite here).
+        if cands.iter().any(|c| !c.1.is_finite()) {
+            cands.clear();
+            cands.push((argmax(logits), 1.0));
+            return;
+        }
         if p.top_k > 0 && p.top_k < cands.len() {
             cands.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             cands.truncate(p.top_k);
@@ -243,6 +264,11 @@ impl Sampler {
             cands.retain(|&(_, prob)| prob >= threshold);
         }
     }
+}
+
+/// Whether every logit is a finite number: a model that produced NaN or infinity gives no token.
+pub fn all_finite(logits: &[f32]) -> bool {
+    logits.iter().all(|l| l.is_finite())
 }
 
 /// First index of the largest value (ties go to the lower id, as torch's argmax does).

@@ -116,10 +116,55 @@ fn bad_arguments_get_a_usage_message_not_a_panic() {
         assert!(err.contains("Usage"), "{args:?}: {err}");
         assert!(!err.contains("panicked"));
     }
-    let out = cli(&["generate", "--prompt", "x", "--top-p", "1.5"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(err.contains("top_p") && !err.contains("panicked"), "{err}");
+}
+
+/// Bad flag values end with exit code 2 and a one-line message naming the flag, before the model
+/// is loaded (no "loading" line), in well under a second.
+#[test]
+fn bad_flag_values_are_refused_before_loading_with_exit_code_2() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["generate", "--prompt", "x", "--top-p", "1.5"], "top_p"),
+        // A negative number is a value, then refused as invalid.
+        (&["generate", "--prompt", "x", "--temperature", "-1"], "temperature = -1"),
+        (&["generate", "--prompt", "x", "--repetition-penalty", "1e-38"], "repetition_penalty"),
+        (&["generate", "--prompt", "x", "--stop", ""], "stop"),
+        (&["generate", "--prompt", "x", "--max-tokens", "0"], "--max-tokens"),
+        (&["generate", "--prompt", "x", "--context-length", "0"], "--context-length"),
+        (
+            &["generate", "--prompt", "x", "--context-length", "64", "--max-tokens", "18446744073709551615"],
+            "18446744073709551615",
+        ),
+        (&["bench", "--prompt-tokens", "0"], "--prompt-tokens"),
+        (
+            &["bench", "--context-length", "64", "--prompt-tokens", "18446744073709551610"],
+            "--prompt-tokens + --gen-tokens",
+        ),
+    ];
+    for (args, named) in cases {
+        let start = std::time::Instant::now();
+        let out = cli(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(named), "{args:?} should name {named}: {err}");
+        assert!(!err.contains("loading") && !err.contains("panicked"), "{args:?}: {err}");
+        assert!(start.elapsed().as_secs_f64() < 5.0, "{args:?} took {:?}", start.elapsed());
+    }
+}
+
+/// Checks that need the model's own context: still exit code 2, the error on a line of its own
+/// (not glued to the progress line), and no panic for numbers near u64::MAX.
+#[test]
+fn numbers_past_the_models_context_are_refused_after_loading_on_a_line_of_their_own() {
+    for args in [
+        &["generate", "--prompt", "x", "--backend", "cpu", "--max-tokens", "18446744073709551615"][..],
+        &["bench", "--backend", "cpu", "--prompt-tokens", "18446744073709551610"][..],
+    ] {
+        let out = cli(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.lines().any(|l| l.starts_with("error: ") && l.contains("context")), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
 }
 
 #[test]
@@ -186,4 +231,68 @@ fn bench_reports_one_submission_no_allocation_and_four_bytes_per_decode_step() {
     ] {
         assert!(step.contains(want), "{step:?} lacks {want:?}");
     }
+}
+
+/// An error found while the weights load (here: a tensor no layer plan uses) ends the progress
+/// line first: `error:` starts a line of its own.
+#[test]
+fn an_error_during_loading_is_printed_on_a_line_of_its_own() {
+    use webgpu_llm::gguf::{GgmlType, Gguf, GgufWriter};
+    let bytes = common::model_bytes();
+    let g = Gguf::parse(bytes).unwrap();
+    let mut w = GgufWriter::new(3);
+    for (k, v) in &g.metadata {
+        w.metadata(k, v.clone());
+    }
+    for t in &g.tensors {
+        w.tensor(&t.name, &t.shape, t.ty, t.data(bytes).to_vec());
+    }
+    w.tensor("blk.0.attn_gate.weight", &[8], GgmlType::F32, vec![0; 32]);
+    let path = std::env::temp_dir().join(format!("extra-tensor-{}.gguf", std::process::id()));
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    let out = cli_on(&path, &["generate", "--prompt", "x", "--backend", "cpu"]);
+    std::fs::remove_file(&path).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("loading weights"), "{err}");
+    assert!(err.lines().any(|l| l.starts_with("error: ") && l.contains("blk.0.attn_gate.weight")), "{err}");
+}
+
+/// Ctrl-C while generating stops it like an abort: the text so far and the stats line are
+/// printed, exit code 130 (128 + SIGINT).
+#[cfg(unix)]
+#[test]
+fn sigint_prints_what_was_generated_and_the_stats() {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_webgpu-llm"))
+        .args(["generate", "--prompt", "Once upon a time", "--backend", "cpu", "--max-tokens", "2000", "--ignore-eos"])
+        .args(["--temperature", "0", "--json", "--context-length", "4096", "--model"])
+        .arg(common::model_path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for a few tokens, then interrupt.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while seen.iter().filter(|&&b| b == b'\n').count() < 3 {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "the CLI ended before generating");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let killed = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    stdout.read_to_end(&mut seen).unwrap();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(status.code(), Some(130), "{err}");
+    let text = String::from_utf8_lossy(&seen);
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let tokens = text.lines().count() - 1;
+    assert_eq!(last["stats"]["stop_reason"], "Aborted", "{text}");
+    assert_eq!(last["stats"]["generated_tokens"].as_u64(), Some(tokens as u64));
+    assert!((3..2000).contains(&tokens), "{tokens} tokens");
+    assert!(err.contains("stop: Aborted"), "{err}");
 }

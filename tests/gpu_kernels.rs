@@ -512,21 +512,35 @@ gpu_test! {
 }
 
 gpu_test! {
-    async fn argmax_picks_the_largest_logit_and_the_lowest_index_on_ties() {
+    async fn argmax_picks_the_largest_logit_and_the_lowest_index_on_ties_and_flags_non_finite_logits() {
         let mut rng = Rng::new(10);
         for mut h in Harness::paths().await {
-            for n in [1, 255, 49152] {
+            // (n, a value put at one index, expected): the largest, or u32::MAX for NaN/inf anywhere.
+            let cases = [
+                (1, None, 0),
+                (255, None, 170),
+                (49152, None, 32768),
+                (49152, Some((40000, f32::NAN)), u32::MAX),
+                (49152, Some((5, f32::INFINITY)), u32::MAX),
+                (300, Some((299, f32::NEG_INFINITY)), u32::MAX),
+                // The most negative finite value is a value like any other.
+                (2, Some((1, f32::MIN)), 0),
+            ];
+            for (n, put, want) in cases {
                 let mut logits = random(&mut rng, n, 10.0);
                 let best = n * 2 / 3;
                 logits[best] = 50.0;
-                if n > 1 {
+                if n > 2 {
                     logits[n - 1] = 50.0;
                 }
-                let (lb, ob) = (h.buf(&logits), h.u32_buf(&[u32::MAX]));
+                if let Some((at, v)) = put {
+                    logits[at] = v;
+                }
+                let (lb, ob) = (h.buf(&logits), h.u32_buf(&[7]));
                 let op = kernels::argmax(&h.gpu, &mut h.cache, n, &lb, &ob);
                 h.run(&[op], 1);
                 let got = h.gpu.read_buffer(&ob, 4).await.unwrap();
-                assert_eq!(u32::from_le_bytes(got[..4].try_into().unwrap()), best as u32, "n = {n}, {}", h.path());
+                assert_eq!(u32::from_le_bytes(got[..4].try_into().unwrap()), want, "n = {n}, {put:?}, {}", h.path());
             }
         }
     }

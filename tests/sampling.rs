@@ -149,6 +149,10 @@ fn invalid_parameters_are_named() {
         ("min_p", SamplingParams { min_p: 1.0, ..Default::default() }),
         ("min_p", SamplingParams { min_p: -0.1, ..Default::default() }),
         ("repetition_penalty", SamplingParams { repetition_penalty: 0.0, ..Default::default() }),
+        // A penalty that divides a logit of 100 past f32's range, and one that explodes them.
+        ("repetition_penalty", SamplingParams { repetition_penalty: 1e-38, ..Default::default() }),
+        ("repetition_penalty", SamplingParams { repetition_penalty: 1e30, ..Default::default() }),
+        ("repetition_penalty", SamplingParams { repetition_penalty: f32::NAN, ..Default::default() }),
         ("presence_penalty", SamplingParams { presence_penalty: 3.0, ..Default::default() }),
         ("frequency_penalty", SamplingParams { frequency_penalty: f32::INFINITY, ..Default::default() }),
     ];
@@ -158,4 +162,25 @@ fn invalid_parameters_are_named() {
             other => panic!("expected an error naming {name}, got {:?}", other.err()),
         }
     }
+}
+
+#[test]
+fn a_temperature_so_small_that_logits_overflow_samples_the_argmax() {
+    // Logits / 1e-38 overflow f32: without care every value is +-inf and the softmax NaN (the
+    // sampler then picked token 0 forever). All the mass is on the largest logit: greedy.
+    let logits = vec![-3.0f32, 12.5, 40.0, 39.9, -100.0, 0.0];
+    for seed in 0..20 {
+        let params =
+            SamplingParams { temperature: 1e-38, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..Default::default() };
+        let mut sampler = Sampler::new(params, logits.len()).unwrap();
+        assert_eq!(sampler.sample(&mut logits.clone()), 2);
+        let shown = sampler.top_candidates(&logits, 3);
+        assert_eq!((shown[0].id, shown[0].prob, shown[0].kept), (2, 1.0, true));
+        assert!(shown[1..].iter().all(|c| c.prob == 0.0 && !c.kept), "{shown:?}");
+    }
+    // A small temperature that does not overflow still samples: 0.5 between two close logits.
+    let params = SamplingParams { temperature: 0.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 7, ..Default::default() };
+    let mut sampler = Sampler::new(params, 2).unwrap();
+    let ids: std::collections::HashSet<u32> = (0..200).map(|_| sampler.sample(&mut [1.0, 1.1])).collect();
+    assert_eq!(ids.len(), 2);
 }

@@ -128,6 +128,18 @@ impl GpuModel {
                     .into(),
             });
         }
+        // Before the upload: a context whose buffers this GPU cannot bind is the caller's error.
+        let fits = Self::max_context(&gpu, &plan);
+        if context == 0 || context > fits {
+            return Err(Error::InvalidOption {
+                name: "context length",
+                value: context.to_string(),
+                expected: format!(
+                    "must be from 1 to {fits} tokens on this GPU (each layer's KV cache is one buffer, at most maxStorageBufferBindingSize = {} bytes)",
+                    gpu.max_binding()
+                ),
+            });
+        }
         // Progress counts the embedding, each layer and the output.
         let total = c.n_layers + 2;
         progress(0, total);
@@ -208,6 +220,15 @@ impl GpuModel {
         model.prefill = model.record(Pass::Prefill);
         model.gpu.check()?;
         Ok(model)
+    }
+
+    /// The longest context whose context-sized buffers (see `buffers`: a layer's K or V cache,
+    /// the attention scores, a RoPE table) each fit one binding.
+    fn max_context(gpu: &Gpu, plan: &Plan) -> usize {
+        let c = &plan.config;
+        let per_token = [c.kv_dim() * if gpu.f16 { 2 } else { 4 }, c.n_heads * 4, c.rope_dim * 4];
+        let max = gpu.max_binding() as usize;
+        per_token.iter().map(|&b| max / b.max(1)).min().unwrap_or(0)
     }
 
     fn buffers(gpu: &Gpu, plan: &Plan, context: usize) -> Result<Buffers> {
@@ -445,6 +466,10 @@ impl GpuModel {
                         u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
                     })
                     .await?;
+                // The argmax kernel flags NaN or infinite logits with u32::MAX.
+                if id == u32::MAX {
+                    return Err(Error::NonFiniteLogits { position: start + tokens.len() });
+                }
                 Ok(Some(id))
             }
             Readback::Logits(out) => {

@@ -4,6 +4,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use webgpu_llm::chat::Message;
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats};
 use webgpu_llm::gguf::{FileSource, SplitSource};
@@ -23,6 +24,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Generate a continuation of a prompt, streamed to stdout.
+    // Negative numbers are values (`--temperature -1` is then refused as invalid, not misparsed).
+    #[command(allow_negative_numbers = true)]
     Generate(GenerateArgs),
     /// Measure prefill and decode speed (greedy, EOS ignored) and what a decode step costs.
     Bench(BenchArgs),
@@ -37,7 +40,7 @@ struct ModelArgs {
     #[arg(long, value_enum)]
     backend: Option<Backend>,
     /// Tokens the KV cache holds [default: min(model context, 4096)]
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     context_length: Option<usize>,
 }
 
@@ -45,9 +48,9 @@ struct ModelArgs {
 struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
     prompt_tokens: usize,
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = at_least_one)]
     gen_tokens: usize,
     /// Also time each kernel family (one dispatch per submission) for a prefill and a decode step.
     #[arg(long)]
@@ -73,7 +76,7 @@ struct GenerateArgs {
     /// System prompt for --chat.
     #[arg(long, requires = "chat")]
     system: Option<String>,
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = at_least_one)]
     max_tokens: usize,
     /// 0 = greedy.
     #[arg(long, default_value_t = SamplingParams::default().temperature)]
@@ -105,6 +108,30 @@ struct GenerateArgs {
     json: bool,
 }
 
+/// A count flag: a whole number of at least 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{e} (a whole number of at least 1)")),
+    }
+}
+
+/// Exit codes: 1 for a bad model file or a failure, 2 for bad usage (as clap's own errors).
+const EXIT_USAGE: u8 = 2;
+
+/// Whether an error is about the flags given rather than the model or the machine.
+fn is_usage(e: &Error) -> bool {
+    matches!(e, Error::InvalidSamplingParameter { .. } | Error::InvalidOption { .. } | Error::ContextOverflow { .. })
+}
+
+/// The progress line (`loading weights: 42%`) is open: a message must end it first.
+static PROGRESS_OPEN: AtomicBool = AtomicBool::new(false);
+/// Set by Ctrl-C: the generation stops at the next token and prints its stats.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// A generation is streaming: Ctrl-C ends it gracefully (otherwise it quits at once).
+static GENERATING: AtomicBool = AtomicBool::new(false);
+
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -116,16 +143,32 @@ pub fn main() -> ExitCode {
             return ExitCode::from(e.exit_code() as u8);
         }
     };
+    // Ctrl-C while generating ends the generation (what was generated and the stats are still
+    // printed); a second one, or one while loading, quits at once.
+    let _ = ctrlc::set_handler(|| {
+        if INTERRUPTED.swap(true, Ordering::SeqCst) || !GENERATING.load(Ordering::SeqCst) {
+            end_progress_line();
+            std::process::exit(130);
+        }
+    });
     let result = match cli.command {
         Command::Generate(args) => pollster::block_on(generate(args)),
         Command::Bench(args) => pollster::block_on(bench(args)),
     };
     match result {
+        Ok(()) if INTERRUPTED.load(Ordering::SeqCst) => ExitCode::from(130),
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            end_progress_line();
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(if is_usage(&e) { EXIT_USAGE } else { 1 })
         }
+    }
+}
+
+fn end_progress_line() {
+    if PROGRESS_OPEN.swap(false, Ordering::SeqCst) {
+        eprintln!();
     }
 }
 
@@ -162,22 +205,27 @@ async fn load(args: &ModelArgs) -> Result<Engine, Error> {
     // Read in ranges: the header, then each tensor in pieces into GPU memory.
     let file = SplitSource::new(split_parts(&path).iter().map(|p| FileSource::open(p)).collect::<Result<_, _>>()?);
     let start = std::time::Instant::now();
-    let mut progress = |done: usize, total: usize| eprint!("\rloading weights: {}%", done * 100 / total.max(1));
+    let mut progress = |done: usize, total: usize| {
+        PROGRESS_OPEN.store(true, Ordering::SeqCst);
+        eprint!("\rloading weights: {}%", done * 100 / total.max(1));
+    };
     let options = |backend| LoadOptions { backend, context_length: args.context_length, gpu: GpuOptions::from_env() };
     let engine = match args.backend {
         Some(Backend::Cpu) => Engine::load_from(&file, options(BackendKind::Cpu), &mut progress).await?,
         Some(Backend::Gpu) => Engine::load_from(&file, options(BackendKind::Gpu), &mut progress).await?,
         None => match Engine::load_from(&file, options(BackendKind::Gpu), &mut progress).await {
             Err(Error::NoAdapter(why)) => {
-                eprintln!("\rno GPU adapter ({why}); using the CPU backend");
+                end_progress_line();
+                eprintln!("no GPU adapter ({why}); using the CPU backend");
                 Engine::load_from(&file, options(BackendKind::Cpu), &mut progress).await?
             }
             other => other?,
         },
     };
     let c = &engine.config;
+    end_progress_line();
     eprintln!(
-        "\rloaded {:?} ({}, {} layers, d_model {}, vocab {}) in {:.2} s on {}",
+        "loaded {:?} ({}, {} layers, d_model {}, vocab {}) in {:.2} s on {}",
         c.name,
         c.architecture,
         c.n_layers,
@@ -190,14 +238,6 @@ async fn load(args: &ModelArgs) -> Result<Engine, Error> {
 }
 
 async fn generate(args: GenerateArgs) -> Result<(), Error> {
-    let mut engine = load(&args.model).await?;
-    let prompt = if args.chat {
-        let mut messages: Vec<Message> = args.system.into_iter().map(|s| Message::new("system", s)).collect();
-        messages.push(Message::new("user", args.prompt));
-        Prompt::Chat(messages)
-    } else {
-        Prompt::Text(args.prompt)
-    };
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
     });
@@ -217,9 +257,29 @@ async fn generate(args: GenerateArgs) -> Result<(), Error> {
         ignore_eos: args.ignore_eos,
         top_candidates: 0,
     };
+    // Flags first: a typo should not cost a model load.
+    options.validate()?;
+    if let Some(context) = args.model.context_length {
+        if args.max_tokens >= context {
+            return Err(Error::ContextOverflow {
+                prompt_tokens: 1,
+                max_tokens: args.max_tokens,
+                context_length: context,
+            });
+        }
+    }
+    let mut engine = load(&args.model).await?;
+    let prompt = if args.chat {
+        let mut messages: Vec<Message> = args.system.into_iter().map(|s| Message::new("system", s)).collect();
+        messages.push(Message::new("user", args.prompt));
+        Prompt::Chat(messages)
+    } else {
+        Prompt::Text(args.prompt)
+    };
 
     let json = args.json;
     let mut stdout = std::io::stdout().lock();
+    GENERATING.store(true, Ordering::SeqCst);
     let stats = engine
         .generate(&prompt, &options, &mut |ev| {
             let written = if json {
@@ -227,7 +287,7 @@ async fn generate(args: GenerateArgs) -> Result<(), Error> {
             } else {
                 write!(stdout, "{}", ev.text).and_then(|_| stdout.flush())
             };
-            written.is_ok()
+            written.is_ok() && !INTERRUPTED.load(Ordering::SeqCst)
         })
         .await?;
     if json {
@@ -255,6 +315,14 @@ fn stats_json(s: &Stats, seed: u64) -> serde_json::Value {
     })
 }
 
+fn bench_overflow(args: &BenchArgs, context: usize) -> Error {
+    Error::InvalidOption {
+        name: "--prompt-tokens + --gen-tokens",
+        value: format!("{} + {}", args.prompt_tokens, args.gen_tokens),
+        expected: format!("must fit the context of {context} tokens (--context-length)"),
+    }
+}
+
 /// Text the benchmark prompt is cut from: plain prose, so the tokens are typical.
 const BENCH_TEXT: &str = "It is a truth universally acknowledged, that a single man in possession of a good fortune, \
 must be in want of a wife. However little known the feelings or views of such a man may be on his first entering \
@@ -262,7 +330,16 @@ a neighbourhood, this truth is so well fixed in the minds of the surrounding fam
 the rightful property of some one or other of their daughters. ";
 
 async fn bench(args: BenchArgs) -> Result<(), Error> {
+    if let Some(context) = args.model.context_length {
+        if args.prompt_tokens.checked_add(args.gen_tokens).is_none_or(|n| n > context) {
+            return Err(bench_overflow(&args, context));
+        }
+    }
     let mut engine = load(&args.model).await?;
+    let context = engine.context_length();
+    if args.prompt_tokens.checked_add(args.gen_tokens).is_none_or(|n| n > context) {
+        return Err(bench_overflow(&args, context));
+    }
     let text = BENCH_TEXT.repeat(args.prompt_tokens / 40 + 1);
     let mut tokens = engine.tokenizer.encode(&text)?;
     tokens.truncate(args.prompt_tokens);
