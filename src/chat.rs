@@ -3,7 +3,39 @@
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
+use minijinja::value::Object;
+use minijinja::ErrorKind;
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+// Limits on rendering `tokenizer.chat_template`, which is code from the model file: a template
+// that loops, recurses or writes without end stops with an error naming the limit, in well under
+// a second, instead of hanging or growing until memory runs out. Not covered, for minijinja has no
+// hook on its allocations: a few instructions that build a huge value out of sight of the output
+// (a string doubled with `~` in a loop, 100 MB from `'x' * n`, a long string made a `list`).
+
+/// Instructions one render may execute (minijinja's fuel). Real templates spend a few dozen per
+/// message (measured: SmolLM2's about 23, the built-in ones 19 to 44), so this covers a chat of
+/// 45 000 messages, or 4 500 with a template ten times heavier than Gemma's: far more than a
+/// context window holds. minijinja runs some 7 to 30 million instructions a second natively
+/// (macro calls are the slow ones), so a template that loops or recurses without end stops in
+/// 0.07 to 0.3 s (measured on a loaded 2-core machine; wasm, not measured, is slower).
+pub const MAX_TEMPLATE_INSTRUCTIONS: u64 = 2_000_000;
+
+/// Text one render may produce, counted two ways: the prompt itself, and the text of every
+/// `{{ ... }}` expression including what goes into `{% set %}` blocks and macro results (so text
+/// built out of sight of the prompt is stopped too; captured text counts again each time it is
+/// emitted). A million-token context holds about 4 MiB of text; a longer prompt could not run.
+pub const MAX_TEMPLATE_OUTPUT_BYTES: usize = 16 << 20;
+
+/// minijinja's nesting depth (its own default is 500): a loop or `if` adds 1, a macro call about
+/// 5. A recursive macro over a tool's JSON schema (a macro, a loop and an `if` a level) goes 40
+/// levels deep within 300, a bare recursive macro 49. Each macro level takes about 4 KiB of native
+/// stack, so the deepest recursion allowed needs some 200 KiB, far below wasm's 1 MiB stack.
+pub const MAX_TEMPLATE_RECURSION: usize = 300;
+
+/// Marks the error the formatter raises when the expressions' text passes the limit.
+const OUTPUT_LIMIT_DETAIL: &str = "the chat template's output limit was reached";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
@@ -142,6 +174,9 @@ impl ChatTemplate {
         // Jinja2 (what transformers uses) keeps a template's trailing newline only when asked to.
         env.set_keep_trailing_newline(false);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_fuel(Some(MAX_TEMPLATE_INSTRUCTIONS));
+        env.set_recursion_limit(MAX_TEMPLATE_RECURSION);
+        env.set_formatter(count_expression_output);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
         });
@@ -150,17 +185,108 @@ impl ChatTemplate {
     }
 
     /// The prompt text for `messages`; with `add_generation_prompt` it ends where the assistant's
-    /// reply begins.
+    /// reply begins. A template past one of the limits above is an error naming it; the template
+    /// can be rendered again after it.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(template_error)?;
-        tmpl.render(minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token,
-            eos_token => self.eos_token,
-        })
-        .map_err(template_error)
+        let mut out = LimitedWriter { text: Vec::new(), exceeded: false };
+        let rendered = tmpl.render_captured_to(
+            minijinja::context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token,
+                eos_token => self.eos_token,
+            },
+            &mut out,
+        );
+        match rendered {
+            Ok(_) => String::from_utf8(out.text)
+                .map_err(|e| Error::ChatTemplate(format!("tokenizer.chat_template rendered invalid UTF-8: {e}"))),
+            Err(_) if out.exceeded => Err(self.limit_error(Limit::Output)),
+            Err(e) => Err(match (e.kind(), e.detail()) {
+                (ErrorKind::OutOfFuel, _) => self.limit_error(Limit::Instructions),
+                (_, Some(OUTPUT_LIMIT_DETAIL)) => self.limit_error(Limit::Output),
+                (ErrorKind::InvalidOperation, Some("recursion limit exceeded")) => self.limit_error(Limit::Recursion),
+                _ => template_error(e),
+            }),
+        }
     }
+
+    /// The error for a render stopped by `limit`.
+    fn limit_error(&self, limit: Limit) -> Error {
+        let template = match self.family {
+            None => "the model file's template (tokenizer.chat_template)".to_string(),
+            Some(family) => format!("the built-in {family:?} template (the file has no tokenizer.chat_template)"),
+        };
+        let what = match limit {
+            Limit::Instructions => format!(
+                "hit its instruction limit: it ran more than {MAX_TEMPLATE_INSTRUCTIONS} instructions, \
+                 which is a loop without end or far more work than any chat needs"
+            ),
+            Limit::Output => format!(
+                "hit its output limit: it produced more than {} MiB of text, more than any context window \
+                 holds (a template that writes without end, or messages far too long)",
+                MAX_TEMPLATE_OUTPUT_BYTES >> 20
+            ),
+            Limit::Recursion => format!(
+                "hit its recursion limit: it nested deeper than {MAX_TEMPLATE_RECURSION} levels \
+                 (a macro that calls itself without end?)"
+            ),
+        };
+        Error::ChatTemplate(format!("{template} {what}"))
+    }
+}
+
+/// Which limit stopped a render.
+#[derive(Debug, Clone, Copy)]
+enum Limit {
+    Instructions,
+    Output,
+    Recursion,
+}
+
+/// The prompt, refused past `MAX_TEMPLATE_OUTPUT_BYTES`.
+struct LimitedWriter {
+    text: Vec<u8>,
+    exceeded: bool,
+}
+
+impl std::io::Write for LimitedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + buf.len() > MAX_TEMPLATE_OUTPUT_BYTES {
+            self.exceeded = true;
+            return Err(std::io::Error::other(OUTPUT_LIMIT_DETAIL));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Bytes the expressions of one render have emitted (a minijinja temp: one per render, shared
+/// with the macros it calls).
+#[derive(Debug, Default)]
+struct ExpressionOutput(AtomicUsize);
+
+impl Object for ExpressionOutput {}
+
+/// minijinja's formatter, after counting the value's text against `MAX_TEMPLATE_OUTPUT_BYTES`.
+/// It sees every `{{ ... }}`, also inside `{% set %}` blocks and macros, which the prompt's
+/// writer never sees.
+fn count_expression_output(
+    out: &mut minijinja::Output,
+    state: &minijinja::State,
+    value: &minijinja::Value,
+) -> std::result::Result<(), minijinja::Error> {
+    let len = value.as_str().map_or_else(|| value.to_string().len(), str::len);
+    let total = state.get_or_set_temp_object("expression_output_bytes", ExpressionOutput::default);
+    if total.0.fetch_add(len, Ordering::Relaxed).saturating_add(len) > MAX_TEMPLATE_OUTPUT_BYTES {
+        return Err(minijinja::Error::new(ErrorKind::InvalidOperation, OUTPUT_LIMIT_DETAIL));
+    }
+    minijinja::escape_formatter(out, state, value)
 }
 
 fn template_error(e: minijinja::Error) -> Error {
