@@ -5,6 +5,7 @@
 
 override N: u32;
 const WG: u32 = 256u;
+const NONE: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;
@@ -22,10 +23,17 @@ fn is_non_finite(v: f32) -> bool {
 fn main(@builtin(local_invocation_index) li: u32) {
     if (li == 0u) { atomicStore(&non_finite, 0u); }
     workgroupBarrier();
-    var bv = bitcast<f32>(0xff800000u);
-    var bi = 0xffffffffu;
+    // Each thread starts from its first value (a sentinel value would have to be -inf, which
+    // WGSL cannot write as a constant); a thread past N holds index NONE, which the reduction skips.
+    var bv = 0.0;
+    var bi = NONE;
     var bad = false;
-    for (var i = li; i < N; i += WG) {
+    if (li < N) {
+        bv = logits[li];
+        bi = li;
+        bad = is_non_finite(bv);
+    }
+    for (var i = li + WG; i < N; i += WG) {
         let v = logits[i];
         bad = bad || is_non_finite(v);
         if (v > bv) { bv = v; bi = i; }
@@ -38,12 +46,13 @@ fn main(@builtin(local_invocation_index) li: u32) {
         if (li < s) {
             let ov = best_v[li + s];
             let oi = best_i[li + s];
-            if (ov > best_v[li] || (ov == best_v[li] && oi < best_i[li])) {
+            let mine = best_i[li];
+            if (oi != NONE && (mine == NONE || ov > best_v[li] || (ov == best_v[li] && oi < mine))) {
                 best_v[li] = ov;
                 best_i[li] = oi;
             }
         }
         workgroupBarrier();
     }
-    if (li == 0u) { out[0] = select(best_i[0], 0xffffffffu, atomicLoad(&non_finite) != 0u); }
+    if (li == 0u) { out[0] = select(best_i[0], NONE, atomicLoad(&non_finite) != 0u); }
 }

@@ -82,6 +82,8 @@ pub struct Gpu {
     pub style: KernelStyle,
     /// The first error the device reported asynchronously (validation, out of memory, lost).
     failure: Arc<Mutex<Option<Error>>>,
+    /// Why the device was lost, once it is: every later call fails with it (sticky, unlike `failure`).
+    lost: Arc<Mutex<Option<String>>>,
 }
 
 impl Gpu {
@@ -146,14 +148,24 @@ impl Gpu {
             };
             sink.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(err);
         }));
-        let sink = failure.clone();
+        let lost = Arc::new(Mutex::new(None));
+        let sink = lost.clone();
         device.set_device_lost_callback(move |reason, message| {
-            sink.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert(Error::DeviceLost(format!("{reason:?}: {message}")));
+            sink.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(format!("{reason:?}: {message}"));
         });
         let style = if adapter_info.device_type == wgpu::DeviceType::Cpu { KernelStyle::Cpu } else { KernelStyle::Gpu };
-        Ok(Self { device, queue, adapter_info, limits, f16, subgroups, counters: Counters::default(), style, failure })
+        Ok(Self {
+            device,
+            queue,
+            adapter_info,
+            limits,
+            f16,
+            subgroups,
+            counters: Counters::default(),
+            style,
+            failure,
+            lost,
+        })
     }
 
     /// Lanes that share one row in the matrix-vector kernel: a warp's worth on GPUs; one on CPU
@@ -167,6 +179,9 @@ impl Gpu {
 
     /// Returns the first error the device reported since the last check.
     pub fn check(&self) -> Result<()> {
+        if let Some(why) = self.lost.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            return Err(Error::DeviceLost(why.clone()));
+        }
         match self.failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
             Some(e) => Err(e),
             None => Ok(()),
@@ -316,9 +331,9 @@ impl Gpu {
         });
         #[cfg(not(target_arch = "wasm32"))]
         self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::Gpu(e.to_string()))?;
-        rx.await
-            .map_err(|_| Error::DeviceLost("the buffer mapping was dropped".into()))?
-            .map_err(|e| Error::Gpu(e.to_string()))?;
+        // A mapping that fails is most often a lost device: report that when it is the cause.
+        let failed = |e: String| self.check().err().unwrap_or(Error::Gpu(e));
+        rx.await.map_err(|_| failed("the buffer mapping was dropped".into()))?.map_err(|e| failed(e.to_string()))?;
         self.check()?;
         let out = {
             let view = slice.get_mapped_range().map_err(|e| Error::Gpu(e.to_string()))?;

@@ -436,6 +436,8 @@ impl GpuModel {
                 context_length: self.context,
             });
         }
+        // A lost device (or an error left by an earlier call) fails here, before any work.
+        self.gpu.check()?;
         let params = Params { n_tokens: n as u32, start_pos: start as u32, seq_len: (start + n) as u32, pad: 0 };
         let q = &self.gpu.queue;
         q.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));

@@ -160,16 +160,18 @@ ${body}
 
 /**
  * A plain page that imports the package as `window.Engine`, staged as `name` with `files`, served
- * and open in Chromium with its console forwarded: {dir, server, browser, tab, close}. `profile`:
+ * and open in Chromium with its console forwarded: {dir, server, browser, tab, close}. `init`: a
+ * script run before the page's own (Playwright's addInitScript). `profile`:
  * a profile on disk (see launchWithProfile), for models over the in-memory cache quota.
  */
-export async function openPackagePage(name, { files = {}, profile = false } = {}) {
+export async function openPackagePage(name, { files = {}, profile = false, init = null } = {}) {
   const dir = stage(name, { "index.html": packageHtml(`import { Engine } from "./pkg/index.js"; window.Engine = Engine; window.ready = true;`), ...files });
   const server = await serve(dir);
   const browser = profile ? await launchWithProfile() : await launch();
   try {
     const tab = await browser.newPage();
     tab.on("console", (m) => console.log("page:", m.text()));
+    if (init) await tab.addInitScript(init);
     await tab.goto(`${server.url}index.html`);
     await tab.waitForFunction(() => window.ready);
     return { dir, server, browser, tab, close: async () => { await browser.close(); server.close(); } };

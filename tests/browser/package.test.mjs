@@ -302,6 +302,51 @@ test("a split model (3 parts) loads from any part's URL, each part cached, and f
   }
 });
 
+test("a lost GPU device is an Error in words, and the model loads and runs again without a reload", { timeout: 600_000 }, async () => {
+  // Every device the page creates is kept, so the test can destroy the engine's.
+  const init = () => {
+    window.devices = [];
+    const request = GPUAdapter.prototype.requestDevice;
+    GPUAdapter.prototype.requestDevice = async function (...args) {
+      const device = await request.apply(this, args);
+      window.devices.push(device);
+      return device;
+    };
+  };
+  const { tab, close } = await openPackagePage("package-device-lost", { init });
+  const c = golden.cases.find((x) => x.name === "raw_capital_france");
+  try {
+    const result = await tab.evaluate(async ({ prompt, want }) => {
+      const ids = async (engine) => {
+        const out = [];
+        for await (const ev of engine.generate(prompt, { temperature: 0, maxTokens: want.length, ignoreEos: true })) out.push(ev.id);
+        return out;
+      };
+      const load = () => window.Engine.load("./model.gguf", { cache: false, contextLength: 64 });
+      const engine = await load();
+      const before = await ids(engine);
+      window.devices.at(-1).destroy();
+      let lost = null;
+      try {
+        await ids(engine);
+      } catch (e) {
+        lost = `${e instanceof Error} ${e.message}`;
+      }
+      // Loading again makes a new device; the lost engine can still be unloaded.
+      engine.unload();
+      const again = await load();
+      return { before, lost, after: await ids(again), devices: window.devices.length };
+    }, { prompt: c.prompt_text, want: c.generated_ids.slice(0, 4) });
+    console.log(JSON.stringify(result));
+    assert.deepEqual(result.before, c.generated_ids.slice(0, 4));
+    assert.match(result.lost ?? "", /^true the GPU device was lost .*reload the model/);
+    assert.deepEqual(result.after, result.before);
+    assert.equal(result.devices, 2);
+  } finally {
+    await close();
+  }
+});
+
 test("Gemma 3 270M (Q4_K_M, gemma3 plan, SentencePiece) gives its golden greedy ids through the package", { timeout: 900_000 }, async () => {
   const goldenDir = process.env.GOLDEN_DIR ?? path.join(root, "../shared/golden");
   const gemma = JSON.parse(fs.readFileSync(path.join(goldenDir, "gemma3-270m/generations.json"), "utf8"));
