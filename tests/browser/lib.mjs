@@ -130,6 +130,8 @@ function chromiumOptions(webgpu) {
       "--disable-component-update",
       "--disable-sync",
       "--no-first-run",
+      // window.gc(), so memory tests measure what is live, not what awaits collection.
+      "--js-flags=--expose-gc",
       "--disable-dev-shm-usage",
     ],
   };

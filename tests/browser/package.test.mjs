@@ -347,6 +347,94 @@ test("a lost GPU device is an Error in words, and the model loads and runs again
   }
 });
 
+test("1000 generate/abort cycles at random points leave the JS heap, wasm memory and GPU buffers flat", { timeout: 900_000 }, async () => {
+  // Counts the GPU buffers the page creates.
+  const init = () => {
+    window.gpuBuffers = 0;
+    const create = GPUDevice.prototype.createBuffer;
+    GPUDevice.prototype.createBuffer = function (...args) {
+      window.gpuBuffers += 1;
+      return create.apply(this, args);
+    };
+  };
+  const { dir, tab, close } = await openPackagePage("package-cycles", { init });
+  // A small random-weight llama model (tests/data/arch), so that a cycle takes milliseconds.
+  fs.symlinkSync(path.join(root, "tests/data/arch/llama3/model.gguf"), path.join(dir, "small.gguf"));
+  try {
+    const result = await tab.evaluate(async () => {
+      const engine = await window.Engine.load("./small.gguf", { cache: false, contextLength: 128 });
+      let seed = 1;
+      const rand = (n) => ((seed = (seed * 1103515245 + 12345) >>> 0) >>> 8) % n;
+      const words = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "far"];
+      let aborted = 0;
+      const cycles = async (n) => {
+        for (let i = 0; i < n; i++) {
+          const prompt = Array.from({ length: 1 + rand(8) }, () => words[rand(words.length)]).join(" ");
+          const options = rand(2) ? { temperature: 0 } : { temperature: 0.8, seed: rand(1000), repetitionPenalty: 1.1 };
+          const stopAfter = 1 + rand(12);
+          let seen = 0;
+          for await (const ev of engine.generate(prompt, { ...options, maxTokens: 16, ignoreEos: true })) {
+            if (++seen >= stopAfter) break; // abort: leaving the loop stops the generation
+          }
+          aborted += engine.stats().stopReason === "aborted" ? 1 : 0;
+        }
+      };
+      const measure = async () => {
+        window.gc();
+        await new Promise((r) => setTimeout(r, 50));
+        window.gc();
+        return { heap: performance.memory.usedJSHeapSize, wasm: await window.Engine.wasmMemoryBytes(), buffers: window.gpuBuffers };
+      };
+      await cycles(50);
+      const before = await measure();
+      const t0 = performance.now();
+      aborted = 0;
+      await cycles(1000);
+      const ms = performance.now() - t0;
+      const after = await measure();
+      engine.unload();
+      return { before, after, aborted, ms };
+    });
+    console.log(JSON.stringify(result));
+    assert.ok(result.aborted > 800, `${result.aborted} of 1000 cycles were aborted`);
+    assert.equal(result.after.buffers, result.before.buffers, "GPU buffers created by the cycles");
+    assert.equal(result.after.wasm, result.before.wasm, "wasm memory grew");
+    assert.ok(result.after.heap - result.before.heap < 2 << 20, `the JS heap grew by ${result.after.heap - result.before.heap} bytes`);
+  } finally {
+    await close();
+  }
+});
+
+test("a full storage quota loads the model without caching it and leaves nothing behind", { timeout: 600_000 }, async () => {
+  // Cache Storage refuses every write after the first chunk, as a full quota does.
+  const init = () => {
+    const put = Cache.prototype.put;
+    let writes = 0;
+    Cache.prototype.put = function (...args) {
+      if (++writes > 1) return Promise.reject(new DOMException("Quota exceeded.", "QuotaExceededError"));
+      return put.apply(this, args);
+    };
+  };
+  const { tab, close } = await openPackagePage("package-quota", { init });
+  const c = golden.cases.find((x) => x.name === "raw_capital_france");
+  try {
+    const result = await tab.evaluate(async ({ prompt, n }) => {
+      const engine = await window.Engine.load("./model.gguf", { contextLength: 64 });
+      const ids = [];
+      for await (const ev of engine.generate(prompt, { temperature: 0, maxTokens: n, ignoreEos: true })) ids.push(ev.id);
+      const keys = (await (await caches.open("webgpu-llm-models-v1")).keys()).map((r) => r.url);
+      return { ids, fromCache: engine.info().fromCache, keys, cached: await window.Engine.cachedModels() };
+    }, { prompt: c.prompt_text, n: 4 });
+    console.log(JSON.stringify(result));
+    assert.deepEqual(result.ids, c.generated_ids.slice(0, 4));
+    assert.equal(result.fromCache, false);
+    assert.deepEqual(result.keys, [], "the chunk stored before the quota ran out was removed");
+    assert.deepEqual(result.cached, []);
+  } finally {
+    await close();
+  }
+});
+
 test("Gemma 3 270M (Q4_K_M, gemma3 plan, SentencePiece) gives its golden greedy ids through the package", { timeout: 900_000 }, async () => {
   const goldenDir = process.env.GOLDEN_DIR ?? path.join(root, "../shared/golden");
   const gemma = JSON.parse(fs.readFileSync(path.join(goldenDir, "gemma3-270m/generations.json"), "utf8"));
