@@ -121,7 +121,8 @@ fn f32_path_perplexity_matches_the_golden_data() {
 #[test]
 fn f16_path_greedy_tokens_and_logits_match_the_golden_data() {
     if let Some(mut model) = load_f16(SmolLm2) {
-        check_generations(SmolLm2, &mut model, &F16, 32, 8);
+        // 16 tokens a generation (32 on the f32 path): the CI machine's time goes further elsewhere.
+        check_generations(SmolLm2, &mut model, &F16, 16, 8);
     }
 }
 
@@ -138,7 +139,7 @@ fn f16_path_perplexity_matches_the_golden_data() {
 fn gpu_style_kernels_give_the_golden_greedy_tokens_and_logits() {
     let mut model = load_with(SmolLm2, false, Some(KernelStyle::Gpu));
     let tol = if model.gpu.f16 { &F16 } else { &F32 };
-    check_generations(SmolLm2, &mut model, tol, 32, 8);
+    check_generations(SmolLm2, &mut model, tol, 8, 8);
 }
 
 /// Gemma 3 270M Q4_K_M: K-quants and the gemma3 plan (post-norms, q/k norms, GELU, NeoX RoPE,

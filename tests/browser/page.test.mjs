@@ -200,7 +200,10 @@ test("the page shows the model before downloading it, loads it, chats, stops, ca
     assert.equal(await page.isHidden("#error"), true);
     assert.equal(await page.getAttribute("body", "data-from-cache"), "false");
     await page.waitForSelector("#cached-models li");
-    assert.equal((await cacheEntries(page)).length, 1);
+    // One model: the entry under its URL and its 32 MiB chunks.
+    const entries = await cacheEntries(page);
+    assert.equal(entries.filter((u) => !/[?&]webgpu-llm-chunk=\d+$/.test(u)).length, 1, JSON.stringify(entries));
+    assert.equal(entries.length, 1 + Math.ceil(fs.statSync(modelPath).size / (32 << 20)));
 
     // The known models on Hugging Face: unreachable from this test machine, which the page says in words.
     const known = await page.$$eval("#known-models option", (os) => os.map((o) => o.value));
