@@ -179,6 +179,7 @@ impl Engine {
         let gguf = source.header().await?;
         let config = ModelConfig::from_gguf(&gguf)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        tokenizer.check_vocab(config.vocab_size)?;
         let chat_template = ChatTemplate::from_gguf(&gguf)?;
         let context_length = options.context_length.unwrap_or(DEFAULT_CONTEXT).min(config.context_length);
         let backend = match options.backend {

@@ -107,6 +107,32 @@ impl Tokenizer {
         self.vocab_size
     }
 
+    /// Checks the token list against the model's vocabulary, `model_vocab` rows of its embedding
+    /// and output (`ModelConfig::vocab_size`); the engine calls it when it loads a model.
+    ///
+    /// Fewer tokens than rows is an error: the model would sample ids past the list, which have
+    /// no text and print nothing. Files never need it: converters pad the list to the rows with
+    /// `[PADn]` tokens (Qwen's rows are a multiple of 128), and llama.cpp, which takes its vocab
+    /// size from the list, refuses such a file, so a shorter list is a truncated one. More tokens
+    /// than rows is accepted (a file may carry a token the model has no row for: Llama 3.2
+    /// Vision's `<|image|>` is one past its output rows): every id the model produces has text, and a prompt holding one of
+    /// the extra tokens is refused when it is run (`Error::TokenOutOfRange`).
+    pub fn check_vocab(&self, model_vocab: usize) -> Result<()> {
+        if self.vocab_size >= model_vocab {
+            return Ok(());
+        }
+        Err(Error::InvalidMetadata {
+            key: "tokenizer.ggml.tokens".into(),
+            value: format!("{} tokens", self.vocab_size),
+            reason: format!(
+                "the model's vocabulary (token_embd.weight, output.weight) has {model_vocab} rows, so ids {} \
+                 to {} would have no text; the token list is truncated: convert the model again",
+                self.vocab_size,
+                model_vocab - 1
+            ),
+        })
+    }
+
     /// Token ids of `text`; special tokens written in the text (`<|im_start|>`) become one token.
     /// Never adds BOS: callers decide (see `add_bos`).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
@@ -197,7 +223,7 @@ fn byte_level_pre_tokenizer(name: &str) -> Result<(PreTokenizerWrapper, bool)> {
 fn sentencepiece_bpe(gguf: &Gguf, tokens: &[&str]) -> Result<tokenizers::Tokenizer> {
     let scores = scores(gguf, tokens.len())?;
     let mut bpe = BPE::builder()
-        .vocab_and_merges(vocab(tokens), merges_from_scores(tokens, &scores))
+        .vocab_and_merges(vocab(tokens), merges_from_scores(tokens, &scores)?)
         .byte_fallback(true)
         .fuse_unk(true);
     if let Some(unk) = token_id(gguf, "tokenizer.ggml.unknown_token_id", tokens.len())? {
@@ -224,13 +250,29 @@ fn sentencepiece_bpe(gguf: &Gguf, tokens: &[&str]) -> Result<tokenizers::Tokeniz
 /// The merges a SentencePiece vocabulary implies. llama.cpp's SPM tokenizer repeatedly joins the
 /// adjacent pair whose joined piece has the highest score; a BPE whose merges are every split of
 /// every piece, ranked by that piece's score, does the same.
-fn merges_from_scores(tokens: &[&str], scores: &[f32]) -> Vec<(String, String)> {
+fn merges_from_scores(tokens: &[&str], scores: &[f32]) -> Result<Vec<(String, String)>> {
     let ids: HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (*t, i)).collect();
+    // Each merge holds its token's text once more; a real vocabulary's merges hold about twice
+    // its text (Gemma 3: 4.6 MB for 2.3 MB of tokens), a crafted one (long tokens that split
+    // anywhere) grows with the square of its token lengths: refuse it before building it.
+    let token_bytes: usize = tokens.iter().map(|t| t.len()).sum();
+    let budget = MERGE_BYTES_PER_TOKEN_BYTE * token_bytes + (1 << 20);
+    let mut merge_bytes = 0usize;
     let mut ranked: Vec<(usize, usize, usize)> = Vec::new();
     for (joined, token) in tokens.iter().enumerate() {
         for (split, _) in token.char_indices().skip(1) {
             if let (Some(&left), Some(&right)) = (ids.get(&token[..split]), ids.get(&token[split..])) {
                 ranked.push((joined, left, right));
+                merge_bytes += token.len();
+                if merge_bytes > budget {
+                    return Err(Error::InvalidMetadata {
+                        key: "tokenizer.ggml.tokens".into(),
+                        value: format!("{} tokens of {token_bytes} bytes", tokens.len()),
+                        reason: format!(
+                            "its SentencePiece merges would take more than {budget} bytes ({MERGE_BYTES_PER_TOKEN_BYTE}x the tokens' text): long tokens that split at every position are no real vocabulary"
+                        ),
+                    });
+                }
             }
         }
     }
@@ -242,8 +284,11 @@ fn merges_from_scores(tokens: &[&str], scores: &[f32]) -> Vec<(String, String)> 
             .then(scores[b.1].total_cmp(&scores[a.1]))
             .then(scores[b.2].total_cmp(&scores[a.2]))
     });
-    ranked.into_iter().map(|(_, left, right)| (tokens[left].to_string(), tokens[right].to_string())).collect()
+    Ok(ranked.into_iter().map(|(_, left, right)| (tokens[left].to_string(), tokens[right].to_string())).collect())
 }
+
+/// The most text the merges of a SentencePiece vocabulary may hold, per byte of its tokens.
+const MERGE_BYTES_PER_TOKEN_BYTE: usize = 16;
 
 fn vocab(tokens: &[&str]) -> tokenizers::models::bpe::Vocab {
     tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect()

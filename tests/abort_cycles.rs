@@ -64,7 +64,11 @@ fn a_thousand_generate_abort_cycles_leave_gpu_and_host_memory_flat() {
         assert!(grew < 4 << 20, "{backend:?}: resident memory grew by {grew} bytes over 1000 cycles");
         if let (Some(before), Some(model)) = (gpu, engine.gpu_model()) {
             let used = model.gpu.counters() - before;
-            assert_eq!((used.buffers, used.bind_groups, used.pipelines), (0, 0, 0), "GPU objects created by the cycles");
+            assert_eq!(
+                (used.buffers, used.bind_groups, used.pipelines),
+                (0, 0, 0),
+                "GPU objects created by the cycles"
+            );
             assert!(used.submissions > 1000);
         }
     }

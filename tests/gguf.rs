@@ -4,7 +4,7 @@
 mod common;
 
 use half::f16;
-use webgpu_llm::gguf::{GgmlType, Gguf, GgufError, GgufWriter, TensorInfo, Value};
+use webgpu_llm::gguf::{Array, GgmlType, Gguf, GgufError, GgufWriter, TensorInfo, Value, ValueRef};
 use webgpu_llm::quant::dequantize;
 
 fn info(ty: GgmlType, n: u64) -> TensorInfo {
@@ -275,4 +275,46 @@ fn flipped_header_bytes_of_the_real_model_are_errors() {
         assert!(!err.to_string().is_empty());
     }
     Gguf::parse(&bytes).expect("restored file parses again");
+}
+
+#[test]
+fn arrays_are_typed_vectors_read_by_index_or_in_order() {
+    let tokens = Array::from(vec!["a", "", "héllo"]);
+    let mut w = GgufWriter::new(3);
+    w.metadata("tokens", Value::List(tokens.clone()));
+    w.metadata("ids", Value::List(Array::I32(vec![3, -1])));
+    w.metadata("nested", Value::List(Array::Array(vec![Array::U8(vec![1, 2]), tokens.clone()])));
+    let g = Gguf::parse(&w.to_bytes()).unwrap();
+
+    let t = g.get_array("tokens").unwrap().unwrap();
+    assert_eq!(t, &tokens);
+    assert_eq!((t.len(), t.elem_type_id()), (3, 8));
+    assert_eq!(t.iter().map(|v| v.as_str().unwrap()).collect::<Vec<_>>(), ["a", "", "héllo"]);
+    assert_eq!(t.as_strings().unwrap().get(2), Some("héllo"));
+    assert_eq!(t.get(3), None);
+
+    let ids = g.get_array("ids").unwrap().unwrap();
+    assert_eq!(ids.get(1), Some(ValueRef::I32(-1)));
+    assert_eq!((ids.get(0).unwrap().as_u64(), ids.get(1).unwrap().as_u64()), (Some(3), None));
+    assert_eq!((ids.get(1).unwrap().type_name(), ids.as_strings()), ("i32", None));
+
+    let nested = g.get_array("nested").unwrap().unwrap();
+    assert_eq!(nested.get(0).unwrap().as_array(), Some(&Array::U8(vec![1, 2])));
+    assert_eq!(nested.get(1).unwrap().as_array().unwrap().get(0), Some(ValueRef::String("a")));
+
+    // A missing array reads as an empty one where callers want a default.
+    assert!(g.get_array("absent").unwrap().unwrap_or_default().is_empty());
+    assert!(matches!(g.get_array("absent"), Ok(None)));
+    assert!(matches!(
+        Gguf::parse(&small_file(3)).unwrap().get_array("u8"),
+        Err(GgufError::WrongValueType { expected: "array", found: "u8", .. })
+    ));
+}
+
+#[test]
+fn values_built_as_lists_of_values_are_typed_arrays() {
+    assert_eq!(Value::Array(vec![Value::F32(1.0), Value::F32(2.0)]), Value::List(Array::F32(vec![1.0, 2.0])));
+    assert_eq!(Value::Array(vec![]), Value::List(Array::U8(vec![])));
+    let nested = Value::Array(vec![Value::Array(vec![Value::String("x".into())])]);
+    assert_eq!(nested, Value::List(Array::Array(vec![Array::from(vec!["x"])])));
 }

@@ -2,8 +2,12 @@
 //! computed independently (tests/data/tokenizer/gen_pre_tokenizer_splits.py), a SentencePiece
 //! vocabulary small enough to check by hand, stop tokens, and malformed metadata.
 
+mod common;
+
+use std::collections::HashSet;
 use std::path::PathBuf;
 use webgpu_llm::gguf::{Gguf, GgufWriter, Value};
+use webgpu_llm::model::ModelConfig;
 use webgpu_llm::tokenizer::{StreamDecoder, Tokenizer};
 use webgpu_llm::Error;
 
@@ -183,4 +187,77 @@ fn malformed_tokenizer_metadata_is_an_error_not_a_panic() {
         ("tokenizer.ggml.scores", Value::Array(vec![])),
     ]);
     assert!(matches!(empty, Err(Error::Tokenizer(msg)) if msg.contains("no tokens")));
+}
+
+/// The default model with its token list cut to `keep` tokens (token types and merges cut to
+/// match, so the tokenizer itself still builds), weights unchanged.
+fn default_model_with_tokens(keep: usize) -> Gguf {
+    let bytes = common::model_bytes();
+    let g = common::model_gguf();
+    let list = |key: &str| -> Vec<String> {
+        g.get_array(key).unwrap().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
+    };
+    let tokens: Vec<String> = list("tokenizer.ggml.tokens").into_iter().take(keep).collect();
+    let kept: HashSet<&str> = tokens.iter().map(String::as_str).collect();
+    let merges: Vec<Value> = list("tokenizer.ggml.merges")
+        .into_iter()
+        .filter(|m| {
+            let (a, b) = m.split_once(' ').unwrap();
+            kept.contains(a) && kept.contains(b) && kept.contains(format!("{a}{b}").as_str())
+        })
+        .map(Value::String)
+        .collect();
+    let types: Vec<Value> = g
+        .get_array("tokenizer.ggml.token_type")
+        .unwrap()
+        .unwrap()
+        .iter()
+        .take(keep)
+        .map(|v| Value::I32(v.as_i64().unwrap() as i32))
+        .collect();
+    let mut w = GgufWriter::new(3);
+    let mut cut = vec![
+        ("tokenizer.ggml.tokens", Value::Array(tokens.into_iter().map(Value::String).collect())),
+        ("tokenizer.ggml.merges", Value::Array(merges)),
+        ("tokenizer.ggml.token_type", Value::Array(types)),
+    ];
+    let mut keys: Vec<_> = g.metadata.iter().collect();
+    keys.sort_by_key(|(k, _)| k.as_str());
+    for (k, v) in keys {
+        match cut.iter().position(|(key, _)| key == k) {
+            Some(i) => w.metadata(k, cut.swap_remove(i).1),
+            None => w.metadata(k, v.clone()),
+        };
+    }
+    assert!(cut.is_empty(), "the default model has tokens, merges and token types");
+    for t in &g.tensors {
+        w.tensor(&t.name, &t.shape, t.ty, t.data(bytes).to_vec());
+    }
+    Gguf::parse(&w.to_bytes()).unwrap()
+}
+
+#[test]
+fn a_token_list_shorter_than_the_model_vocabulary_is_refused() {
+    let full = common::model_gguf();
+    let rows = ModelConfig::from_gguf(full).unwrap().vocab_size;
+    let tok = Tokenizer::from_gguf(full).unwrap();
+    assert_eq!(tok.vocab_size(), rows, "the default model's list covers its rows");
+    tok.check_vocab(rows).unwrap();
+    // A list longer than the rows passes this check: every id the model can produce has text.
+    tok.check_vocab(rows - 1).unwrap();
+
+    let keep = rows - 100;
+    let truncated = default_model_with_tokens(keep);
+    let tok = Tokenizer::from_gguf(&truncated).expect("the cut list is itself a valid tokenizer");
+    assert_eq!(tok.vocab_size(), keep);
+    let names_both_counts = |err: Error| {
+        let msg = err.to_string();
+        assert!(matches!(err, Error::InvalidMetadata { .. }), "{msg}");
+        for needed in ["tokenizer.ggml.tokens", &format!("{keep} tokens"), &format!("{rows} rows")] {
+            assert!(msg.contains(needed), "the message names {needed}: {msg}");
+        }
+    };
+    names_both_counts(tok.check_vocab(rows).unwrap_err());
+    // Loading the file refuses it, whether the model's config or the tokenizer's check sees it first.
+    names_both_counts(ModelConfig::from_gguf(&truncated).and_then(|c| tok.check_vocab(c.vocab_size)).unwrap_err());
 }

@@ -152,63 +152,61 @@ impl Plan {
 
         // 0 means no window (llama.cpp's converter writes it for Phi-3 without one).
         let window = gguf.get_u64(&key("attention.sliding_window"))?.filter(|&w| w > 0).map(|w| w as usize);
-        let mut layer_window = vec![None; c.n_layers];
-        let mut layer_rope = vec![0; c.n_layers];
-        match (arch.as_str(), window) {
-            (_, None) => {}
-            ("gemma3", Some(w)) => {
+        let slides: fn(usize) -> bool = match (arch.as_str(), window) {
+            (_, None) => |_| false,
+            ("gemma3", Some(_)) => {
                 // Gemma 3: five sliding layers, then one global; the sliding ones use RoPE base
                 // 10000 without scaling (not in the metadata; llama.cpp and transformers agree).
                 ropes.push(Rope { base: 10000.0, dim: c.rope_dim, style, freq_factors: Vec::new() });
-                for l in 0..c.n_layers {
-                    if l % 6 != 5 {
-                        layer_window[l] = Some(w);
-                        layer_rope[l] = 1;
-                    }
-                }
+                |l| l % 6 != 5
             }
-            ("phi3" | "mistral", Some(w)) => layer_window.fill(Some(w)),
-            (_, Some(w)) if w >= c.context_length => {}
+            ("phi3" | "mistral", Some(_)) => |_| true,
+            (_, Some(w)) if w >= c.context_length => |_| false,
             (_, Some(w)) => {
                 return Err(Error::Unsupported(format!(
                     "sliding-window attention ({} = {w}) for architecture {arch:?}",
                     key("attention.sliding_window")
                 )))
             }
-        }
+        };
+        // Gemma's sliding layers have a RoPE of their own; the others share the global one.
+        let sliding_rope = ropes.len() - 1;
 
+        // Each layer's tensors are checked as it is planned, so a block count larger than the
+        // file's layers stops at the first missing one, before more is allocated.
         let has = |name: &str| gguf.tensor(name).is_some();
-        let layers = (0..c.n_layers)
-            .map(|i| {
-                let n = |s: &str| format!("blk.{i}.{s}.weight");
-                let b = |s: &str| format!("blk.{i}.{s}.bias");
-                let qkv = if has(&n("attn_qkv")) {
-                    Qkv::Fused(n("attn_qkv"))
-                } else {
-                    Qkv::Separate([n("attn_q"), n("attn_k"), n("attn_v")])
-                };
-                let gate_up = if has(&n("ffn_gate")) {
-                    GateUp::Separate([n("ffn_gate"), n("ffn_up")])
-                } else {
-                    GateUp::Fused(n("ffn_up"))
-                };
-                let optional = |name: String| has(&name).then_some(name);
-                LayerPlan {
-                    attn_norm: n("attn_norm"),
-                    qkv,
-                    qkv_bias: has(&b("attn_q")).then(|| [b("attn_q"), b("attn_k"), b("attn_v")]),
-                    qk_norm: has(&n("attn_q_norm")).then(|| [n("attn_q_norm"), n("attn_k_norm")]),
-                    wo: n("attn_output"),
-                    post_attn_norm: optional(n("post_attention_norm")),
-                    ffn_norm: n("ffn_norm"),
-                    gate_up,
-                    down: n("ffn_down"),
-                    post_ffn_norm: optional(n("post_ffw_norm")),
-                    rope: layer_rope[i],
-                    window: layer_window[i],
-                }
-            })
-            .collect();
+        let mut layers = Vec::new();
+        for i in 0..c.n_layers {
+            let n = |s: &str| format!("blk.{i}.{s}.weight");
+            let b = |s: &str| format!("blk.{i}.{s}.bias");
+            let qkv = if has(&n("attn_qkv")) {
+                Qkv::Fused(n("attn_qkv"))
+            } else {
+                Qkv::Separate([n("attn_q"), n("attn_k"), n("attn_v")])
+            };
+            let gate_up = if has(&n("ffn_gate")) {
+                GateUp::Separate([n("ffn_gate"), n("ffn_up")])
+            } else {
+                GateUp::Fused(n("ffn_up"))
+            };
+            let optional = |name: String| has(&name).then_some(name);
+            let layer = LayerPlan {
+                attn_norm: n("attn_norm"),
+                qkv,
+                qkv_bias: has(&b("attn_q")).then(|| [b("attn_q"), b("attn_k"), b("attn_v")]),
+                qk_norm: has(&n("attn_q_norm")).then(|| [n("attn_q_norm"), n("attn_k_norm")]),
+                wo: n("attn_output"),
+                post_attn_norm: optional(n("post_attention_norm")),
+                ffn_norm: n("ffn_norm"),
+                gate_up,
+                down: n("ffn_down"),
+                post_ffn_norm: optional(n("post_ffw_norm")),
+                rope: if slides(i) { sliding_rope } else { 0 },
+                window: window.filter(|_| slides(i)),
+            };
+            check_tensors(gguf, &layer.expected_shapes(&c))?;
+            layers.push(layer);
+        }
 
         let gemma = arch == "gemma3";
         // Gemma 3 27B scales by d_model / heads, the others by the head size (as llama.cpp does).
@@ -231,42 +229,12 @@ impl Plan {
     /// Every tensor the plan reads, with the shape (ggml order) it must have.
     pub fn expected_shapes(&self) -> Vec<(&str, Vec<u64>)> {
         let c = &self.config;
-        let (d, q, kv, f, v, hd) = (
-            c.d_model as u64,
-            c.q_dim() as u64,
-            c.kv_dim() as u64,
-            c.ffn_dim as u64,
-            c.vocab_size as u64,
-            c.head_dim as u64,
-        );
+        let (d, v) = (c.d_model as u64, c.vocab_size as u64);
         let mut out = vec![(self.token_embd.as_str(), vec![d, v]), (self.output_norm.as_str(), vec![d])];
         if self.output != self.token_embd {
             out.push((self.output.as_str(), vec![d, v]));
         }
-        for l in &self.layers {
-            out.push((&l.attn_norm, vec![d]));
-            match &l.qkv {
-                Qkv::Separate([wq, wk, wv]) => {
-                    out.extend([(wq.as_str(), vec![d, q]), (wk, vec![d, kv]), (wv, vec![d, kv])])
-                }
-                Qkv::Fused(w) => out.push((w, vec![d, q + 2 * kv])),
-            }
-            if let Some([bq, bk, bv]) = &l.qkv_bias {
-                out.extend([(bq.as_str(), vec![q]), (bk, vec![kv]), (bv, vec![kv])]);
-            }
-            if let Some([qn, kn]) = &l.qk_norm {
-                out.extend([(qn.as_str(), vec![hd]), (kn, vec![hd])]);
-            }
-            out.push((&l.wo, vec![q, d]));
-            out.extend(l.post_attn_norm.iter().map(|n| (n.as_str(), vec![d])));
-            out.push((&l.ffn_norm, vec![d]));
-            match &l.gate_up {
-                GateUp::Separate([g, u]) => out.extend([(g.as_str(), vec![d, f]), (u, vec![d, f])]),
-                GateUp::Fused(w) => out.push((w, vec![d, 2 * f])),
-            }
-            out.push((&l.down, vec![f, d]));
-            out.extend(l.post_ffn_norm.iter().map(|n| (n.as_str(), vec![d])));
-        }
+        out.extend(self.layers.iter().flat_map(|l| l.expected_shapes(c)));
         out
     }
 
@@ -274,11 +242,7 @@ impl Plan {
     /// and every tensor in the file is one the plan reads.
     fn validate(&self, gguf: &Gguf) -> Result<()> {
         let expected = self.expected_shapes();
-        for (name, shape) in &expected {
-            let info = gguf.require_tensor(name)?;
-            check_shape(info, shape)?;
-            crate::quant::tensor_format(info)?;
-        }
+        check_tensors(gguf, &expected)?;
         let mut used: HashSet<&str> = expected.iter().map(|(n, _)| *n).collect();
         used.insert(ROPE_FREQS);
         if let Some(t) = gguf.tensors.iter().find(|t| !used.contains(t.name.as_str())) {
@@ -289,6 +253,47 @@ impl Plan {
         }
         Ok(())
     }
+}
+
+impl LayerPlan {
+    /// Every tensor of the layer, with the shape (ggml order) it must have.
+    pub fn expected_shapes(&self, c: &ModelConfig) -> Vec<(&str, Vec<u64>)> {
+        let (d, q, kv, f, hd) =
+            (c.d_model as u64, c.q_dim() as u64, c.kv_dim() as u64, c.ffn_dim as u64, c.head_dim as u64);
+        let mut out = vec![(self.attn_norm.as_str(), vec![d])];
+        match &self.qkv {
+            Qkv::Separate([wq, wk, wv]) => {
+                out.extend([(wq.as_str(), vec![d, q]), (wk, vec![d, kv]), (wv, vec![d, kv])])
+            }
+            Qkv::Fused(w) => out.push((w, vec![d, q + 2 * kv])),
+        }
+        if let Some([bq, bk, bv]) = &self.qkv_bias {
+            out.extend([(bq.as_str(), vec![q]), (bk, vec![kv]), (bv, vec![kv])]);
+        }
+        if let Some([qn, kn]) = &self.qk_norm {
+            out.extend([(qn.as_str(), vec![hd]), (kn, vec![hd])]);
+        }
+        out.push((&self.wo, vec![q, d]));
+        out.extend(self.post_attn_norm.iter().map(|n| (n.as_str(), vec![d])));
+        out.push((&self.ffn_norm, vec![d]));
+        match &self.gate_up {
+            GateUp::Separate([g, u]) => out.extend([(g.as_str(), vec![d, f]), (u, vec![d, f])]),
+            GateUp::Fused(w) => out.push((w, vec![d, 2 * f])),
+        }
+        out.push((&self.down, vec![f, d]));
+        out.extend(self.post_ffn_norm.iter().map(|n| (n.as_str(), vec![d])));
+        out
+    }
+}
+
+/// Each tensor exists with its expected shape and a type the engine runs.
+fn check_tensors(gguf: &Gguf, expected: &[(&str, Vec<u64>)]) -> Result<()> {
+    for (name, shape) in expected {
+        let info = gguf.require_tensor(name)?;
+        check_shape(info, shape)?;
+        crate::quant::tensor_format(info)?;
+    }
+    Ok(())
 }
 
 /// Metadata keys that change the math in ways no plan implements.

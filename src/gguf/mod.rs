@@ -15,7 +15,7 @@ pub use error::GgufError;
 pub use source::FileSource;
 pub use source::{ByteSource, SplitSource};
 pub use types::GgmlType;
-pub use value::Value;
+pub use value::{Array, Strings, Value, ValueRef};
 pub use writer::GgufWriter;
 
 use reader::Reader;
@@ -89,15 +89,17 @@ impl Gguf {
         let n_tensors = r.count("tensor count", MIN_TENSOR_INFO_BYTES)?;
         let n_kv = r.count("metadata count", MIN_KV_BYTES)?;
 
-        let mut metadata = HashMap::with_capacity(n_kv);
+        // Grown as pairs are read, not reserved from the count: each pair takes 13 bytes or more
+        // of the file but some 70 of memory.
+        let mut metadata = HashMap::new();
         for _ in 0..n_kv {
             let offset = r.offset();
-            let key = r.string("metadata key")?;
+            let key = r.str("metadata key")?;
             let value = Value::read(&mut r, 0)?;
-            if metadata.contains_key(&key) {
-                return Err(GgufError::DuplicateKey { key, offset });
+            if metadata.contains_key(key) {
+                return Err(GgufError::DuplicateKey { key: key.into(), offset });
             }
-            metadata.insert(key, value);
+            metadata.insert(key.to_string(), value);
         }
 
         let alignment = match metadata.get("general.alignment") {
@@ -112,7 +114,13 @@ impl Gguf {
             return Err(GgufError::BadAlignment { alignment });
         }
 
-        let mut raw = Vec::with_capacity(n_tensors);
+        // Reserved for the infos that are there, not for the count (an info takes 24 bytes or
+        // more of the file, some 80 of memory).
+        let present = {
+            let mut scan = r.clone();
+            (0..n_tensors).take_while(|_| read_tensor_info(&mut scan).is_ok()).count()
+        };
+        let mut raw = Vec::with_capacity(present);
         for _ in 0..n_tensors {
             raw.push(read_tensor_info(&mut r)?);
         }
@@ -210,7 +218,7 @@ impl Gguf {
         self.typed(key, "string", Value::as_str)
     }
 
-    pub fn get_array(&self, key: &str) -> Result<Option<&[Value]>, GgufError> {
+    pub fn get_array(&self, key: &str) -> Result<Option<&Array>, GgufError> {
         self.typed(key, "array", Value::as_array)
     }
 
@@ -234,7 +242,7 @@ impl Gguf {
 /// Reads one tensor info; returns it with its offset relative to the data section.
 fn read_tensor_info(r: &mut Reader) -> Result<(TensorInfo, u64), GgufError> {
     let offset = r.offset();
-    let name = r.string("tensor name")?;
+    let name = r.str("tensor name")?.to_string();
     let n_dims = r.u32("tensor dimension count")?;
     if n_dims == 0 || n_dims > 4 {
         return Err(GgufError::TooManyDims { name, offset, n_dims });

@@ -3,6 +3,7 @@
 
 use super::GgufError;
 
+#[derive(Clone)]
 pub(super) struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,
@@ -24,6 +25,11 @@ impl<'a> Reader<'a> {
         self.file_len - self.pos as u64
     }
 
+    /// Bytes left in the prefix held in memory.
+    fn prefix_remaining(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
+
     pub fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8], GgufError> {
         if n > self.remaining() {
             return Err(GgufError::Truncated {
@@ -33,7 +39,7 @@ impl<'a> Reader<'a> {
                 file_len: self.file_len,
             });
         }
-        if n > (self.bytes.len() - self.pos) as u64 {
+        if n > self.prefix_remaining() as u64 {
             return Err(GgufError::HeaderPastPrefix { read: self.bytes.len() as u64, needed: self.offset() + n });
         }
         let start = self.pos;
@@ -72,10 +78,11 @@ impl<'a> Reader<'a> {
         Ok(count as usize)
     }
 
-    pub fn string(&mut self, what: &str) -> Result<String, GgufError> {
+    /// A string (u64 length, then UTF-8 bytes), borrowed from the prefix.
+    pub fn str(&mut self, what: &str) -> Result<&'a str, GgufError> {
         let len = self.u64(what)?;
         let offset = self.offset();
         let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::InvalidUtf8 { offset })
+        std::str::from_utf8(bytes).map_err(|_| GgufError::InvalidUtf8 { offset })
     }
 }

@@ -1,6 +1,6 @@
 //! Writes GGUF files: used to make small synthetic models and hand-made test files.
 
-use super::{GgmlType, Value};
+use super::{Array, GgmlType, Value};
 
 pub struct GgufWriter {
     version: u32,
@@ -66,27 +66,9 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-fn value_type(v: &Value) -> u32 {
-    match v {
-        Value::U8(_) => 0,
-        Value::I8(_) => 1,
-        Value::U16(_) => 2,
-        Value::I16(_) => 3,
-        Value::U32(_) => 4,
-        Value::I32(_) => 5,
-        Value::F32(_) => 6,
-        Value::Bool(_) => 7,
-        Value::String(_) => 8,
-        Value::Array(_) => 9,
-        Value::U64(_) => 10,
-        Value::I64(_) => 11,
-        Value::F64(_) => 12,
-    }
-}
-
 fn write_value(out: &mut Vec<u8>, v: &Value, with_type: bool) {
     if with_type {
-        out.extend_from_slice(&value_type(v).to_le_bytes());
+        out.extend_from_slice(&v.type_id().to_le_bytes());
     }
     match v {
         Value::U8(x) => out.push(*x),
@@ -98,14 +80,32 @@ fn write_value(out: &mut Vec<u8>, v: &Value, with_type: bool) {
         Value::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
         Value::Bool(x) => out.push(*x as u8),
         Value::String(s) => write_str(out, s),
-        Value::Array(items) => {
-            // An empty array is written as an array of u8.
-            out.extend_from_slice(&items.first().map_or(0, value_type).to_le_bytes());
-            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
-            items.iter().for_each(|item| write_value(out, item, false));
-        }
+        Value::List(a) => write_array(out, a),
         Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
         Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
         Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+    }
+}
+
+fn write_array(out: &mut Vec<u8>, a: &Array) {
+    out.extend_from_slice(&a.elem_type_id().to_le_bytes());
+    out.extend_from_slice(&(a.len() as u64).to_le_bytes());
+    fn each<T: Copy, const N: usize>(out: &mut Vec<u8>, items: &[T], bytes: impl Fn(T) -> [u8; N]) {
+        items.iter().for_each(|&x| out.extend_from_slice(&bytes(x)));
+    }
+    match a {
+        Array::U8(v) => out.extend_from_slice(v),
+        Array::I8(v) => each(out, v, i8::to_le_bytes),
+        Array::U16(v) => each(out, v, u16::to_le_bytes),
+        Array::I16(v) => each(out, v, i16::to_le_bytes),
+        Array::U32(v) => each(out, v, u32::to_le_bytes),
+        Array::I32(v) => each(out, v, i32::to_le_bytes),
+        Array::F32(v) => each(out, v, f32::to_le_bytes),
+        Array::Bool(v) => each(out, v, |b| [b as u8]),
+        Array::String(v) => v.iter().for_each(|s| write_str(out, s)),
+        Array::Array(v) => v.iter().for_each(|inner| write_array(out, inner)),
+        Array::U64(v) => each(out, v, u64::to_le_bytes),
+        Array::I64(v) => each(out, v, i64::to_le_bytes),
+        Array::F64(v) => each(out, v, f64::to_le_bytes),
     }
 }

@@ -39,11 +39,48 @@ impl ModelConfig {
             positive(&full, v)
         };
 
+        // Each count and size below sizes memory somewhere (layers, buffers, the KV cache), so
+        // each is checked against the tensors it describes before anything is made from it: a
+        // header cannot ask for more than its file holds.
+        let token_embd = gguf.require_tensor("token_embd.weight")?;
         let n_layers = required("block_count")?;
+        if n_layers > gguf.tensors.len() {
+            let reason = format!("the file has {} tensors, and every layer needs its own", gguf.tensors.len());
+            return Err(invalid(&key("block_count"), n_layers, &reason));
+        }
         let d_model = required("embedding_length")?;
+        if d_model as u64 != token_embd.shape[0] {
+            let reason = format!("token_embd.weight has rows of {}", token_embd.shape[0]);
+            return Err(invalid(&key("embedding_length"), d_model, &reason));
+        }
         let n_heads = required("attention.head_count")?;
         let ffn_dim = required("feed_forward_length")?;
         let context_length = required("context_length")?;
+        // The key that sets the head size, and its value, for the error when heads do not fit.
+        let (head_dim, head_key, head_value) = match gguf.get_u64(&key("attention.key_length"))? {
+            Some(v) => (positive(&key("attention.key_length"), v)?, "attention.key_length", v as usize),
+            None if d_model % n_heads == 0 => (d_model / n_heads, "attention.head_count", n_heads),
+            None => {
+                let reason = format!("the embedding length {d_model} is not a multiple of it");
+                return Err(invalid(&key("attention.head_count"), n_heads, &reason));
+            }
+        };
+        // Every architecture projects the heads back to the model width with blk.0.attn_output
+        // ([q_dim, d_model]) and the FFN with blk.0.ffn_down ([ffn_dim, d_model]).
+        let q_dim = (n_heads as u64).checked_mul(head_dim as u64);
+        let attn_output = gguf.require_tensor("blk.0.attn_output.weight")?;
+        if q_dim != Some(attn_output.shape[0]) {
+            let reason = format!(
+                "{n_heads} heads of {head_dim} values do not make the {} inputs of blk.0.attn_output.weight",
+                attn_output.shape[0]
+            );
+            return Err(invalid(&key(head_key), head_value, &reason));
+        }
+        if let Some(v) = gguf.get_u64(&key("attention.value_length"))? {
+            if v != head_dim as u64 {
+                return Err(invalid(&key("attention.value_length"), v, "must equal the key length"));
+            }
+        }
         let n_kv_heads = match gguf.get_u64(&key("attention.head_count_kv"))? {
             Some(v) => positive(&key("attention.head_count_kv"), v)?,
             None => n_heads,
@@ -55,15 +92,10 @@ impl ModelConfig {
                 "the head count must be a multiple of it",
             ));
         }
-        let head_dim = match gguf.get_u64(&key("attention.key_length"))? {
-            Some(v) => positive(&key("attention.key_length"), v)?,
-            None if d_model % n_heads == 0 => d_model / n_heads,
-            None => return Err(invalid(&key("embedding_length"), d_model, "not a multiple of the head count")),
-        };
-        if let Some(v) = gguf.get_u64(&key("attention.value_length"))? {
-            if v as usize != head_dim {
-                return Err(invalid(&key("attention.value_length"), v, "must equal the key length"));
-            }
+        let ffn_down = gguf.require_tensor("blk.0.ffn_down.weight")?;
+        if ffn_dim as u64 != ffn_down.shape[0] {
+            let reason = format!("blk.0.ffn_down.weight has {} inputs", ffn_down.shape[0]);
+            return Err(invalid(&key("feed_forward_length"), ffn_dim, &reason));
         }
         let rope_dim = match gguf.get_u64(&key("rope.dimension_count"))? {
             Some(v) => positive(&key("rope.dimension_count"), v)?,
@@ -83,10 +115,14 @@ impl ModelConfig {
             return Err(invalid(&key("rope.freq_base"), rope_base, "must be a positive number"));
         }
 
-        let token_embd = gguf.require_tensor("token_embd.weight")?;
+        // One embedding row per token (ggml's shape [d_model] is one row).
+        let embd_rows = token_embd.rows().1;
         let vocab_size = match gguf.get_u64(&key("vocab_size"))? {
-            Some(v) => positive(&key("vocab_size"), v)?,
-            None => *token_embd.shape.get(1).unwrap_or(&0) as usize,
+            Some(v) if v != embd_rows as u64 => {
+                let reason = format!("token_embd.weight has {embd_rows} rows, one per token");
+                return Err(invalid(&key("vocab_size"), v, &reason));
+            }
+            _ => embd_rows,
         };
         let name = gguf.get_str("general.name")?.unwrap_or("unnamed model").to_string();
         Ok(Self {

@@ -44,7 +44,15 @@ impl ModelInfo {
             let f = crate::quant::tensor_format(t)?;
             weight_bytes += t.byte_size / f.block().1 as u64 * f.gpu_block_bytes() as u64;
         }
-        let kv_values = (c.n_layers * c.kv_dim()) as u64 * context as u64 * 2;
+        // K and V of every layer at every position; checked, as the context may come from the caller.
+        let kv_values = [c.n_layers, c.kv_dim(), context, 2]
+            .iter()
+            .try_fold(1u64, |acc, &n| acc.checked_mul(n as u64))
+            .filter(|&v| v.checked_mul(4).is_some())
+            .ok_or_else(|| {
+                let reason = format!("a KV cache of {} layers of {} values overflows", c.n_layers, c.kv_dim());
+                super::invalid(&format!("{}.context_length", c.architecture), context, &reason)
+            })?;
         Ok(Self {
             name: c.name.clone(),
             architecture: c.architecture.clone(),
