@@ -207,12 +207,11 @@ class Slices {
 }
 
 /**
- * One URL as a Blob, from Cache Storage when it is there. A download streams into the cache (on
- * disk) and the model is then read from there in slices, so the page never holds the file in
- * memory. A download cut off midway leaves nothing behind. `counted(loaded, total)` follows it.
+ * One URL as a Blob: `cached` (its Cache Storage entry, or null) when it is there. A download
+ * streams into the cache (on disk) and the model is then read from there in slices, so the page
+ * never holds the file in memory. A download cut off midway leaves nothing behind. `counted(loaded, total)` follows it.
  */
-async function fetchPart(store, url, counted) {
-  const cached = await cachedBlob(store, url);
+async function fetchPart(store, url, cached, counted) {
   if (cached) {
     counted(cached.size, cached.size);
     return { blob: cached, fromCache: true };
@@ -245,13 +244,15 @@ async function fetchPart(store, url, counted) {
 async function fetchModel(url, { cache = true, onProgress } = {}) {
   const store = cache ? await openCache() : null;
   const urls = partUrls(url);
-  // Each part's size, for one progress bar over all of them: its length (when said) or 0 until it starts.
-  const sizes = urls.length > 1 ? await Promise.all(urls.map(async (u) => (await cachedBlob(store, u))?.size ?? bodyLength(await fetchOk(u, { method: "HEAD" }).catch(() => new Response())))) : [0];
+  const cached = await Promise.all(urls.map((u) => cachedBlob(store, u)));
+  // Each part's size, for one progress bar over all of them: cached, said by the server (only
+  // asked for a split model), or 0 until its download starts.
+  const sizes = await Promise.all(urls.map(async (u, i) => cached[i]?.size ?? (urls.length > 1 ? bodyLength(await fetchOk(u, { method: "HEAD" }).catch(() => new Response())) : 0)));
   const blobs = [];
   let fromCache = true;
   let before = 0;
   for (const [i, u] of urls.entries()) {
-    const part = await fetchPart(store, u, (loaded, total) => {
+    const part = await fetchPart(store, u, cached[i], (loaded, total) => {
       sizes[i] = total;
       const all = sizes.reduce((a, b) => a + b, 0);
       onProgress?.({ phase: "download", loaded: before + loaded, total: Math.max(all, before + loaded) });
