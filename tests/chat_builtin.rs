@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use webgpu_llm::chat::{ChatFamily, ChatTemplate, Message};
-use webgpu_llm::gguf::{Gguf, GgufWriter, Value};
+use webgpu_llm::gguf::{Array, Gguf, GgufWriter, Value};
 use webgpu_llm::tokenizer::Tokenizer;
 
 fn family(name: &str) -> ChatFamily {
@@ -41,7 +41,7 @@ fn builtin_templates_render_what_the_official_ones_do() {
 fn vocabulary_file(tokens: &[&str], chat_template: Option<&str>) -> Gguf {
     let mut w = GgufWriter::new(3);
     w.metadata("general.architecture", Value::String("llama".into()));
-    w.metadata("tokenizer.ggml.tokens", Value::Array(tokens.iter().map(|t| Value::String(t.to_string())).collect()));
+    w.metadata("tokenizer.ggml.tokens", Value::List(Array::from(tokens.to_vec())));
     w.metadata("tokenizer.ggml.bos_token_id", Value::U32(0));
     if let Some(source) = chat_template {
         w.metadata("tokenizer.chat_template", Value::String(source.into()));

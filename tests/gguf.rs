@@ -86,10 +86,10 @@ fn every_value_type() -> Vec<(&'static str, Value)> {
         ("u64", Value::U64(u64::MAX)),
         ("i64", Value::I64(i64::MIN)),
         ("f64", Value::F64(-1e300)),
-        ("array.strings", Value::Array(vec![Value::String("a".into()), Value::String("".into())])),
-        ("array.i32", Value::Array(vec![Value::I32(1), Value::I32(-1)])),
-        ("array.nested", Value::Array(vec![Value::Array(vec![Value::F32(1.0)]), Value::Array(vec![Value::F32(2.0)])])),
-        ("array.empty", Value::Array(vec![])),
+        ("array.strings", Value::List(Array::from(vec!["a", ""]))),
+        ("array.i32", Value::List(Array::I32(vec![1, -1]))),
+        ("array.nested", Value::List(Array::Array(vec![Array::F32(vec![1.0]), Array::F32(vec![2.0])]))),
+        ("array.empty", Value::List(Array::U8(vec![]))),
     ]
 }
 
@@ -202,12 +202,12 @@ fn rejects_duplicate_keys_deep_nesting_and_bad_alignment() {
     w.metadata("k", Value::U8(1)).metadata("k", Value::U8(2));
     assert!(matches!(parse_err(&w.to_bytes()), GgufError::DuplicateKey { .. }));
 
-    let mut nested = Value::U8(0);
-    for _ in 0..20 {
-        nested = Value::Array(vec![nested]);
+    let mut nested = Array::U8(vec![0]);
+    for _ in 1..20 {
+        nested = Array::Array(vec![nested]);
     }
     let mut w = GgufWriter::new(3);
-    w.metadata("deep", nested);
+    w.metadata("deep", Value::List(nested));
     assert!(matches!(parse_err(&w.to_bytes()), GgufError::NestingTooDeep { .. }));
 
     let mut w = GgufWriter::new(3);
@@ -309,12 +309,4 @@ fn arrays_are_typed_vectors_read_by_index_or_in_order() {
         Gguf::parse(&small_file(3)).unwrap().get_array("u8"),
         Err(GgufError::WrongValueType { expected: "array", found: "u8", .. })
     ));
-}
-
-#[test]
-fn values_built_as_lists_of_values_are_typed_arrays() {
-    assert_eq!(Value::Array(vec![Value::F32(1.0), Value::F32(2.0)]), Value::List(Array::F32(vec![1.0, 2.0])));
-    assert_eq!(Value::Array(vec![]), Value::List(Array::U8(vec![])));
-    let nested = Value::Array(vec![Value::Array(vec![Value::String("x".into())])]);
-    assert_eq!(nested, Value::List(Array::Array(vec![Array::from(vec!["x"])])));
 }

@@ -6,13 +6,13 @@ mod common;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
-use webgpu_llm::gguf::{Gguf, GgufWriter, Value};
+use webgpu_llm::gguf::{Array, Gguf, GgufWriter, Value};
 use webgpu_llm::model::ModelConfig;
 use webgpu_llm::tokenizer::{StreamDecoder, Tokenizer};
 use webgpu_llm::Error;
 
 fn strings(items: &[&str]) -> Value {
-    Value::Array(items.iter().map(|s| Value::String(s.to_string())).collect())
+    Value::List(Array::from(items.to_vec()))
 }
 
 fn build(metadata: Vec<(&str, Value)>) -> webgpu_llm::error::Result<Tokenizer> {
@@ -73,7 +73,7 @@ fn end_of_turn_tokens_in_the_vocabulary_stop_generation() {
     let tok = build(vec![
         ("tokenizer.ggml.model", Value::String("gpt2".into())),
         ("tokenizer.ggml.tokens", strings(&["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a"])),
-        ("tokenizer.ggml.token_type", Value::Array(vec![Value::I32(3), Value::I32(3), Value::I32(3), Value::I32(1)])),
+        ("tokenizer.ggml.token_type", Value::List(Array::I32(vec![3, 3, 3, 1]))),
         ("tokenizer.ggml.merges", strings(&[])),
         ("tokenizer.ggml.eos_token_id", Value::U32(0)),
     ])
@@ -95,8 +95,8 @@ fn sentencepiece(pieces: &[(&str, f32)], extra: Vec<(&str, Value)>) -> webgpu_ll
     let mut metadata = vec![
         ("tokenizer.ggml.model", Value::String("llama".into())),
         ("tokenizer.ggml.tokens", strings(&tokens)),
-        ("tokenizer.ggml.scores", Value::Array(scores.into_iter().map(Value::F32).collect())),
-        ("tokenizer.ggml.token_type", Value::Array(types.into_iter().map(Value::I32).collect())),
+        ("tokenizer.ggml.scores", Value::List(Array::F32(scores))),
+        ("tokenizer.ggml.token_type", Value::List(Array::I32(types))),
         ("tokenizer.ggml.unknown_token_id", Value::U32(0)),
         ("tokenizer.ggml.bos_token_id", Value::U32(1)),
         ("tokenizer.ggml.eos_token_id", Value::U32(2)),
@@ -155,11 +155,11 @@ fn malformed_tokenizer_metadata_is_an_error_not_a_panic() {
     let pieces = [("▁", -1.0), ("a", -2.0)];
     let n = 3 + 256 + pieces.len();
     let bad: Vec<(&str, Value)> = vec![
-        ("tokenizer.ggml.scores", Value::Array(vec![Value::F32(0.0); n - 1])),
-        ("tokenizer.ggml.scores", Value::Array(vec![Value::String("x".into()); n])),
-        ("tokenizer.ggml.token_type", Value::Array(vec![Value::I32(1); n + 1])),
-        ("tokenizer.ggml.token_type", Value::Array(vec![Value::I32(9); n])),
-        ("tokenizer.ggml.token_type", Value::Array(vec![Value::String("normal".into()); n])),
+        ("tokenizer.ggml.scores", Value::List(Array::F32(vec![0.0; n - 1]))),
+        ("tokenizer.ggml.scores", Value::List(Array::from(vec!["x"; n]))),
+        ("tokenizer.ggml.token_type", Value::List(Array::I32(vec![1; n + 1]))),
+        ("tokenizer.ggml.token_type", Value::List(Array::I32(vec![9; n]))),
+        ("tokenizer.ggml.token_type", Value::List(Array::from(vec!["normal"; n]))),
         ("tokenizer.ggml.add_space_prefix", Value::U8(1)),
     ];
     for (key, value) in bad {
@@ -172,7 +172,7 @@ fn malformed_tokenizer_metadata_is_an_error_not_a_panic() {
 
     let non_string = build(vec![
         ("tokenizer.ggml.model", Value::String("llama".into())),
-        ("tokenizer.ggml.tokens", Value::Array(vec![Value::U32(7), Value::U32(8)])),
+        ("tokenizer.ggml.tokens", Value::List(Array::U32(vec![7, 8]))),
     ]);
     assert!(matches!(non_string, Err(Error::Tokenizer(msg)) if msg.contains("tokenizer.ggml.tokens")));
     let bad_merge = build(vec![
@@ -184,7 +184,7 @@ fn malformed_tokenizer_metadata_is_an_error_not_a_panic() {
     let empty = build(vec![
         ("tokenizer.ggml.model", Value::String("llama".into())),
         ("tokenizer.ggml.tokens", strings(&[])),
-        ("tokenizer.ggml.scores", Value::Array(vec![])),
+        ("tokenizer.ggml.scores", Value::List(Array::U8(vec![]))),
     ]);
     assert!(matches!(empty, Err(Error::Tokenizer(msg)) if msg.contains("no tokens")));
 }
@@ -199,27 +199,26 @@ fn default_model_with_tokens(keep: usize) -> Gguf {
     };
     let tokens: Vec<String> = list("tokenizer.ggml.tokens").into_iter().take(keep).collect();
     let kept: HashSet<&str> = tokens.iter().map(String::as_str).collect();
-    let merges: Vec<Value> = list("tokenizer.ggml.merges")
+    let merges: Vec<String> = list("tokenizer.ggml.merges")
         .into_iter()
         .filter(|m| {
             let (a, b) = m.split_once(' ').unwrap();
             kept.contains(a) && kept.contains(b) && kept.contains(format!("{a}{b}").as_str())
         })
-        .map(Value::String)
         .collect();
-    let types: Vec<Value> = g
+    let types: Vec<i32> = g
         .get_array("tokenizer.ggml.token_type")
         .unwrap()
         .unwrap()
         .iter()
         .take(keep)
-        .map(|v| Value::I32(v.as_i64().unwrap() as i32))
+        .map(|v| v.as_i64().unwrap() as i32)
         .collect();
     let mut w = GgufWriter::new(3);
     let mut cut = vec![
-        ("tokenizer.ggml.tokens", Value::Array(tokens.into_iter().map(Value::String).collect())),
-        ("tokenizer.ggml.merges", Value::Array(merges)),
-        ("tokenizer.ggml.token_type", Value::Array(types)),
+        ("tokenizer.ggml.tokens", Value::List(Array::from(tokens))),
+        ("tokenizer.ggml.merges", Value::List(Array::from(merges))),
+        ("tokenizer.ggml.token_type", Value::List(Array::I32(types))),
     ];
     let mut keys: Vec<_> = g.metadata.iter().collect();
     keys.sort_by_key(|(k, _)| k.as_str());

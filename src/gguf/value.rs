@@ -26,7 +26,7 @@ pub enum Value {
     F32(f32),
     Bool(bool),
     String(String),
-    /// An array (`Value::Array` builds one from values).
+    /// An array: its elements share one type, stored as one typed vector.
     List(Array),
     U64(u64),
     I64(i64),
@@ -79,16 +79,6 @@ pub struct Strings {
 }
 
 impl Value {
-    /// An array of `items`, which must all have the same type (GGUF arrays are homogeneous); an
-    /// empty one is an array of u8, as the writer stores it.
-    ///
-    /// # Panics
-    /// When the items differ in type: only code that builds files calls this.
-    #[allow(non_snake_case)]
-    pub fn Array(items: Vec<Value>) -> Self {
-        Value::List(Array::from_values(items))
-    }
-
     pub(super) fn read(r: &mut Reader, depth: u32) -> Result<Self, GgufError> {
         let offset = r.offset();
         let value_type = r.u32("metadata value type")?;
@@ -295,30 +285,6 @@ impl Array {
             }
         }
         Ok(())
-    }
-
-    /// # Panics
-    /// When the values differ in type (see `Value::Array`).
-    fn from_values(items: Vec<Value>) -> Self {
-        fn all<T>(items: Vec<Value>, f: impl Fn(Value) -> Option<T>) -> Vec<T> {
-            items.into_iter().map(|v| f(v).expect("every element of a GGUF array has the same type")).collect()
-        }
-        let Some(first) = items.first() else { return Array::U8(Vec::new()) };
-        match first.type_id() {
-            0 => Array::U8(all(items, |v| if let Value::U8(x) = v { Some(x) } else { None })),
-            1 => Array::I8(all(items, |v| if let Value::I8(x) = v { Some(x) } else { None })),
-            2 => Array::U16(all(items, |v| if let Value::U16(x) = v { Some(x) } else { None })),
-            3 => Array::I16(all(items, |v| if let Value::I16(x) = v { Some(x) } else { None })),
-            4 => Array::U32(all(items, |v| if let Value::U32(x) = v { Some(x) } else { None })),
-            5 => Array::I32(all(items, |v| if let Value::I32(x) = v { Some(x) } else { None })),
-            6 => Array::F32(all(items, |v| if let Value::F32(x) = v { Some(x) } else { None })),
-            7 => Array::Bool(all(items, |v| if let Value::Bool(x) = v { Some(x) } else { None })),
-            STRING => Array::from(all(items, |v| if let Value::String(x) = v { Some(x) } else { None })),
-            ARRAY => Array::Array(all(items, |v| if let Value::List(x) = v { Some(x) } else { None })),
-            10 => Array::U64(all(items, |v| if let Value::U64(x) = v { Some(x) } else { None })),
-            11 => Array::I64(all(items, |v| if let Value::I64(x) = v { Some(x) } else { None })),
-            _ => Array::F64(all(items, |v| if let Value::F64(x) = v { Some(x) } else { None })),
-        }
     }
 
     pub fn len(&self) -> usize {
