@@ -169,6 +169,17 @@ export interface Message {
   content: string;
 }
 
+/**
+ * What the package rejects with: an `Error` whose message says what went wrong and what to do,
+ * and, for the engine's errors, a `code` to act on: "device-lost" (load the model again),
+ * "out-of-gpu-memory" (a smaller model or context), "invalid-file", "unsupported",
+ * "invalid-metadata", "tokenizer", "chat-template", "invalid-option", "context-overflow",
+ * "non-finite", "invalid-prompt", "no-gpu", "gpu-limit", "gpu", "io".
+ */
+export interface EngineError extends Error {
+  code?: string;
+}
+
 export declare class Engine {
   static load(source: ModelSource, options?: LoadOptions): Promise<Engine>;
   /**

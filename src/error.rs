@@ -48,10 +48,40 @@ pub enum Error {
     LimitExceeded { limit: &'static str, needed: u64, available: u64 },
     #[error("GPU error: {0}")]
     Gpu(String),
+    /// `buffer_bytes`: what the engine had asked the device to hold when it ran out, where known.
+    #[error("the GPU ran out of memory{}: try a smaller model or a shorter context length, or close other tabs and programs using the GPU", .buffer_bytes.map(|b| format!(" holding this model's buffers ({} MiB)", b.div_ceil(1 << 20))).unwrap_or_default())]
+    OutOfGpuMemory { buffer_bytes: Option<u64> },
     #[error("the GPU device was lost ({0}); reload the model")]
     DeviceLost(String),
     #[error("I/O error on {path}: {source}")]
     Io { path: String, source: std::io::Error },
+}
+
+impl Error {
+    /// The kind of error as a stable word for programs (the npm package's `error.code`): what a
+    /// caller may act on without reading the message.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::Gguf(_) => "invalid-file",
+            Error::UnsupportedArchitecture(_)
+            | Error::Unsupported(_)
+            | Error::UnsupportedTensorType { .. }
+            | Error::UnsupportedTokenizer(_) => "unsupported",
+            Error::MissingMetadata(_) | Error::InvalidMetadata { .. } => "invalid-metadata",
+            Error::Tokenizer(_) => "tokenizer",
+            Error::ChatTemplate(_) | Error::NoChatTemplate => "chat-template",
+            Error::InvalidSamplingParameter { .. } | Error::InvalidOption { .. } => "invalid-option",
+            Error::ContextOverflow { .. } => "context-overflow",
+            Error::NonFiniteLogits { .. } => "non-finite",
+            Error::EmptyPrompt | Error::TokenOutOfRange { .. } => "invalid-prompt",
+            Error::NoAdapter(_) | Error::DeviceRequest(_) => "no-gpu",
+            Error::LimitExceeded { .. } => "gpu-limit",
+            Error::Gpu(_) => "gpu",
+            Error::OutOfGpuMemory { .. } => "out-of-gpu-memory",
+            Error::DeviceLost(_) => "device-lost",
+            Error::Io { .. } => "io",
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -107,8 +107,18 @@ struct JsInfo {
     subgroups: bool,
 }
 
-fn js_err(e: impl std::fmt::Display) -> JsError {
-    JsError::new(&e.to_string())
+/// A JS `Error` for a misuse of this API (a wrong argument type, a call at the wrong time).
+fn js_err(e: impl std::fmt::Display) -> JsValue {
+    JsError::new(&e.to_string()).into()
+}
+
+/// A JS `Error` for an engine error, with `code` (`Error::code`: "device-lost",
+/// "out-of-gpu-memory", "invalid-file", ...) beside the message, for programs to act on.
+fn engine_err(e: impl Into<crate::Error>) -> JsValue {
+    let e = e.into();
+    let js: JsValue = JsError::new(&e.to_string()).into();
+    let _ = js_sys::Reflect::set(&js, &"code".into(), &e.code().into());
+    js
 }
 
 #[wasm_bindgen]
@@ -157,7 +167,7 @@ impl WasmEngine {
         bytes: js_sys::Uint8Array,
         options: JsValue,
         on_progress: Option<js_sys::Function>,
-    ) -> Result<WasmEngine, JsError> {
+    ) -> Result<WasmEngine, JsValue> {
         Self::load_source(&bytes.to_vec()[..], options, on_progress).await
     }
 
@@ -171,7 +181,7 @@ impl WasmEngine {
         reader: SliceReader,
         options: JsValue,
         on_progress: Option<js_sys::Function>,
-    ) -> Result<WasmEngine, JsError> {
+    ) -> Result<WasmEngine, JsValue> {
         let reader = || reader.clone().unchecked_into::<SliceReader>();
         let source = SplitSource::new(parts.into_iter().map(|blob| BlobSource { blob, reader: reader() }).collect());
         Self::load_source(&source, options, on_progress).await
@@ -181,7 +191,7 @@ impl WasmEngine {
         source: &(impl ByteSource + ?Sized),
         options: JsValue,
         on_progress: Option<js_sys::Function>,
-    ) -> Result<WasmEngine, JsError> {
+    ) -> Result<WasmEngine, JsValue> {
         let opts: JsLoadOptions = if options.is_undefined() || options.is_null() {
             Default::default()
         } else {
@@ -197,7 +207,7 @@ impl WasmEngine {
                 let _ = f.call2(&JsValue::NULL, &JsValue::from(done as f64), &JsValue::from(total as f64));
             }
         };
-        let engine = Engine::load_from(source, load, &mut progress).await.map_err(js_err)?;
+        let engine = Engine::load_from(source, load, &mut progress).await.map_err(engine_err)?;
         Ok(WasmEngine {
             engine: Rc::new(RefCell::new(Some(engine))),
             aborted: Rc::new(Cell::new(false)),
@@ -207,7 +217,7 @@ impl WasmEngine {
     }
 
     /// Model and device facts: name, architecture, context length, adapter, f16/subgroup use.
-    pub fn info(&self) -> Result<JsValue, JsError> {
+    pub fn info(&self) -> Result<JsValue, JsValue> {
         let guard = self.engine.try_borrow().map_err(|_| js_err("the engine is busy"))?;
         let e = guard.as_ref().ok_or_else(|| js_err("the model was unloaded"))?;
         let c = &e.config;
@@ -264,7 +274,7 @@ impl WasmEngine {
     }
 
     /// Stats of the last finished generation, or null.
-    pub fn stats(&self) -> Result<JsValue, JsError> {
+    pub fn stats(&self) -> Result<JsValue, JsValue> {
         match self.last_stats.borrow().as_ref() {
             Some(s) => Ok(serde_wasm_bindgen::to_value(&JsStats::from(s))?),
             None => Ok(JsValue::NULL),
@@ -272,7 +282,7 @@ impl WasmEngine {
     }
 
     /// Frees the model's GPU memory; the engine cannot be used afterwards.
-    pub fn unload(&self) -> Result<(), JsError> {
+    pub fn unload(&self) -> Result<(), JsValue> {
         let mut guard =
             self.engine.try_borrow_mut().map_err(|_| js_err("abort the running generation before unloading"))?;
         guard.take();
@@ -287,7 +297,7 @@ async fn generate(
     chat: bool,
     options: JsValue,
     on_token: &js_sys::Function,
-) -> Result<Stats, JsError> {
+) -> Result<Stats, JsValue> {
     let o: JsGenerateOptions = if options.is_undefined() || options.is_null() {
         Default::default()
     } else {
@@ -346,7 +356,7 @@ async fn generate(
             err.as_string().unwrap_or_else(|| format!("{err:?}"))
         )));
     }
-    result.map_err(js_err)
+    result.map_err(engine_err)
 }
 
 /// What a model needs, from the first bytes of its file (`file_lens[i]` bytes in all for part i of
@@ -358,7 +368,7 @@ pub fn inspect(
     prefixes: Vec<js_sys::Uint8Array>,
     file_lens: Vec<f64>,
     context_length: Option<u32>,
-) -> Result<JsValue, JsError> {
+) -> Result<JsValue, JsValue> {
     #[derive(Serialize)]
     #[serde(rename_all = "camelCase")]
     struct NeedMore {
@@ -376,13 +386,13 @@ pub fn inspect(
             Err(GgufError::HeaderPastPrefix { needed, .. }) => {
                 return Ok(NeedMore { need_bytes: needed, part }.serialize(&serializer)?)
             }
-            Err(e) => return Err(js_err(e)),
+            Err(e) => return Err(engine_err(e)),
             Ok(gguf) => headers.push(gguf),
         }
         starts.push(total);
         total += len;
     }
-    let gguf = Gguf::merge_split(headers, &starts).map_err(js_err)?;
-    let info = crate::model::ModelInfo::new(&gguf, total, context_length.map(|c| c as usize)).map_err(js_err)?;
+    let gguf = Gguf::merge_split(headers, &starts).map_err(engine_err)?;
+    let info = crate::model::ModelInfo::new(&gguf, total, context_length.map(|c| c as usize)).map_err(engine_err)?;
     Ok(info.serialize(&serializer)?)
 }

@@ -34,6 +34,9 @@ let checked = null;
 let loading = false;
 let loadedUrl = null;
 let loadedFacts = null;
+// What the last load was given (a URL, a File, the parts of a split model), to load it again
+// after the GPU device is lost.
+let loadedSource = null;
 
 const absolute = (url) => new URL(url, location.href).href;
 
@@ -161,6 +164,7 @@ function load(source) {
   delete document.body.dataset.modelLoaded;
   setControls();
   if (typeof source === "string") loadedUrl = absolute(source);
+  loadedSource = source;
   ui.status.textContent = "Loading the model…";
   ui.progress.value = 0;
   worker.postMessage(typeof source === "string" ? { type: "load", url: source } : { type: "load", file: source });
@@ -288,7 +292,8 @@ function startWorker() {
   };
 }
 
-function failed({ during, message, id }) {
+function failed({ during, message, code, id }) {
+  if (code === "device-lost" && during !== "inspect") return deviceLost(message);
   switch (during) {
     case "inspect":
       if (id !== checking?.id) return;
@@ -314,6 +319,26 @@ function failed({ during, message, id }) {
       if (reply) conversation.push({ role: "assistant", content: replyText });
       finish();
   }
+  setControls();
+}
+
+/** The GPU device is gone and the worker has dropped the engine: offer to load the model again. */
+function deviceLost(message) {
+  if (reply) conversation.push({ role: "assistant", content: replyText });
+  if (generating) finish();
+  info = null;
+  loading = false;
+  delete document.body.dataset.modelLoaded;
+  ui.progress.value = 0;
+  if (loadedSource) {
+    checked = { source: loadedSource, model: loadedFacts?.[1] };
+    ui.load.textContent = "Load again";
+  }
+  ui.status.textContent = "The GPU device was lost: the model is no longer loaded.";
+  showError(
+    `The GPU stopped working for this page: ${message}. The conversation is kept: ` +
+      (loadedSource ? "press “Load again” to load the model again and go on." : "load a model to go on."),
+  );
   setControls();
 }
 

@@ -1,13 +1,27 @@
 // The Web Worker that owns the engine, so the page stays responsive while it loads and
 // generates. Messages in: inspect {id, url | file}, load {url | file}, chat {messages, options},
 // abort, cache {remove?}. Messages out: inspected {id, model}, progress, loaded {info, model},
-// started {options}, token {ev}, done {stats}, cache {models}, error {during, message, id?}.
+// started {options}, token {ev}, done {stats}, cache {models}, error {during, message, code?, id?}.
+// An error with code "device-lost" means the engine is gone: the worker drops it, and the page
+// offers to load the model again.
 import { Engine } from "./pkg/index.js";
 
 let engine = null;
 
 function fail(during, e, id) {
-  postMessage({ type: "error", during, id, message: String((e && e.message) || e) });
+  const code = e?.code;
+  if (code === "device-lost") drop();
+  postMessage({ type: "error", during, id, code, message: String((e && e.message) || e) });
+}
+
+/** Frees the engine (and its GPU memory, unless the device is gone already). */
+function drop() {
+  try {
+    engine?.unload();
+  } catch {
+    // A generation still holds it; it ends with the same error and drops it then.
+  }
+  engine = null;
 }
 
 async function inspect(id, source) {
@@ -20,10 +34,7 @@ async function inspect(id, source) {
 
 async function load(source) {
   try {
-    if (engine) {
-      engine.unload();
-      engine = null;
-    }
+    drop();
     engine = await Engine.load(source, { onProgress: (p) => postMessage({ type: "progress", ...p }) });
     const info = engine.info();
     // The same facts as before the download, now at the context the engine holds (and read from

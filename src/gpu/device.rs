@@ -40,6 +40,8 @@ impl GpuOptions {
 #[derive(Debug, Default)]
 pub struct Counters {
     pub buffers: AtomicU64,
+    /// Bytes of all buffers created: what the device was asked to hold.
+    pub buffer_bytes: AtomicU64,
     pub bind_groups: AtomicU64,
     pub pipelines: AtomicU64,
     pub submissions: AtomicU64,
@@ -49,6 +51,7 @@ pub struct Counters {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CounterSnapshot {
     pub buffers: u64,
+    pub buffer_bytes: u64,
     pub bind_groups: u64,
     pub pipelines: u64,
     pub submissions: u64,
@@ -60,6 +63,7 @@ impl std::ops::Sub for CounterSnapshot {
     fn sub(self, o: Self) -> Self {
         Self {
             buffers: self.buffers - o.buffers,
+            buffer_bytes: self.buffer_bytes - o.buffer_bytes,
             bind_groups: self.bind_groups - o.bind_groups,
             pipelines: self.pipelines - o.pipelines,
             submissions: self.submissions - o.submissions,
@@ -84,6 +88,15 @@ pub struct Gpu {
     failure: Arc<Mutex<Option<Error>>>,
     /// Why the device was lost, once it is: every later call fails with it (sticky, unlike `failure`).
     lost: Arc<Mutex<Option<String>>>,
+}
+
+/// The device goes with its owner: destroying it frees every buffer now. In the browser a
+/// dropped buffer's memory otherwise waits for JavaScript's garbage collector, which knows
+/// nothing of GPU memory, so a model loaded after another could run out of it.
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        self.device.destroy();
+    }
 }
 
 impl Gpu {
@@ -140,9 +153,7 @@ impl Gpu {
         let sink = failure.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             let err = match e {
-                wgpu::Error::OutOfMemory { .. } => {
-                    Error::Gpu("out of GPU memory: try a smaller model or context length".into())
-                }
+                wgpu::Error::OutOfMemory { .. } => Error::OutOfGpuMemory { buffer_bytes: None },
                 wgpu::Error::Validation { source, .. } => Error::Gpu(error_chain(&*source)),
                 wgpu::Error::Internal { description, .. } => Error::Gpu(description),
             };
@@ -177,6 +188,21 @@ impl Gpu {
         }
     }
 
+    /// Starts watching for the device running out of memory (while buffers are created and
+    /// filled); `memory_watched` ends the watch. WebGPU reports running out asynchronously: the
+    /// error scope makes the report arrive there, named, rather than at some later call.
+    pub fn watch_memory(&self) -> wgpu::ErrorScopeGuard {
+        self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory)
+    }
+
+    /// Ends a `watch_memory`: `OutOfGpuMemory`, with the bytes asked for, if the device ran out.
+    pub async fn memory_watched(&self, watch: wgpu::ErrorScopeGuard) -> Result<()> {
+        match watch.pop().await {
+            Some(_) => Err(Error::OutOfGpuMemory { buffer_bytes: Some(self.counters().buffer_bytes) }),
+            None => Ok(()),
+        }
+    }
+
     /// Returns the first error the device reported since the last check.
     pub fn check(&self) -> Result<()> {
         if let Some(why) = self.lost.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
@@ -199,6 +225,7 @@ impl Gpu {
         let c = &self.counters;
         CounterSnapshot {
             buffers: c.buffers.load(Ordering::Relaxed),
+            buffer_bytes: c.buffer_bytes.load(Ordering::Relaxed),
             bind_groups: c.bind_groups.load(Ordering::Relaxed),
             pipelines: c.pipelines.load(Ordering::Relaxed),
             submissions: c.submissions.load(Ordering::Relaxed),
@@ -220,12 +247,17 @@ impl Gpu {
         Ok(())
     }
 
+    fn count_buffer(&self, size: u64) -> u64 {
+        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
+        self.counters.buffer_bytes.fetch_add(size, Ordering::Relaxed);
+        size
+    }
+
     pub fn storage(&self, label: &str, size: u64) -> Result<wgpu::Buffer> {
         self.check_binding(size)?;
-        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
         Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
-            size: size.max(4).next_multiple_of(4),
+            size: self.count_buffer(size.max(4).next_multiple_of(4)),
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         }))
@@ -233,7 +265,6 @@ impl Gpu {
 
     pub fn storage_init(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
         self.check_binding(bytes.len() as u64)?;
-        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
         let padded;
         let contents = if bytes.len() % 4 == 0 && !bytes.is_empty() {
             bytes
@@ -241,6 +272,7 @@ impl Gpu {
             padded = [bytes, &[0u8; 4][..(4 - bytes.len() % 4)]].concat();
             &padded
         };
+        self.count_buffer(contents.len() as u64);
         Ok(self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(label),
             contents,
@@ -249,20 +281,18 @@ impl Gpu {
     }
 
     pub fn uniform(&self, label: &str, size: u64) -> wgpu::Buffer {
-        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
-            size,
+            size: self.count_buffer(size),
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         })
     }
 
     pub fn readback(&self, label: &str, size: u64) -> wgpu::Buffer {
-        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
-            size: size.next_multiple_of(4),
+            size: self.count_buffer(size.next_multiple_of(4)),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         })

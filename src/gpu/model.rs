@@ -140,6 +140,7 @@ impl GpuModel {
                 ),
             });
         }
+        let watch = gpu.watch_memory();
         // Progress counts the embedding, each layer and the output.
         let total = c.n_layers + 2;
         progress(0, total);
@@ -218,6 +219,7 @@ impl GpuModel {
         };
         model.decode = model.record(Pass::Decode);
         model.prefill = model.record(Pass::Prefill);
+        model.gpu.memory_watched(watch).await?;
         model.gpu.check()?;
         Ok(model)
     }

@@ -330,7 +330,7 @@ test("a lost GPU device is an Error in words, and the model loads and runs again
       try {
         await ids(engine);
       } catch (e) {
-        lost = `${e instanceof Error} ${e.message}`;
+        lost = `${e instanceof Error} ${e.code} ${e.message}`;
       }
       // Loading again makes a new device; the lost engine can still be unloaded.
       engine.unload();
@@ -339,9 +339,104 @@ test("a lost GPU device is an Error in words, and the model loads and runs again
     }, { prompt: c.prompt_text, want: c.generated_ids.slice(0, 4) });
     console.log(JSON.stringify(result));
     assert.deepEqual(result.before, c.generated_ids.slice(0, 4));
-    assert.match(result.lost ?? "", /^true the GPU device was lost .*reload the model/);
+    assert.match(result.lost ?? "", /^true device-lost the GPU device was lost .*reload the model/);
     assert.deepEqual(result.after, result.before);
     assert.equal(result.devices, 2);
+  } finally {
+    await close();
+  }
+});
+
+test("a GPU that runs out of memory: an Error in words at load, nothing held after it or after unload, and a smaller context loads", { timeout: 600_000 }, async () => {
+  // A GPU with `gpuMemory.cap` bytes, as browsers report running out: createBuffer returns an
+  // invalid buffer and a GPUOutOfMemoryError goes to the innermost out-of-memory error scope, or
+  // else to the device's uncapturederror event. Memory comes back when a buffer or its device is
+  // destroyed (as GPU memory does; a buffer merely dropped waits for garbage collection).
+  const init = () => {
+    const memory = (window.gpuMemory = { cap: Infinity, held: 0, refused: 0 });
+    const sizes = new Map();
+    const owned = new Map();
+    const scopes = new Map();
+    const P = GPUDevice.prototype;
+    const { createBuffer, pushErrorScope, popErrorScope, destroy } = P;
+    const release = (buffer) => {
+      if (!sizes.has(buffer)) return;
+      memory.held -= sizes.get(buffer);
+      sizes.delete(buffer);
+    };
+    const stack = (device) => scopes.get(device) ?? scopes.set(device, []).get(device);
+    P.pushErrorScope = function (filter) {
+      stack(this).push({ filter, error: null });
+      return pushErrorScope.call(this, filter);
+    };
+    P.popErrorScope = async function () {
+      const scope = stack(this).pop();
+      const error = await popErrorScope.call(this);
+      return scope?.error ?? error;
+    };
+    P.createBuffer = function (descriptor) {
+      if (memory.held + descriptor.size > memory.cap) {
+        memory.refused += 1;
+        pushErrorScope.call(this, "validation");
+        const invalid = createBuffer.call(this, { size: 4, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.STORAGE });
+        popErrorScope.call(this);
+        const error = new GPUOutOfMemoryError(`a buffer of ${descriptor.size} bytes does not fit`);
+        const scope = stack(this).findLast((s) => s.filter === "out-of-memory");
+        if (scope) scope.error ??= error;
+        else setTimeout(() => this.dispatchEvent(new GPUUncapturedErrorEvent("uncapturederror", { error })));
+        return invalid;
+      }
+      const buffer = createBuffer.call(this, descriptor);
+      sizes.set(buffer, descriptor.size);
+      memory.held += descriptor.size;
+      (owned.get(this) ?? owned.set(this, new Set()).get(this)).add(buffer);
+      return buffer;
+    };
+    const destroyBuffer = GPUBuffer.prototype.destroy;
+    GPUBuffer.prototype.destroy = function () {
+      release(this);
+      return destroyBuffer.call(this);
+    };
+    P.destroy = function () {
+      for (const buffer of owned.get(this) ?? []) release(buffer);
+      owned.delete(this);
+      return destroy.call(this);
+    };
+  };
+  const { tab, close } = await openPackagePage("package-out-of-memory", { init });
+  const c = golden.cases.find((x) => x.name === "raw_capital_france");
+  try {
+    const result = await tab.evaluate(async ({ prompt, want }) => {
+      const load = (contextLength) => window.Engine.load("./model.gguf", { cache: false, contextLength });
+      const ids = async (engine) => {
+        const out = [];
+        for await (const ev of engine.generate(prompt, { temperature: 0, maxTokens: want.length, ignoreEos: true })) out.push(ev.id);
+        return out;
+      };
+      const m = window.gpuMemory;
+      const small = await load(64);
+      const needs = m.held;
+      small.unload();
+      const afterUnload = m.held;
+      // Room for the model at 64 tokens and a little more: not for a 2048-token KV cache.
+      m.cap = Math.ceil(needs * 1.05);
+      let error = null;
+      try {
+        await load(2048);
+      } catch (e) {
+        error = `${e instanceof Error} ${e.code} ${e.message}`;
+      }
+      const afterFailure = m.held;
+      const again = await load(64);
+      return { needs, afterUnload, error, refused: m.refused, afterFailure, ids: await ids(again) };
+    }, { prompt: c.prompt_text, want: c.generated_ids.slice(0, 4) });
+    console.log(JSON.stringify(result));
+    assert.ok(result.needs > 50 << 20, `the model at 64 tokens holds ${result.needs} bytes`);
+    assert.equal(result.afterUnload, 0, "unload leaves GPU memory held");
+    assert.ok(result.refused > 0);
+    assert.match(result.error ?? "", /^true out-of-gpu-memory the GPU ran out of memory holding this model's buffers \(\d+ MiB\): try a smaller model or a shorter context length/);
+    assert.equal(result.afterFailure, 0, "a failed load leaves GPU memory held");
+    assert.deepEqual(result.ids, c.generated_ids.slice(0, 4));
   } finally {
     await close();
   }

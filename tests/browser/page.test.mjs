@@ -237,6 +237,76 @@ test("the page shows the model before downloading it, loads it, chats, stops, ca
   }
 });
 
+test("after the GPU device is lost the page says so, keeps the conversation and loads the model again", { timeout: 1_200_000 }, async () => {
+  const chatCase = golden.cases.find((c) => c.name === "chat_capital_france");
+  const question = chatCase.prompt_text.match(/<\|im_start\|>user\n([\s\S]*?)<\|im_end\|>/)[1];
+  const server = await serveDist();
+  const browser = await launch();
+  try {
+    const context = await browser.newContext();
+    // The worker's GPU device is out of reach of init scripts: the worker script is served with
+    // a prologue that keeps every device it creates and destroys them when the first chat
+    // message arrives (its listener runs before the worker's own).
+    const prologue = `
+      const devices = [];
+      const requestDevice = GPUAdapter.prototype.requestDevice;
+      GPUAdapter.prototype.requestDevice = async function (...args) {
+        const device = await requestDevice.apply(this, args);
+        devices.push(device);
+        return device;
+      };
+      let lose = true;
+      addEventListener("message", ({ data }) => {
+        if (data.type !== "chat" || !lose) return;
+        lose = false;
+        for (const device of devices) device.destroy();
+      });
+    `;
+    let injected = 0;
+    await context.route("**/worker.js", async (route) => {
+      const response = await route.fetch();
+      injected += 1;
+      await route.fulfill({ response, body: prologue + (await response.text()) });
+    });
+    const page = await context.newPage();
+    const errors = [];
+    page.on("pageerror", (e) => errors.push(String(e)));
+    await page.goto(server.url);
+    await page.waitForSelector("#load:not([disabled])", { timeout: LOAD_TIMEOUT });
+    await page.click("#load");
+    await page.waitForFunction(() => document.body.dataset.modelLoaded === "true", null, { timeout: LOAD_TIMEOUT, polling: 500 });
+    assert.equal(injected, 1);
+
+    await setSlider(page, "temperature", 0);
+    await page.fill("#prompt", question);
+    await page.click("#send");
+    await page.waitForSelector("#error:not([hidden])", { timeout: GEN_TIMEOUT });
+    await waitIdle(page);
+    assert.match(await page.textContent("#error"), /GPU stopped working for this page: the GPU device was lost .* press “Load again”/);
+    assert.match(await page.textContent("#load-status"), /GPU device was lost/);
+    assert.equal(await page.getAttribute("body", "data-model-loaded"), null);
+    assert.equal(await page.isDisabled("#send"), true);
+    assert.equal(await page.textContent("#load"), "Load again");
+    assert.equal(await page.isEnabled("#load"), true);
+    await page.screenshot({ path: path.join(artifacts, "page-device-lost.png") });
+
+    // Load again (from the browser cache), and the same question gets the golden answer.
+    await page.click("#load");
+    await page.waitForFunction(() => document.body.dataset.modelLoaded === "true", null, { timeout: LOAD_TIMEOUT, polling: 500 });
+    assert.equal(await page.isHidden("#error"), true);
+    assert.equal(await page.getAttribute("body", "data-from-cache"), "true");
+    await page.click("#clear");
+    await page.fill("#prompt", question);
+    await page.click("#send");
+    await waitIdle(page);
+    assert.equal(await lastReply(page), chatCase.greedy_text_before_first_eos);
+    assert.deepEqual(errors, []);
+  } finally {
+    await browser.close();
+    server.close();
+  }
+});
+
 test("without WebGPU the page says so in plain words and downloads nothing", { timeout: 300_000 }, async () => {
   const server = await serveDist();
   const browser = await launch({ webgpu: false });
