@@ -1,88 +1,96 @@
-// Decode attention: one query per head over the cache (seq_len keys, or the last WINDOW of them
-// for a sliding-window layer), grouped-query heads.
-// One workgroup per head: scores into a scratch buffer, numerically stable softmax (max, exp,
-// sum), then the value mix with 256 / HEAD_DIM key slices per output dimension.
-// Bindings: 0 params, 1 qkv (q = first Q_DIM values), 2 k_cache, 3 v_cache, 4 scores
-// (N_HEADS x CTX), 5 out (Q_DIM). Dispatch: (N_HEADS, 1, 1). `kv_t` comes from the host.
+// Decode attention split over the keys (flash-decoding), pass 1 of 2. One workgroup per
+// (chunk of CHUNK keys, KV head) serves every query head of that KV head's group, so each key and
+// value of the cache is read once per step, and the work spreads over the context's chunks
+// instead of one workgroup per head walking all of it. Per (query head, chunk) it writes the
+// chunk's largest score m, the sum l of exp(score - m) and the unnormalized value mix
+// sum exp(score - m) v; attention_combine.wgsl merges the chunks (online softmax).
+// With WINDOW > 0 the query at seq_len - 1 sees only the last WINDOW keys (a sliding-window layer).
+// Bindings: 0 params, 1 qkv (q = first Q_DIM values), 2 k_cache, 3 v_cache,
+// 4 partials (N_HEADS x MAX_CHUNKS records of HEAD_DIM + 2). Dispatch: (MAX_CHUNKS, N_KV_HEADS):
+// chunks outside the keys seen exit at once. HEAD_DIM, CHUNK, HB and `kv_t` come from the host.
 
 struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, pad: u32 }
 
-override HEAD_DIM: u32;
 override KV_DIM: u32;
 override GROUP: u32;
-override CTX: u32;
+override MAX_CHUNKS: u32;
 override SCALE: f32;
 override WINDOW: u32 = 0u;
-const WG: u32 = 256u;
+const NEG: f32 = -3.0e38;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
 @group(0) @binding(2) var<storage, read> k_cache: array<kv_t>;
 @group(0) @binding(3) var<storage, read> v_cache: array<kv_t>;
-@group(0) @binding(4) var<storage, read_write> scores: array<f32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read_write> partials: array<f32>;
 
-var<workgroup> q: array<f32, 256>;
-var<workgroup> red: array<f32, WG>;
+// A batch of HB query heads at a time (all of a group unless it has more).
+var<workgroup> q: array<f32, HB * HEAD_DIM>;
+var<workgroup> p: array<f32, HB * CHUNK>;
+var<workgroup> head_max: array<f32, HB>;
 
-fn reduce(v: f32, li: u32, is_max: bool) -> f32 {
-    red[li] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (li < s) {
-            if (is_max) { red[li] = max(red[li], red[li + s]); } else { red[li] += red[li + s]; }
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let h = wg.x;
-    let kv = (h / GROUP) * HEAD_DIM;
+@compute @workgroup_size(CHUNK)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let chunk = wg.x;
+    let kvh = wg.y;
     let seq = params.seq_len;
     var first = 0u;
     if (WINDOW > 0u && seq > WINDOW) { first = seq - WINDOW; }
-    let sbase = h * CTX;
-    if (li < HEAD_DIM) { q[li] = qkv[h * HEAD_DIM + li] * SCALE; }
-    workgroupBarrier();
+    let lo = max(chunk * CHUNK, first);
+    let hi = min(chunk * CHUNK + CHUNK, seq);
+    if (lo >= hi) { return; }
+    let key = chunk * CHUNK + t;
+    let valid = key >= lo && key < hi;
+    let kv = kvh * HEAD_DIM;
 
-    var m = -3.0e38;
-    for (var s = first + li; s < seq; s += WG) {
-        var acc = 0.0;
-        let kb = s * KV_DIM + kv;
-        for (var d = 0u; d < HEAD_DIM; d++) { acc += q[d] * f32(k_cache[kb + d]); }
-        scores[sbase + s] = acc;
-        m = max(m, acc);
-    }
-    m = reduce(m, li, true);
+    for (var h0 = 0u; h0 < GROUP; h0 += HB) {
+        let nb = min(HB, GROUP - h0);
+        let head0 = kvh * GROUP + h0;
+        for (var i = t; i < nb * HEAD_DIM; i += CHUNK) { q[i] = qkv[head0 * HEAD_DIM + i] * SCALE; }
+        workgroupBarrier();
 
-    var sum = 0.0;
-    for (var s = first + li; s < seq; s += WG) {
-        let e = exp(scores[sbase + s] - m);
-        scores[sbase + s] = e;
-        sum += e;
-    }
-    sum = reduce(sum, li, false);
-    storageBarrier();
-
-    let slices = WG / HEAD_DIM;
-    let d = li % HEAD_DIM;
-    let slice = li / HEAD_DIM;
-    var acc = 0.0;
-    if (slice < slices) {
-        for (var s = first + slice; s < seq; s += slices) {
-            acc += scores[sbase + s] * f32(v_cache[s * KV_DIM + kv + d]);
+        // Scores: invocation t takes key t of the chunk against the batch's heads.
+        var acc: array<f32, HB>;
+        if (valid) {
+            let kb = key * KV_DIM + kv;
+            for (var d = 0u; d < HEAD_DIM; d++) {
+                let k = f32(k_cache[kb + d]);
+                for (var j = 0u; j < nb; j++) { acc[j] += q[j * HEAD_DIM + d] * k; }
+            }
         }
-    }
-    red[li] = acc;
-    workgroupBarrier();
-    if (li < HEAD_DIM) {
-        var total = 0.0;
-        for (var j = 0u; j < slices; j++) { total += red[j * HEAD_DIM + li]; }
-        out[h * HEAD_DIM + li] = total / sum;
+        for (var j = 0u; j < nb; j++) { p[j * CHUNK + t] = select(NEG, acc[j], valid); }
+        workgroupBarrier();
+        if (t < nb) {
+            var m = NEG;
+            for (var k = lo - chunk * CHUNK; k < hi - chunk * CHUNK; k++) { m = max(m, p[t * CHUNK + k]); }
+            head_max[t] = m;
+        }
+        workgroupBarrier();
+        for (var j = 0u; j < nb; j++) {
+            p[j * CHUNK + t] = select(0.0, exp(p[j * CHUNK + t] - head_max[j]), valid);
+        }
+        workgroupBarrier();
+
+        // Value mix: invocation t takes dimensions t, t + CHUNK, ... of every head in the batch,
+        // each value read once for all of them.
+        for (var d = t; d < HEAD_DIM; d += CHUNK) {
+            var mix: array<f32, HB>;
+            for (var s = lo; s < hi; s++) {
+                let v = f32(v_cache[s * KV_DIM + kv + d]);
+                let k = s - chunk * CHUNK;
+                for (var j = 0u; j < nb; j++) { mix[j] += p[j * CHUNK + k] * v; }
+            }
+            for (var j = 0u; j < nb; j++) {
+                partials[((head0 + j) * MAX_CHUNKS + chunk) * (HEAD_DIM + 2u) + d] = mix[j];
+            }
+        }
+        if (t < nb) {
+            var l = 0.0;
+            for (var k = lo - chunk * CHUNK; k < hi - chunk * CHUNK; k++) { l += p[t * CHUNK + k]; }
+            let rec = ((head0 + t) * MAX_CHUNKS + chunk) * (HEAD_DIM + 2u);
+            partials[rec + HEAD_DIM] = head_max[t];
+            partials[rec + HEAD_DIM + 1u] = l;
+        }
+        workgroupBarrier();
     }
 }

@@ -10,6 +10,7 @@ pub mod gpu;
 pub mod model;
 pub mod quant;
 pub mod sampling;
+pub mod synthetic;
 pub mod tokenizer;
 #[cfg(target_arch = "wasm32")]
 pub mod wasm;

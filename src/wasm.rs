@@ -230,10 +230,7 @@ impl WasmEngine {
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
             vocab_size: c.vocab_size,
-            kv_bytes_per_value: match gpu {
-                Some(g) if g.f16 => 2,
-                _ => 4,
-            },
+            kv_bytes_per_value: gpu.map_or(4, |g| g.kv_bytes() as usize),
             backend: e.backend_description(),
             adapter: gpu.map(|g| g.adapter_name()).unwrap_or_else(|| "cpu".into()),
             f16: gpu.is_some_and(|g| g.f16),

@@ -457,9 +457,23 @@ gpu_test! {
 /// Runs decode (n = 1) or prefill attention for queries at `start..start + n` against a
 /// random cache, and compares with the CPU reference on the values the GPU stores.
 async fn check_attention(h: &mut Harness, n: usize, start: usize, window: Option<usize>, rng: &mut Rng) {
-    let c = small_config();
-    let kind = AttentionKind { scale: 0.3, window };
-    let ctx = 256;
+    check_attention_with(h, &small_config(), 256, 0.3, n, start, window, rng).await;
+}
+
+/// `check_attention` for a model shape `c`, a cache of `ctx` keys and a softmax scale.
+#[allow(clippy::too_many_arguments)]
+async fn check_attention_with(
+    h: &mut Harness,
+    c: &ModelConfig,
+    ctx: usize,
+    scale: f32,
+    n: usize,
+    start: usize,
+    window: Option<usize>,
+    rng: &mut Rng,
+) {
+    let c = c.clone();
+    let kind = AttentionKind { scale, window };
     let (q, kv) = (c.q_dim(), c.kv_dim());
     let row = q + 2 * kv;
     h.set(n, start);
@@ -467,13 +481,13 @@ async fn check_attention(h: &mut Harness, n: usize, start: usize, window: Option
     let (kc, k_seen) = h.kv_buf(&random(rng, ctx * kv, 2.0));
     let (vc, v_seen) = h.kv_buf(&random(rng, ctx * kv, 1.0));
     let (qb, out) = (h.buf(&qkv), h.buf(&vec![0.0; n * q]));
-    let op = if n == 1 {
-        let scores = h.buf(&vec![0.0; c.n_heads * ctx]);
-        kernels::attention_decode(&h.gpu, &mut h.cache, &h.params, &c, kind, ctx, &qb, &kc, &vc, &scores, &out)
+    let ops = if n == 1 {
+        let partials = h.buf(&vec![0.0; kernels::decode_partials_len(&c, ctx)]);
+        kernels::attention_decode(&h.gpu, &mut h.cache, &h.params, &c, kind, ctx, &qb, &kc, &vc, &partials, &out).into()
     } else {
-        kernels::attention_prefill(&h.gpu, &mut h.cache, &h.params, &c, kind, &qb, &kc, &vc, &out)
+        vec![kernels::attention_prefill(&h.gpu, &mut h.cache, &h.params, &c, kind, &qb, &kc, &vc, &out)]
     };
-    h.run(&[op], n);
+    h.run(&ops, n);
     let got = h.read(&out, n * q).await;
     let queries: Vec<f32> = qkv.chunks_exact(row).flat_map(|r| r[..q].to_vec()).collect();
     let mut want = vec![0f32; n * q];
@@ -481,7 +495,10 @@ async fn check_attention(h: &mut Harness, n: usize, start: usize, window: Option
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!(
             (g - w).abs() < 1e-4,
-            "attention n={n} start={start} window {window:?} [{i}]: got {g}, want {w}, {}",
+            "attention n={n} start={start} window {window:?} heads {}/{} head_dim {} [{i}]: got {g}, want {w}, {}",
+            c.n_heads,
+            c.n_kv_heads,
+            c.head_dim,
             h.path()
         );
     }
@@ -493,6 +510,42 @@ gpu_test! {
         for mut h in Harness::paths().await {
             for (start, window) in [(0, None), (1, None), (57, None), (255, None), (255, Some(16)), (3, Some(16)), (16, Some(16))] {
                 check_attention(&mut h, 1, start, window, &mut rng).await;
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn decode_attention_matches_the_cpu_reference_at_every_length_group_ratio_and_head_size() {
+        let mut rng = Rng::new(10);
+        for force_f32 in [true, false] {
+            // Attention has one kernel for both styles: the storage type is what differs.
+            let mut h = Harness::new(force_f32).await;
+            // The browser twin (SwiftShader) takes the corners; natively, every combination.
+            let (head_dims, groups, lengths): (&[usize], &[usize], &[usize]) = if cfg!(target_arch = "wasm32") {
+                (&[64, 256], &[1, 8], &[1, 257, 4096])
+            } else {
+                (&[64, 128, 256], &[1, 3, 4, 8], &[1, 255, 256, 257, 1000, 4096, 16384])
+            };
+            for &head_dim in head_dims {
+                for &group in groups {
+                    let n_kv_heads = 2;
+                    let c = ModelConfig {
+                        n_heads: group * n_kv_heads,
+                        n_kv_heads,
+                        head_dim,
+                        d_model: group * n_kv_heads * head_dim,
+                        ..small_config()
+                    };
+                    let scale = 1.0 / (head_dim as f32).sqrt();
+                    for &keys in lengths {
+                        check_attention_with(&mut h, &c, keys, scale, 1, keys - 1, None, &mut rng).await;
+                    }
+                    // Sliding windows that start inside a chunk, far from the first key.
+                    for (keys, window) in [(1000, 300), (16384, 4096)] {
+                        check_attention_with(&mut h, &c, keys, scale, 1, keys - 1, Some(window), &mut rng).await;
+                    }
+                }
             }
         }
     }

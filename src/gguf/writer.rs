@@ -6,7 +6,22 @@ pub struct GgufWriter {
     version: u32,
     alignment: u64,
     metadata: Vec<(String, Value)>,
-    tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
+    tensors: Vec<(String, Vec<u64>, GgmlType, Data)>,
+}
+
+/// A tensor's data: its bytes, or only their count (a header written for data made elsewhere).
+enum Data {
+    Bytes(Vec<u8>),
+    Sized(u64),
+}
+
+impl Data {
+    fn len(&self) -> u64 {
+        match self {
+            Data::Bytes(b) => b.len() as u64,
+            Data::Sized(n) => *n,
+        }
+    }
 }
 
 impl GgufWriter {
@@ -26,34 +41,58 @@ impl GgufWriter {
 
     /// Adds a tensor; `data` must already be in the type's block layout.
     pub fn tensor(&mut self, name: &str, shape: &[u64], ty: GgmlType, data: Vec<u8>) -> &mut Self {
-        self.tensors.push((name.into(), shape.to_vec(), ty, data));
+        self.tensors.push((name.into(), shape.to_vec(), ty, Data::Bytes(data)));
         self
     }
 
+    /// Adds a tensor whose `len` bytes of data come from elsewhere (see `header`).
+    pub fn tensor_sized(&mut self, name: &str, shape: &[u64], ty: GgmlType, len: u64) -> &mut Self {
+        self.tensors.push((name.into(), shape.to_vec(), ty, Data::Sized(len)));
+        self
+    }
+
+    /// The header up to the aligned start of the data, and each tensor's data offset from there.
+    pub fn header(&self) -> (Vec<u8>, Vec<u64>) {
+        let mut out = Vec::new();
+        let offsets = self.write_header(&mut out);
+        out.resize((out.len() as u64).next_multiple_of(self.alignment) as usize, 0);
+        (out, offsets)
+    }
+
+    /// The whole file (tensors added with `tensor_sized` are zeros).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
+        self.write_header(&mut out);
+        for (_, _, _, data) in &self.tensors {
+            out.resize((out.len() as u64).next_multiple_of(self.alignment) as usize, 0);
+            match data {
+                Data::Bytes(bytes) => out.extend_from_slice(bytes),
+                Data::Sized(n) => out.resize(out.len() + *n as usize, 0),
+            }
+        }
+        out
+    }
+
+    fn write_header(&self, out: &mut Vec<u8>) -> Vec<u64> {
         out.extend_from_slice(b"GGUF");
         out.extend_from_slice(&self.version.to_le_bytes());
         out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
         out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
         for (key, value) in &self.metadata {
-            write_str(&mut out, key);
-            write_value(&mut out, value, true);
+            write_str(out, key);
+            write_value(out, value, true);
         }
-        let mut offset = 0u64;
+        let (mut offset, mut offsets) = (0u64, Vec::with_capacity(self.tensors.len()));
         for (name, shape, ty, data) in &self.tensors {
-            write_str(&mut out, name);
+            write_str(out, name);
             out.extend_from_slice(&(shape.len() as u32).to_le_bytes());
             shape.iter().for_each(|d| out.extend_from_slice(&d.to_le_bytes()));
             out.extend_from_slice(&type_id(*ty).to_le_bytes());
             out.extend_from_slice(&offset.to_le_bytes());
-            offset = (offset + data.len() as u64).next_multiple_of(self.alignment);
+            offsets.push(offset);
+            offset = (offset + data.len()).next_multiple_of(self.alignment);
         }
-        for (_, _, _, data) in &self.tensors {
-            out.resize((out.len() as u64).next_multiple_of(self.alignment) as usize, 0);
-            out.extend_from_slice(data);
-        }
-        out
+        offsets
     }
 }
 

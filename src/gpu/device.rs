@@ -46,6 +46,8 @@ pub struct Counters {
     pub pipelines: AtomicU64,
     pub submissions: AtomicU64,
     pub bytes_read_back: AtomicU64,
+    /// Host time spent encoding and submitting decode steps, in nanoseconds.
+    pub host_ns: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -56,6 +58,7 @@ pub struct CounterSnapshot {
     pub pipelines: u64,
     pub submissions: u64,
     pub bytes_read_back: u64,
+    pub host_ns: u64,
 }
 
 impl std::ops::Sub for CounterSnapshot {
@@ -68,6 +71,7 @@ impl std::ops::Sub for CounterSnapshot {
             pipelines: self.pipelines - o.pipelines,
             submissions: self.submissions - o.submissions,
             bytes_read_back: self.bytes_read_back - o.bytes_read_back,
+            host_ns: self.host_ns - o.host_ns,
         }
     }
 }
@@ -230,6 +234,16 @@ impl Gpu {
             pipelines: c.pipelines.load(Ordering::Relaxed),
             submissions: c.submissions.load(Ordering::Relaxed),
             bytes_read_back: c.bytes_read_back.load(Ordering::Relaxed),
+            host_ns: c.host_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Bytes of one KV-cache value: f16 where shader-f16 is enabled, else f32.
+    pub fn kv_bytes(&self) -> u64 {
+        if self.f16 {
+            2
+        } else {
+            4
         }
     }
 

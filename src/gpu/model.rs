@@ -3,7 +3,7 @@
 //! a step writes a 16-byte uniform (and the token ids), encodes the recorded dispatches in one
 //! compute pass, submits once, and reads back 4 bytes (greedy) or the logits (sampling).
 
-use super::kernels::{self, Dispatch, Epilogue, NormOut, Params, QkvExtras};
+use super::kernels::{self, Dispatch, Epilogue, Ledger, NormOut, Params, QkvExtras};
 use super::shader::PipelineCache;
 use super::weights::{Linear, Rows};
 use super::{Gpu, KernelStyle};
@@ -76,7 +76,8 @@ struct Buffers {
     h: wgpu::Buffer,
     /// A projection's output before its post-norm (architectures with post-norms).
     proj: wgpu::Buffer,
-    scores: wgpu::Buffer,
+    /// Decode attention's per-chunk records (see `kernels::decode_partials_len`).
+    partials: wgpu::Buffer,
     logits: wgpu::Buffer,
     argmax: wgpu::Buffer,
     /// One cos/sin table per RoPE of the plan.
@@ -102,6 +103,9 @@ pub struct GpuModel {
     /// Prefill that keeps every position's logits (perplexity, tests); made on first use.
     all_logits: Option<(Vec<Dispatch>, wgpu::Buffer)>,
     pipelines: PipelineCache,
+    /// Weight bytes of the file one decode token needs: every tensor once, one embedding row
+    /// (the whole table when it is also the output).
+    file_weight_bytes: u64,
 }
 
 impl GpuModel {
@@ -202,6 +206,13 @@ impl GpuModel {
         progress(total, total);
 
         let buf = Self::buffers(&gpu, &plan, context)?;
+        let all: u64 = gguf.tensors.iter().filter(|t| t.name != ROPE_FREQS).map(|t| t.byte_size).sum();
+        let file_weight_bytes = if plan.output == plan.token_embd {
+            all
+        } else {
+            let e = gguf.require_tensor(&plan.token_embd)?;
+            all - e.byte_size + e.byte_size / e.rows().1.max(1) as u64
+        };
         let mut model = Self {
             config: c,
             plan,
@@ -214,6 +225,7 @@ impl GpuModel {
             decode: Vec::new(),
             prefill: Vec::new(),
             all_logits: None,
+            file_weight_bytes,
             pipelines: PipelineCache::default(),
             gpu,
         };
@@ -225,19 +237,22 @@ impl GpuModel {
     }
 
     /// The longest context whose context-sized buffers (see `buffers`: a layer's K or V cache,
-    /// the attention scores, a RoPE table) each fit one binding.
+    /// a RoPE table, decode attention's chunk records) each fit one binding.
     fn max_context(gpu: &Gpu, plan: &Plan) -> usize {
         let c = &plan.config;
-        let per_token = [c.kv_dim() * if gpu.f16 { 2 } else { 4 }, c.n_heads * 4, c.rope_dim * 4];
+        let per_token = [c.kv_dim() * gpu.kv_bytes() as usize, c.rope_dim * 4];
         let max = gpu.max_binding() as usize;
-        per_token.iter().map(|&b| max / b.max(1)).min().unwrap_or(0)
+        let fits = per_token.iter().map(|&b| max / b.max(1)).min().unwrap_or(0);
+        // One chunk record per head per DECODE_CHUNK keys.
+        let chunks = max / (4 * c.n_heads * (c.head_dim + 2)).max(1);
+        fits.min(chunks.saturating_mul(kernels::DECODE_CHUNK))
     }
 
     fn buffers(gpu: &Gpu, plan: &Plan, context: usize) -> Result<Buffers> {
         let c = &plan.config;
         let n = PREFILL_CHUNK as u64;
         let f = 4u64;
-        let kv_bytes = (context * c.kv_dim()) as u64 * if gpu.f16 { 2 } else { 4 };
+        let kv_bytes = (context * c.kv_dim()) as u64 * gpu.kv_bytes();
         Ok(Buffers {
             params: gpu.uniform("params", std::mem::size_of::<Params>() as u64),
             tokens: gpu.storage("tokens", n * 4)?,
@@ -248,7 +263,7 @@ impl GpuModel {
             gu: gpu.storage("gate_up", n * 2 * c.ffn_dim as u64 * f)?,
             h: gpu.storage("ffn_hidden", n * c.ffn_dim as u64 * f)?,
             proj: gpu.storage("proj", n * c.d_model as u64 * f)?,
-            scores: gpu.storage("scores", (c.n_heads * context) as u64 * f)?,
+            partials: gpu.storage("attention_partials", kernels::decode_partials_len(c, context) as u64 * f)?,
             logits: gpu.storage("logits", c.vocab_size as u64 * f)?,
             argmax: gpu.storage("argmax", 4)?,
             rope: plan
@@ -311,7 +326,7 @@ impl GpuModel {
             if prefill {
                 ops.push(kernels::attention_prefill(gpu, p, params, c, kind, &b.qkv, kc, vc, &b.attn));
             } else {
-                ops.push(kernels::attention_decode(
+                ops.extend(kernels::attention_decode(
                     gpu,
                     p,
                     params,
@@ -321,7 +336,7 @@ impl GpuModel {
                     &b.qkv,
                     kc,
                     vc,
-                    &b.scores,
+                    &b.partials,
                     &b.attn,
                 ));
             }
@@ -427,6 +442,28 @@ impl GpuModel {
         self.decode.len()
     }
 
+    /// The traffic ledger of a decode step at `seq` keys: what its dispatches declare they move.
+    pub fn decode_traffic(&self, seq: usize) -> Ledger {
+        self.decode.iter().map(|op| op.traffic.at(seq)).sum()
+    }
+
+    /// The least any decode step at `seq` keys moves: the file's weight bytes once, each layer's
+    /// keys and values attended read once and the new token's written once, and the vectors a
+    /// fully fused step still writes once (q, k, v, the attention output, each residual update,
+    /// the gated FFN's hidden vector, the logits).
+    pub fn min_decode_traffic(&self, seq: usize) -> Ledger {
+        let c = &self.config;
+        let kv_row = 2 * c.kv_dim() as u64 * self.gpu.kv_bytes();
+        let kv_read = self.plan.layers.iter().map(|l| kv_row * l.window.map_or(seq, |w| seq.min(w)) as u64).sum();
+        let per_layer = (c.q_dim() + 2 * c.kv_dim()) + c.q_dim() + 2 * c.d_model + c.ffn_dim;
+        Ledger {
+            weights: self.file_weight_bytes,
+            activations: 4 * (c.n_layers * per_layer + c.vocab_size) as u64,
+            kv_read,
+            kv_written: kv_row * c.n_layers as u64,
+        }
+    }
+
     /// Runs `tokens` at positions `start..` (one pass: at most PREFILL_CHUNK tokens), writing
     /// their keys and values into the cache. Returns the argmax when asked for it.
     pub async fn step(&mut self, tokens: &[u32], start: usize, readback: Readback<'_>) -> Result<Option<u32>> {
@@ -440,6 +477,7 @@ impl GpuModel {
         }
         // A lost device (or an error left by an earlier call) fails here, before any work.
         self.gpu.check()?;
+        let host = web_time::Instant::now();
         let params = Params { n_tokens: n as u32, start_pos: start as u32, seq_len: (start + n) as u32, pad: 0 };
         let q = &self.gpu.queue;
         q.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
@@ -461,6 +499,10 @@ impl GpuModel {
             Readback::Logits(_) => enc.copy_buffer_to_buffer(&b.logits, 0, &b.staging_logits, 0, logits_bytes),
         }
         self.gpu.submit(enc);
+        if n == 1 {
+            let ns = host.elapsed().as_nanos() as u64;
+            self.gpu.counters.host_ns.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+        }
         match readback {
             Readback::None => self.gpu.check().map(|_| None),
             Readback::Argmax => {

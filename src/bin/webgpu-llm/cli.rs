@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use webgpu_llm::chat::Message;
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats};
-use webgpu_llm::gguf::{FileSource, SplitSource};
+use webgpu_llm::gguf::{ByteSource, FileSource, SplitSource};
 use webgpu_llm::gpu::GpuOptions;
 use webgpu_llm::sampling::SamplingParams;
 use webgpu_llm::Error;
@@ -48,10 +48,22 @@ struct ModelArgs {
 struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
-    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
+    /// A random-weight Q4_0 model with Llama 3.2 1B's (1b) or Llama 3 8B's (8b) shape, made in
+    /// memory, instead of --model: figures for large models without a download.
+    #[arg(long, conflicts_with = "model")]
+    synthetic: Option<String>,
+    /// Prompt tokens prefilled before decode is timed.
+    #[arg(long, default_value_t = 512, value_parser = at_least_one, conflicts_with = "context")]
     prompt_tokens: usize,
+    /// Contexts to time decode at (prefill that many tokens, then decode there), comma-separated:
+    /// one run each on one load, e.g. 512,4096,16384,32768.
+    #[arg(long, value_delimiter = ',', value_parser = at_least_one)]
+    context: Vec<usize>,
     #[arg(long, default_value_t = 128, value_parser = at_least_one)]
     gen_tokens: usize,
+    /// One JSON object per run (a line each) instead of text.
+    #[arg(long)]
+    json: bool,
     /// Also time each kernel family (one dispatch per submission) for a prefill and a decode step.
     #[arg(long)]
     profile: bool,
@@ -204,6 +216,10 @@ async fn load(args: &ModelArgs) -> Result<Engine, Error> {
     eprintln!("loading {}", path.display());
     // Read in ranges: the header, then each tensor in pieces into GPU memory.
     let file = SplitSource::new(split_parts(&path).iter().map(|p| FileSource::open(p)).collect::<Result<_, _>>()?);
+    load_from(&file, args).await
+}
+
+async fn load_from(file: &(impl ByteSource + ?Sized), args: &ModelArgs) -> Result<Engine, Error> {
     let start = std::time::Instant::now();
     let mut progress = |done: usize, total: usize| {
         PROGRESS_OPEN.store(true, Ordering::SeqCst);
@@ -211,13 +227,13 @@ async fn load(args: &ModelArgs) -> Result<Engine, Error> {
     };
     let options = |backend| LoadOptions { backend, context_length: args.context_length, gpu: GpuOptions::from_env() };
     let engine = match args.backend {
-        Some(Backend::Cpu) => Engine::load_from(&file, options(BackendKind::Cpu), &mut progress).await?,
-        Some(Backend::Gpu) => Engine::load_from(&file, options(BackendKind::Gpu), &mut progress).await?,
-        None => match Engine::load_from(&file, options(BackendKind::Gpu), &mut progress).await {
+        Some(Backend::Cpu) => Engine::load_from(file, options(BackendKind::Cpu), &mut progress).await?,
+        Some(Backend::Gpu) => Engine::load_from(file, options(BackendKind::Gpu), &mut progress).await?,
+        None => match Engine::load_from(file, options(BackendKind::Gpu), &mut progress).await {
             Err(Error::NoAdapter(why)) => {
                 end_progress_line();
                 eprintln!("no GPU adapter ({why}); using the CPU backend");
-                Engine::load_from(&file, options(BackendKind::Cpu), &mut progress).await?
+                Engine::load_from(file, options(BackendKind::Cpu), &mut progress).await?
             }
             other => other?,
         },
@@ -315,10 +331,10 @@ fn stats_json(s: &Stats, seed: u64) -> serde_json::Value {
     })
 }
 
-fn bench_overflow(args: &BenchArgs, context: usize) -> Error {
+fn bench_overflow(prompt_tokens: usize, gen_tokens: usize, context: usize) -> Error {
     Error::InvalidOption {
-        name: "--prompt-tokens + --gen-tokens",
-        value: format!("{} + {}", args.prompt_tokens, args.gen_tokens),
+        name: "--prompt-tokens (or --context) + --gen-tokens",
+        value: format!("{prompt_tokens} + {gen_tokens}"),
         expected: format!("must fit the context of {context} tokens (--context-length)"),
     }
 }
@@ -329,69 +345,181 @@ must be in want of a wife. However little known the feelings or views of such a 
 a neighbourhood, this truth is so well fixed in the minds of the surrounding families, that he is considered as \
 the rightful property of some one or other of their daughters. ";
 
-async fn bench(args: BenchArgs) -> Result<(), Error> {
-    if let Some(context) = args.model.context_length {
-        if args.prompt_tokens.checked_add(args.gen_tokens).is_none_or(|n| n > context) {
-            return Err(bench_overflow(&args, context));
+async fn bench(mut args: BenchArgs) -> Result<(), Error> {
+    let contexts = if args.context.is_empty() { vec![args.prompt_tokens] } else { args.context.clone() };
+    let longest = contexts.iter().max().copied().unwrap_or(1);
+    let needed =
+        longest.checked_add(args.gen_tokens).ok_or_else(|| bench_overflow(longest, args.gen_tokens, usize::MAX))?;
+    match args.model.context_length {
+        Some(context) if needed > context => return Err(bench_overflow(longest, args.gen_tokens, context)),
+        Some(_) => {}
+        // --context asks for that much: load with room for it.
+        None if !args.context.is_empty() => args.model.context_length = Some(needed),
+        None => {}
+    }
+    let mut engine = match &args.synthetic {
+        Some(name) => {
+            let shape = webgpu_llm::synthetic::Shape::named(name)?;
+            eprintln!("making a random-weight Q4_0 model with Llama's {} shape", name.to_uppercase());
+            load_from(&webgpu_llm::synthetic::SyntheticSource::new(shape), &args.model).await?
         }
-    }
-    let mut engine = load(&args.model).await?;
+        None => load(&args.model).await?,
+    };
     let context = engine.context_length();
-    if args.prompt_tokens.checked_add(args.gen_tokens).is_none_or(|n| n > context) {
-        return Err(bench_overflow(&args, context));
+    if needed > context {
+        return Err(bench_overflow(longest, args.gen_tokens, context));
     }
-    let text = BENCH_TEXT.repeat(args.prompt_tokens / 40 + 1);
-    let mut tokens = engine.tokenizer.encode(&text)?;
-    tokens.truncate(args.prompt_tokens);
     let options = GenerateOptions {
         max_tokens: args.gen_tokens,
         sampling: SamplingParams::greedy(),
         ignore_eos: true,
         ..GenerateOptions::default()
     };
+    let text = BENCH_TEXT.repeat(longest / 40 + 1);
+    let all_tokens = engine.tokenizer.encode(&text)?;
     // A first short run compiles the driver's shader variants and warms caches.
     engine
         .generate(
-            &Prompt::Tokens(tokens[..8.min(tokens.len())].to_vec()),
+            &Prompt::Tokens(all_tokens[..8.min(all_tokens.len())].to_vec()),
             &GenerateOptions { max_tokens: 2, ..options.clone() },
             &mut |_| true,
         )
         .await?;
-    let mut fresh = tokens.clone();
-    fresh[0] = fresh[0].wrapping_add(1) % engine.config.vocab_size as u32;
-    let s = engine.generate(&Prompt::Tokens(fresh), &options, &mut |_| true).await?;
-    println!("backend:        {}", engine.backend_description());
-    println!("model:          {} ({} layers)", engine.config.name, engine.config.n_layers);
-    println!("prompt tokens:  {} (prefilled {})", s.prompt_tokens, s.prefilled_tokens);
-    println!("prefill:        {:.1} tok/s, TTFT {:.1} ms", s.prefill_tok_s, s.ttft_ms);
-    println!(
-        "decode:         {:.2} tok/s over {} steps, TPOT {:.2} ms",
-        s.decode_tok_s,
-        s.decode_steps,
-        1e3 / s.decode_tok_s.max(1e-9)
-    );
-    if let (Some(c), Some(m)) = (s.decode_counters, engine.gpu_model()) {
-        let steps = s.decode_steps.max(1) as f64;
-        println!(
-            "per decode step: {} dispatches, {:.2} submissions, {:.2} buffers created, {:.2} bind groups created, {:.2} pipelines created, {:.0} bytes read back",
-            m.decode_dispatches(),
-            c.submissions as f64 / steps,
-            c.buffers as f64 / steps,
-            c.bind_groups as f64 / steps,
-            c.pipelines as f64 / steps,
-            c.bytes_read_back as f64 / steps
-        );
+    for &prompt_tokens in &contexts {
+        let mut tokens = all_tokens[..prompt_tokens.min(all_tokens.len())].to_vec();
+        // A different first token: nothing of the warm-up run is reused from the KV cache.
+        tokens[0] = tokens[0].wrapping_add(1) % engine.config.vocab_size as u32;
+        let s = engine.generate(&Prompt::Tokens(tokens), &options, &mut |_| true).await?;
+        let report = BenchReport::new(&engine, &s, prompt_tokens, args.gen_tokens);
+        if args.json {
+            println!("{}", report.json());
+        } else {
+            report.print(&engine, &s);
+        }
         if args.profile {
-            for (what, n, start) in [
-                ("prefill", args.prompt_tokens.min(webgpu_llm::gpu::PREFILL_CHUNK), 0),
-                ("decode", 1, args.prompt_tokens),
-            ] {
-                let times = m.profile(n, start)?;
-                let total: f64 = times.iter().map(|t| t.1).sum();
-                let parts: Vec<String> = times.iter().map(|(l, ms)| format!("{l} {ms:.1} ms")).collect();
-                println!("profile {what} ({n} tokens): {total:.1} ms = {}", parts.join(", "));
+            if let Some(m) = engine.gpu_model() {
+                for (what, n, start) in
+                    [("prefill", prompt_tokens.min(webgpu_llm::gpu::PREFILL_CHUNK), 0), ("decode", 1, prompt_tokens)]
+                {
+                    let times = m.profile(n, start)?;
+                    let total: f64 = times.iter().map(|t| t.1).sum();
+                    let parts: Vec<String> = times.iter().map(|(l, ms)| format!("{l} {ms:.1} ms")).collect();
+                    println!("profile {what} ({n} tokens): {total:.1} ms = {}", parts.join(", "));
+                }
             }
         }
     }
     Ok(())
+}
+
+/// One benchmark run's figures; the traffic ledger is taken at the middle of the decode steps
+/// (it grows with the keys attended).
+struct BenchReport {
+    adapter: String,
+    context: usize,
+    prefill_tok_s: f64,
+    ttft_ms: f64,
+    decode_tok_s: f64,
+    decode_steps: usize,
+    gpu: Option<GpuFigures>,
+}
+
+struct GpuFigures {
+    dispatches: usize,
+    submissions: f64,
+    host_ms: f64,
+    buffers: f64,
+    bind_groups: f64,
+    pipelines: f64,
+    bytes_read_back: f64,
+    ledger: webgpu_llm::gpu::kernels::Ledger,
+    min: webgpu_llm::gpu::kernels::Ledger,
+}
+
+impl BenchReport {
+    fn new(engine: &Engine, s: &Stats, context: usize, gen_tokens: usize) -> Self {
+        let gpu = s.decode_counters.zip(engine.gpu_model()).map(|(c, m)| {
+            let steps = s.decode_steps.max(1) as f64;
+            let seq = s.prompt_tokens + gen_tokens / 2;
+            GpuFigures {
+                dispatches: m.decode_dispatches(),
+                submissions: c.submissions as f64 / steps,
+                host_ms: c.host_ns as f64 / steps / 1e6,
+                buffers: c.buffers as f64 / steps,
+                bind_groups: c.bind_groups as f64 / steps,
+                pipelines: c.pipelines as f64 / steps,
+                bytes_read_back: c.bytes_read_back as f64 / steps,
+                ledger: m.decode_traffic(seq),
+                min: m.min_decode_traffic(seq),
+            }
+        });
+        Self {
+            adapter: engine.backend_description(),
+            context,
+            prefill_tok_s: s.prefill_tok_s,
+            ttft_ms: s.ttft_ms,
+            decode_tok_s: s.decode_tok_s,
+            decode_steps: s.decode_steps,
+            gpu,
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let ledger = |l: &webgpu_llm::gpu::kernels::Ledger| {
+            serde_json::json!({
+                "weights": l.weights, "activations": l.activations, "kv_read": l.kv_read, "kv_written": l.kv_written,
+            })
+        };
+        let g = self.gpu.as_ref();
+        serde_json::json!({
+            "adapter": self.adapter,
+            "context": self.context,
+            "prefill_tok_s": self.prefill_tok_s,
+            "ttft_ms": self.ttft_ms,
+            "decode_tok_s": self.decode_tok_s,
+            "decode_steps": self.decode_steps,
+            "dispatches_per_token": g.map(|g| g.dispatches),
+            "submissions_per_token": g.map(|g| g.submissions),
+            "host_ms_per_token": g.map(|g| g.host_ms),
+            "ledger_bytes_per_token": g.map(|g| g.ledger.total()),
+            "min_bytes_per_token": g.map(|g| g.min.total()),
+            "ledger": g.map(|g| ledger(&g.ledger)),
+            "min": g.map(|g| ledger(&g.min)),
+            "decode_gb_s": g.map(|g| g.ledger.total() as f64 * self.decode_tok_s / 1e9),
+        })
+    }
+
+    fn print(&self, engine: &Engine, s: &Stats) {
+        println!("backend:        {}", self.adapter);
+        println!("model:          {} ({} layers)", engine.config.name, engine.config.n_layers);
+        println!("prompt tokens:  {} (prefilled {})", s.prompt_tokens, s.prefilled_tokens);
+        println!("prefill:        {:.1} tok/s, TTFT {:.1} ms", self.prefill_tok_s, self.ttft_ms);
+        println!(
+            "decode:         {:.2} tok/s over {} steps, TPOT {:.2} ms",
+            self.decode_tok_s,
+            self.decode_steps,
+            1e3 / self.decode_tok_s.max(1e-9)
+        );
+        if let Some(g) = &self.gpu {
+            println!(
+                "per decode step: {} dispatches, {:.2} submissions, host {:.3} ms to encode and submit, {:.2} buffers created, {:.2} bind groups created, {:.2} pipelines created, {:.0} bytes read back",
+                g.dispatches, g.submissions, g.host_ms, g.buffers, g.bind_groups, g.pipelines, g.bytes_read_back
+            );
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            let (l, m) = (&g.ledger, &g.min);
+            println!(
+                "traffic ledger: {:.2} MiB per token (weights {:.2}, KV read {:.2}, KV written {:.3}, activations {:.3}); the least possible {:.2} MiB (weights {:.2}, KV read {:.2}); {:.3}x; {:.2} GB/s at this decode speed",
+                mib(l.total()),
+                mib(l.weights),
+                mib(l.kv_read),
+                mib(l.kv_written),
+                mib(l.activations),
+                mib(m.total()),
+                mib(m.weights),
+                mib(m.kv_read),
+                l.total() as f64 / m.total().max(1) as f64,
+                l.total() as f64 * self.decode_tok_s / 1e9
+            );
+        }
+    }
 }

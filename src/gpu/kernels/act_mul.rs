@@ -1,6 +1,6 @@
 //! Wrapper of shaders/act_mul.wgsl (prefill's gated activation).
 
-use super::{Dispatch, Groups};
+use super::{Dispatch, Groups, Traffic};
 use crate::arch::Activation;
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::Gpu;
@@ -18,5 +18,12 @@ pub fn act_mul(
     let pipeline =
         cache.get(gpu, "act_mul", include_str!("../../../shaders/act_mul.wgsl"), needs, &[], &[("FFN", ffn as f64)]);
     let bind_group = gpu.bind_group("act_mul", &pipeline, &[params, gu, h]);
-    Dispatch { label: "act_mul", pipeline, bind_group, groups: Groups::per_token((ffn as u32).div_ceil(64), 1, 1) }
+    let traffic = Traffic { activations: 3 * ffn as u64 * 4, ..Default::default() };
+    Dispatch {
+        label: "act_mul",
+        pipeline,
+        bind_group,
+        groups: Groups::per_token((ffn as u32).div_ceil(64), 1, 1),
+        traffic,
+    }
 }

@@ -1,6 +1,6 @@
 //! Wrappers of shaders/attention_decode.wgsl and shaders/attention_prefill.wgsl.
 
-use super::{Dispatch, Groups};
+use super::{Dispatch, Groups, Traffic};
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::Gpu;
 use crate::model::reference::AttentionKind;
@@ -9,6 +9,20 @@ use crate::model::ModelConfig;
 /// Queries per prefill workgroup.
 const BQ: u32 = 8;
 
+/// Keys per decode-attention workgroup (its invocations: one key each for the scores).
+pub const DECODE_CHUNK: usize = 64;
+/// Query heads one decode-attention workgroup scores at a time (its registers per invocation).
+const DECODE_HEAD_BATCH: usize = 8;
+
+/// The chunk records decode attention passes from its first kernel to its second: floats
+/// for a context of `context` keys.
+pub fn decode_partials_len(c: &ModelConfig, context: usize) -> usize {
+    c.n_heads * context.div_ceil(DECODE_CHUNK) * (c.head_dim + 2)
+}
+
+/// Decode attention as two dispatches: every (chunk of keys, KV head) for all the group's query
+/// heads, then the merge of the chunks per head (shaders/attention_decode.wgsl,
+/// shaders/attention_combine.wgsl). `partials` holds `decode_partials_len(c, context)` floats.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode(
     gpu: &Gpu,
@@ -20,28 +34,62 @@ pub fn attention_decode(
     qkv: &wgpu::Buffer,
     k_cache: &wgpu::Buffer,
     v_cache: &wgpu::Buffer,
-    scores: &wgpu::Buffer,
+    partials: &wgpu::Buffer,
     out: &wgpu::Buffer,
-) -> Dispatch {
+) -> [Dispatch; 2] {
+    let group = c.n_heads / c.n_kv_heads;
+    let chunks = context.div_ceil(DECODE_CHUNK);
+    let consts = [
+        ("HEAD_DIM", c.head_dim as u32),
+        ("CHUNK", DECODE_CHUNK as u32),
+        ("HB", group.min(DECODE_HEAD_BATCH) as u32),
+        ("WG", 64),
+    ];
+    let window = ("WINDOW", kind.window.unwrap_or(0) as f64);
     let overrides = [
-        ("HEAD_DIM", c.head_dim as f64),
         ("KV_DIM", c.kv_dim() as f64),
-        ("GROUP", (c.n_heads / c.n_kv_heads) as f64),
-        ("CTX", context as f64),
+        ("GROUP", group as f64),
+        ("MAX_CHUNKS", chunks as f64),
         ("SCALE", kind.scale as f64),
-        ("WINDOW", kind.window.unwrap_or(0) as f64),
+        window,
     ];
     let needs = Needs { kv: true, ..Default::default() };
-    let pipeline = cache.get(
-        gpu,
-        "attention_decode",
-        include_str!("../../../shaders/attention_decode.wgsl"),
-        needs,
-        &[],
-        &overrides,
-    );
-    let bind_group = gpu.bind_group("attention_decode", &pipeline, &[params, qkv, k_cache, v_cache, scores, out]);
-    Dispatch { label: "attention_decode", pipeline, bind_group, groups: Groups::fixed(c.n_heads as u32, 1) }
+    let source = include_str!("../../../shaders/attention_decode.wgsl");
+    let pipeline = cache.get(gpu, "attention_decode", source, needs, &consts, &overrides);
+    let bind_group = gpu.bind_group("attention_decode", &pipeline, &[params, qkv, k_cache, v_cache, partials]);
+    let (q_bytes, records) = (4 * c.q_dim() as u64, 4 * (c.n_heads * (c.head_dim + 2)) as u64);
+    let split = Dispatch {
+        label: "attention_decode",
+        pipeline,
+        bind_group,
+        groups: Groups::fixed(chunks as u32, c.n_kv_heads as u32),
+        // q, every key and value attended, the chunk records written.
+        traffic: Traffic {
+            activations: q_bytes,
+            kv_per_key: 2 * c.kv_dim() as u64 * gpu.kv_bytes(),
+            records_per_chunk: records,
+            window: kind.window,
+            ..Default::default()
+        },
+    };
+    let source = include_str!("../../../shaders/attention_combine.wgsl");
+    let overrides = [("MAX_CHUNKS", chunks as f64), window];
+    let pipeline = cache.get(gpu, "attention_combine", source, Needs::default(), &consts, &overrides);
+    let bind_group = gpu.bind_group("attention_combine", &pipeline, &[params, partials, out]);
+    let combine = Dispatch {
+        label: "attention_combine",
+        pipeline,
+        bind_group,
+        groups: Groups::fixed(c.n_heads as u32, 1),
+        // The records read, the output written.
+        traffic: Traffic {
+            activations: q_bytes,
+            records_per_chunk: records,
+            window: kind.window,
+            ..Default::default()
+        },
+    };
+    [split, combine]
 }
 
 /// Key-block length that keeps the tiles within the device's workgroup memory.
@@ -85,5 +133,6 @@ pub fn attention_prefill(
     let bind_group = gpu.bind_group("attention_prefill", &pipeline, &[params, qkv, k_cache, v_cache, out]);
     let mut groups = Groups::per_token(1, 0, BQ);
     groups.fixed[1] = c.n_heads as u32;
-    Dispatch { label: "attention_prefill", pipeline, bind_group, groups }
+    // Prefill only: the decode ledger never counts it.
+    Dispatch { label: "attention_prefill", pipeline, bind_group, groups, traffic: Traffic::default() }
 }

@@ -1,6 +1,6 @@
 //! Wrappers of shaders/gemv.wgsl (decode, one token) and shaders/gemm.wgsl (prefill, tiled).
 
-use super::{Dispatch, Groups};
+use super::{Dispatch, Groups, Traffic};
 use crate::arch::Activation;
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::weights::Linear;
@@ -57,7 +57,15 @@ pub fn gemv(
                 (p.rows as u32).div_ceil(rows_per_group),
                 gpu.limits.max_compute_workgroups_per_dimension,
             );
-            Dispatch { label: "gemv", pipeline, bind_group, groups }
+            // The part's rows, x (and the norm weights), y written (and read first when added to).
+            let out_rows = p.rows as u64 * 4;
+            let traffic = Traffic {
+                weights: p.buffer.size() + norm.map_or(0, |_| 4 * p.cols as u64),
+                activations: 4 * p.cols as u64
+                    + if epilogue == Epilogue::Add && !p.pair { 2 * out_rows } else { out_rows },
+                ..Default::default()
+            };
+            Dispatch { label: "gemv", pipeline, bind_group, groups, traffic }
         })
         .collect()
 }
@@ -99,6 +107,11 @@ pub fn gemm(
                 pipeline,
                 bind_group,
                 groups: Groups::per_token((rows as u32).div_ceil(64), 1, 64),
+                traffic: Traffic {
+                    weights: p.buffer.size(),
+                    activations: 4 * (p.cols + rows) as u64,
+                    ..Default::default()
+                },
             }
         })
         .collect()

@@ -12,7 +12,7 @@ mod rope;
 
 pub use act_mul::act_mul;
 pub use argmax::argmax;
-pub use attention::{attention_decode, attention_prefill};
+pub use attention::{attention_decode, attention_prefill, decode_partials_len, DECODE_CHUNK};
 pub use embed::embed;
 pub use matmul::{gemm, gemv, Epilogue};
 pub use norm::{rms_norm, NormOut};
@@ -63,6 +63,69 @@ pub struct Dispatch {
     pub pipeline: wgpu::ComputePipeline,
     pub bind_group: wgpu::BindGroup,
     pub groups: Groups,
+    /// The bytes it must move: its entry in the traffic ledger.
+    pub traffic: Traffic,
+}
+
+/// The least a dispatch must read and write for one decode token (the traffic ledger's entry):
+/// each weight byte, activation and cache entry it touches counted once, as a kernel that reads
+/// nothing twice from memory would. Summed over a step it is the step's bytes-time at a GPU's
+/// bandwidth; set against `GpuModel::min_decode_traffic` it shows what a kernel wastes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Traffic {
+    /// Weight bytes (matrices as stored on the GPU, norm and bias vectors, an embedding row).
+    pub weights: u64,
+    /// Activation bytes read and written.
+    pub activations: u64,
+    /// KV-cache bytes written.
+    pub kv_written: u64,
+    /// KV-cache bytes read per key attended.
+    pub kv_per_key: u64,
+    /// Bytes of decode attention's chunk records per chunk of keys attended (written, then read).
+    pub records_per_chunk: u64,
+    /// A sliding-window layer's window: the keys attended are the last `window`.
+    pub window: Option<usize>,
+}
+
+impl Traffic {
+    /// The ledger of a decode step at `seq` keys (the new token's included).
+    pub fn at(&self, seq: usize) -> Ledger {
+        let first = self.window.map_or(0, |w| seq.saturating_sub(w));
+        let keys = (seq - first) as u64;
+        let chunks = if seq == 0 { 0 } else { ((seq - 1) / DECODE_CHUNK - first / DECODE_CHUNK + 1) as u64 };
+        Ledger {
+            weights: self.weights,
+            activations: self.activations + self.records_per_chunk * chunks,
+            kv_read: self.kv_per_key * keys,
+            kv_written: self.kv_written,
+        }
+    }
+}
+
+/// Bytes of a decode step by kind (see `Traffic`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Ledger {
+    pub weights: u64,
+    pub activations: u64,
+    pub kv_read: u64,
+    pub kv_written: u64,
+}
+
+impl Ledger {
+    pub fn total(&self) -> u64 {
+        self.weights + self.activations + self.kv_read + self.kv_written
+    }
+}
+
+impl std::iter::Sum for Ledger {
+    fn sum<I: Iterator<Item = Self>>(iter: I) -> Self {
+        iter.fold(Ledger::default(), |a, b| Ledger {
+            weights: a.weights + b.weights,
+            activations: a.activations + b.activations,
+            kv_read: a.kv_read + b.kv_read,
+            kv_written: a.kv_written + b.kv_written,
+        })
+    }
 }
 
 impl Dispatch {

@@ -1,6 +1,6 @@
 //! Wrapper of shaders/rms_norm.wgsl.
 
-use super::{Dispatch, Groups};
+use super::{Dispatch, Groups, Traffic};
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::Gpu;
 
@@ -37,5 +37,9 @@ pub fn rms_norm(
         cache.get(gpu, "rms_norm", include_str!("../../../shaders/rms_norm.wgsl"), Needs::default(), &[], &overrides);
     let bind_group = gpu.bind_group("rms_norm", &pipeline, &[params, x, weight, out]);
     let groups = if mode == NormOut::StoreLast { Groups::fixed(1, 1) } else { Groups::per_token(1, 0, 1) };
-    Dispatch { label: "rms_norm", pipeline, bind_group, groups }
+    // x and the weights read, the output written (and read first when added to).
+    let f = 4 * cols as u64;
+    let traffic =
+        Traffic { weights: f, activations: if mode == NormOut::Add { 3 * f } else { 2 * f }, ..Default::default() };
+    Dispatch { label: "rms_norm", pipeline, bind_group, groups, traffic }
 }

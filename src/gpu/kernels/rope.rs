@@ -1,7 +1,7 @@
 //! Wrapper of shaders/rope_kv.wgsl (bias, q/k norms, RoPE, KV-cache write), and the RoPE cos/sin
 //! table it reads.
 
-use super::{Dispatch, Groups};
+use super::{Dispatch, Groups, Traffic};
 use crate::arch::{Rope, RopeStyle};
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::Gpu;
@@ -59,5 +59,13 @@ pub fn rope_kv(
     let norm = extras.qk_norm.map_or(table, |n| n.0);
     let bind_group = gpu.bind_group("rope_kv", &pipeline, &[params, qkv, table, k_cache, v_cache, bias, norm]);
     let heads = (c.n_heads + 2 * c.n_kv_heads) as u32;
-    Dispatch { label: "rope_kv", pipeline, bind_group, groups: Groups::per_token(heads, 1, 1) }
+    // The qkv row and this position's cos/sin read, q rotated in place, k and v into the cache.
+    let (q, kv) = (c.q_dim() as u64, c.kv_dim() as u64);
+    let traffic = Traffic {
+        weights: extras.bias.map_or(0, |_| 4 * (q + 2 * kv)) + extras.qk_norm.map_or(0, |_| 8 * c.head_dim as u64),
+        activations: 4 * (q + 2 * kv) + 4 * rope.dim as u64 + 4 * q,
+        kv_written: 2 * kv * gpu.kv_bytes(),
+        ..Default::default()
+    };
+    Dispatch { label: "rope_kv", pipeline, bind_group, groups: Groups::per_token(heads, 1, 1), traffic }
 }
