@@ -4,7 +4,8 @@
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::ByteSource;
-use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, Readback};
+use crate::gpu::kernels::MAX_TOP_K;
+use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, InFlight, Readback};
 use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
 use crate::sampling::{all_finite, argmax, Candidate, Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -153,6 +154,8 @@ pub struct Engine {
     /// Tokens whose keys and values are in the KV cache, in order.
     cached: Vec<u32>,
     logits: Vec<f32>,
+    /// The largest logits a top-k sampler draws from (GPU selection), reused every token.
+    top: Vec<(u32, f32)>,
 }
 
 impl Engine {
@@ -198,6 +201,7 @@ impl Engine {
         };
         Ok(Self {
             logits: vec![0.0; config.vocab_size],
+            top: Vec::with_capacity(MAX_TOP_K),
             config,
             tokenizer,
             chat_template,
@@ -292,6 +296,10 @@ impl Engine {
         let mut stream = StreamDecoder::new();
         let mut stops = StopMatcher::new(&options.stop);
         let (mut generated, mut decode_steps) = (0, 0);
+        // Greedy decoding on the GPU without penalties or candidates needs no logits on the host:
+        // it is pipelined (`pipelined_step`), the next step queued before this one's id is read.
+        let pipelined = matches!(self.backend, Backend::Gpu(_)) && !sampler.needs_logits() && want_candidates == 0;
+        let mut ahead = None;
         let decode_start = Instant::now();
         let counters_start = self.gpu_counters();
         let stop_reason = loop {
@@ -321,7 +329,11 @@ impl Engine {
                 break StopReason::MaxTokens;
             }
             sampler.accept(next);
-            next = self.run(&[next], &mut sampler, want_candidates, &mut candidates).await?;
+            next = if pipelined {
+                self.pipelined_step(next, &mut ahead, generated + 1 < options.max_tokens).await?
+            } else {
+                self.run(&[next], &mut sampler, want_candidates, &mut candidates).await?
+            };
             decode_steps += 1;
         };
         if stop_reason == StopReason::Eos {
@@ -356,7 +368,13 @@ impl Engine {
         top: usize,
         candidates: &mut Vec<TokenCandidate>,
     ) -> Result<u32> {
-        let want_logits = sampler.needs_logits() || top > 0;
+        // A top-k sampler on the GPU needs only the k largest logits: selected there, 8 bytes
+        // each come back instead of the whole vocabulary.
+        let top_k_only = match &self.backend {
+            Backend::Gpu(_) if top == 0 => sampler.top_k_only().filter(|&k| k <= MAX_TOP_K),
+            _ => None,
+        };
+        let want_logits = (sampler.needs_logits() || top > 0) && top_k_only.is_none();
         let greedy_id = match &mut self.backend {
             Backend::Cpu { model, cache } => {
                 self.logits = model.forward(cache, tokens, Logits::Last)?;
@@ -367,10 +385,11 @@ impl Engine {
                 let chunks = tokens.chunks(PREFILL_CHUNK).count();
                 let mut id = None;
                 for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
-                    let readback = match (i + 1 == chunks, want_logits) {
-                        (false, _) => Readback::None,
-                        (true, false) => Readback::Argmax,
-                        (true, true) => Readback::Logits(&mut self.logits),
+                    let readback = match (i + 1 == chunks, want_logits, top_k_only) {
+                        (false, ..) => Readback::None,
+                        (true, false, Some(k)) => Readback::TopK(k, &mut self.top),
+                        (true, false, None) => Readback::Argmax,
+                        (true, true, _) => Readback::Logits(&mut self.logits),
                     };
                     id = model.step(chunk, start, readback).await?;
                     start += chunk.len();
@@ -399,11 +418,35 @@ impl Engine {
                 .collect();
         }
         let id = match greedy_id {
+            _ if top_k_only.is_some() => sampler.sample_top_k(&self.top),
             Some(id) if !want_logits => id,
             _ => sampler.sample(&mut self.logits),
         };
         // Never hand out an id past the vocabulary (a broken kernel or a logits buffer that does
         // not match the vocabulary).
+        if id as usize >= self.config.vocab_size {
+            return Err(Error::TokenOutOfRange { id, vocab_size: self.config.vocab_size });
+        }
+        Ok(id)
+    }
+
+    /// One greedy decode step for `token` on the GPU, kept one step ahead: the step for the id
+    /// it produces (`look_ahead`: when another token may follow) is submitted before that id is
+    /// read, taking it from GPU memory, and is left in `ahead` for the next call. A step queued
+    /// for a token that ends the generation only writes a cache position no later step reads
+    /// before overwriting it.
+    async fn pipelined_step(&mut self, token: u32, ahead: &mut Option<InFlight>, look_ahead: bool) -> Result<u32> {
+        let Backend::Gpu(model) = &mut self.backend else { unreachable!("pipelined only on the GPU") };
+        let position = self.cached.len();
+        let current = match ahead.take() {
+            Some(step) => step,
+            None => model.submit_greedy(Some(token), position)?,
+        };
+        if look_ahead {
+            *ahead = Some(model.submit_greedy(None, position + 1)?);
+        }
+        let id = model.read_greedy(current).await?;
+        self.cached.push(token);
         if id as usize >= self.config.vocab_size {
             return Err(Error::TokenOutOfRange { id, vocab_size: self.config.vocab_size });
         }

@@ -171,6 +171,30 @@ impl Sampler {
         !self.params.is_greedy() || self.params.has_penalties()
     }
 
+    /// Whether `sample_top_k` can stand in for `sample`: Some(k) when this sampler draws from the
+    /// k largest logits alone (top-k set, no penalties), so those are all it needs to see.
+    pub fn top_k_only(&self) -> Option<usize> {
+        let p = &self.params;
+        (!p.is_greedy() && !p.has_penalties() && p.top_k > 0).then_some(p.top_k)
+    }
+
+    /// `sample` given only the `top_k_only()` largest logits as (id, logit) pairs, in any order:
+    /// the same token as `sample` on all the logits.
+    pub fn sample_top_k(&mut self, top: &[(u32, f32)]) -> u32 {
+        let t = self.params.temperature;
+        self.candidates.clear();
+        self.candidates.extend(top.iter().map(|&(id, l)| (id, l / t)));
+        if self.candidates.iter().any(|c| !c.1.is_finite()) {
+            // As in `filter`: all the mass on the largest logit.
+            let best = top.iter().copied().min_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            self.candidates.clear();
+            self.candidates.push((best.map_or(0, |b| b.0), 1.0));
+        } else {
+            self.cut();
+        }
+        self.draw()
+    }
+
     /// Picks the next token from `logits` (modified in place by the penalties).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
         self.apply_penalties(logits);
@@ -178,6 +202,11 @@ impl Sampler {
             return argmax(logits);
         }
         self.filter(logits);
+        self.draw()
+    }
+
+    /// The seeded draw from the kept candidates.
+    fn draw(&mut self) -> u32 {
         let total: f64 = self.candidates.iter().map(|&(_, p)| p as f64).sum();
         let mut r = self.rng.next_f64() * total;
         for &(id, p) in &self.candidates {
@@ -246,6 +275,13 @@ impl Sampler {
             cands.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             cands.truncate(p.top_k);
         }
+        self.cut();
+    }
+
+    /// Sorts the candidates, makes them probabilities and applies top-p and min-p.
+    fn cut(&mut self) {
+        let p = &self.params;
+        let cands = &mut self.candidates;
         sort_desc(cands);
         softmax_pairs(cands);
         if p.top_p < 1.0 {

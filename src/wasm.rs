@@ -73,6 +73,8 @@ struct JsStats {
     prefill_tok_s: f64,
     decode_tok_s: f64,
     stop_reason: String,
+    /// Host time to encode and submit one decode step (GPU only), in milliseconds.
+    host_ms_per_token: Option<f64>,
 }
 
 impl From<&Stats> for JsStats {
@@ -85,6 +87,7 @@ impl From<&Stats> for JsStats {
             prefill_tok_s: s.prefill_tok_s,
             decode_tok_s: s.decode_tok_s,
             stop_reason: format!("{:?}", s.stop_reason).to_lowercase(),
+            host_ms_per_token: s.decode_counters.map(|c| c.host_ns as f64 / s.decode_steps.max(1) as f64 / 1e6),
         }
     }
 }

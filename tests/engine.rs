@@ -142,3 +142,23 @@ fn a_second_chat_turn_reuses_the_cache_and_matches_a_fresh_run() {
         );
     }
 }
+
+#[test]
+fn gpu_top_k_sampling_reads_back_k_candidates_and_draws_what_sampling_all_logits_draws() {
+    let mut engine = engine(BackendKind::Gpu);
+    let prompt = Prompt::Text(golden_case("raw_once_upon")["prompt_text"].as_str().unwrap().into());
+    let sampling =
+        SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, min_p: 0.02, seed: 11, ..SamplingParams::greedy() };
+    let options = GenerateOptions { max_tokens: 24, sampling, ignore_eos: true, ..Default::default() };
+    let (ids, _, stats) = run(&mut engine, &prompt, &options);
+    assert_eq!(ids.len(), 24);
+    // Per step: the argmax's non-finite flag and the count, then 40 (id, logit) pairs.
+    let read = stats.decode_counters.unwrap().bytes_read_back;
+    assert_eq!(read, stats.decode_steps as u64 * (8 + 8 * 40));
+    // Asking for candidates to show reads all the logits back and samples from them: the same
+    // sampler, the same seed, the same tokens.
+    let (all_ids, _, all_stats) = run(&mut engine, &prompt, &GenerateOptions { top_candidates: 3, ..options.clone() });
+    assert_eq!(ids, all_ids);
+    let vocab_bytes = 4 * engine.config.vocab_size as u64;
+    assert!(all_stats.decode_counters.unwrap().bytes_read_back >= all_stats.decode_steps as u64 * vocab_bytes);
+}

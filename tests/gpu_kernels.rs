@@ -600,6 +600,52 @@ gpu_test! {
 }
 
 gpu_test! {
+    async fn top_k_selects_the_largest_logits_with_ties_to_the_lower_id() {
+        let mut rng = Rng::new(12);
+        let mut h = Harness::new(true).await;
+        // (vocabulary, k, logits rounded to this step: coarse steps make many ties).
+        for (n, k, step) in [
+            (5, 1, 0.0),
+            (5, 5, 0.0),
+            (5, 9, 0.0),
+            (1000, 40, 0.0),
+            (1000, 40, 0.5),
+            (49152, 1, 0.0),
+            (49152, 40, 0.0),
+            (49152, 256, 0.25),
+            (128256, 1024, 0.0),
+            (128256, 1024, 1.0),
+        ] {
+            let mut logits = random(&mut rng, n, 20.0);
+            if step > 0.0 {
+                logits.iter_mut().for_each(|l| *l = (*l / step).round() * step);
+            }
+            // Signs, zero and negative zero side by side.
+            logits[0] = -0.0;
+            if n > 3 {
+                logits[1] = 0.0;
+                logits[2] = -1e-30;
+            }
+            let lb = h.buf(&logits);
+            let want = h.u32_buf(&[k as u32]);
+            let out = h.u32_buf(&vec![0; kernels::TOP_K_WORDS]);
+            let op = kernels::top_k(&h.gpu, &mut h.cache, n, &lb, &want, &out);
+            h.run(&[op], 1);
+            let words: Vec<u32> = bytemuck::cast_slice(&h.gpu.read_buffer(&out, 4 * kernels::TOP_K_WORDS as u64).await.unwrap()).to_vec();
+            let count = words[0] as usize;
+            let mut got: Vec<(u32, f32)> =
+                words[1..1 + 2 * count].chunks_exact(2).map(|p| (p[0], f32::from_bits(p[1]))).collect();
+            got.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            // The CPU sampler's order: value descending (-0 below +0, as total_cmp has it), then id.
+            let mut all: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+            all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            all.truncate(k.min(n));
+            assert_eq!(got, all, "n = {n}, k = {k}, step {step}");
+        }
+    }
+}
+
+gpu_test! {
     async fn matrices_larger_than_one_binding_are_split_into_parts_with_the_same_results() {
         let mut rng = Rng::new(11);
         let (n, rows, cols) = (5, 100, 64);

@@ -184,3 +184,45 @@ fn a_temperature_so_small_that_logits_overflow_samples_the_argmax() {
     let ids: std::collections::HashSet<u32> = (0..200).map(|_| sampler.sample(&mut [1.0, 1.1])).collect();
     assert_eq!(ids.len(), 2);
 }
+
+/// What the GPU hands a top-k sampler: the k largest logits in no particular order.
+fn largest(logits: &[f32], k: usize, rng: &mut Rng) -> Vec<(u32, f32)> {
+    let mut all: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+    all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    all.truncate(k);
+    // Shuffled: the selection comes back in no order.
+    for i in (1..all.len()).rev() {
+        all.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    all
+}
+
+#[test]
+fn sampling_from_the_k_largest_logits_gives_the_same_tokens_as_from_all_of_them() {
+    let mut shuffle = Rng::new(99);
+    for (temperature, top_k, top_p, min_p) in
+        [(0.7, 40, 0.9, 0.05), (1.0, 2, 1.0, 0.0), (1.5, 200, 1.0, 0.0), (0.3, 1000, 0.5, 0.1), (1e-38, 40, 0.9, 0.0)]
+    {
+        for seed in 0..20 {
+            let logits = spread_logits(5000, seed);
+            let p = params(temperature, top_k, top_p, min_p, seed);
+            let (mut all, mut top) = (Sampler::new(p.clone(), 5000).unwrap(), Sampler::new(p, 5000).unwrap());
+            assert_eq!(top.top_k_only(), Some(top_k));
+            let k = largest(&logits, top_k, &mut shuffle);
+            for draw in 0..50 {
+                let want = all.sample(&mut logits.clone());
+                assert_eq!(
+                    top.sample_top_k(&k),
+                    want,
+                    "temperature {temperature}, top-k {top_k}, seed {seed}, draw {draw}"
+                );
+            }
+        }
+    }
+    // Penalties or no top-k: the sampler needs every logit; top-k 1 is greedy (the argmax).
+    assert_eq!(Sampler::new(params(0.7, 1, 0.9, 0.0, 1), 10).unwrap().top_k_only(), None);
+    assert_eq!(Sampler::new(params(0.7, 0, 0.9, 0.0, 1), 10).unwrap().top_k_only(), None);
+    let penalized = SamplingParams { repetition_penalty: 1.1, ..params(0.7, 40, 0.9, 0.0, 1) };
+    assert_eq!(Sampler::new(penalized, 10).unwrap().top_k_only(), None);
+    assert_eq!(Sampler::new(SamplingParams::greedy(), 10).unwrap().top_k_only(), None);
+}

@@ -360,21 +360,37 @@ impl Gpu {
         Ok(())
     }
 
-    pub fn submit(&self, encoder: wgpu::CommandEncoder) {
+    pub fn submit(&self, encoder: wgpu::CommandEncoder) -> wgpu::SubmissionIndex {
         self.counters.submissions.fetch_add(1, Ordering::Relaxed);
-        self.queue.submit([encoder.finish()]);
+        self.queue.submit([encoder.finish()])
     }
 
     /// Waits for the copy into `staging` (MAP_READ) and hands its first `len` bytes to `read`.
     /// Natively this polls the device; in the browser it awaits the mapping callback.
     pub async fn read_mapped<T>(&self, staging: &wgpu::Buffer, len: u64, read: impl FnOnce(&[u8]) -> T) -> Result<T> {
+        self.read_mapped_after(staging, len, None, read).await
+    }
+
+    /// `read_mapped` when the copy was in submission `after`: natively the wait ends with that
+    /// submission, not with work submitted since (the next decode step, already queued).
+    pub async fn read_mapped_after<T>(
+        &self,
+        staging: &wgpu::Buffer,
+        len: u64,
+        after: Option<wgpu::SubmissionIndex>,
+        read: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T> {
         let slice = staging.slice(..len.next_multiple_of(4));
         let (tx, rx) = futures_channel::oneshot::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
         #[cfg(not(target_arch = "wasm32"))]
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::Gpu(e.to_string()))?;
+        self.device
+            .poll(wgpu::PollType::Wait { submission_index: after, timeout: None })
+            .map_err(|e| Error::Gpu(e.to_string()))?;
+        #[cfg(target_arch = "wasm32")]
+        let _ = after;
         // A mapping that fails is most often a lost device: report that when it is the cause.
         let failed = |e: String| self.check().err().unwrap_or(Error::Gpu(e));
         rx.await.map_err(|_| failed("the buffer mapping was dropped".into()))?.map_err(|e| failed(e.to_string()))?;

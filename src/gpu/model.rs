@@ -39,6 +39,9 @@ pub enum Readback<'a> {
     Argmax,
     /// The last position's logits, into the given slice (vocab values).
     Logits(&'a mut [f32]),
+    /// The last position's `k` largest logits (at most `kernels::MAX_TOP_K`) as (id, logit)
+    /// pairs in no order, selected on the GPU: what a top-k sampler needs, 8 bytes a candidate.
+    TopK(usize, &'a mut Vec<(u32, f32)>),
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -84,8 +87,20 @@ struct Buffers {
     rope: Vec<wgpu::Buffer>,
     k_cache: Vec<wgpu::Buffer>,
     v_cache: Vec<wgpu::Buffer>,
-    staging_argmax: wgpu::Buffer,
+    /// Two, used in turn: pipelined greedy steps read one while the next step fills the other.
+    staging_argmax: [wgpu::Buffer; 2],
     staging_logits: wgpu::Buffer,
+    /// Top-k selection: k, the selected pairs, and their staging (the argmax flag word first).
+    top_k_want: wgpu::Buffer,
+    top_k_out: wgpu::Buffer,
+    staging_top_k: wgpu::Buffer,
+}
+
+/// A greedy decode step submitted and not yet read (see `GpuModel::submit_greedy`).
+pub struct InFlight {
+    slot: usize,
+    submission: wgpu::SubmissionIndex,
+    position: usize,
 }
 
 pub struct GpuModel {
@@ -100,12 +115,16 @@ pub struct GpuModel {
     buf: Buffers,
     decode: Vec<Dispatch>,
     prefill: Vec<Dispatch>,
+    /// The top-k selection that follows a pass when a sampler asks for it.
+    select: Vec<Dispatch>,
     /// Prefill that keeps every position's logits (perplexity, tests); made on first use.
     all_logits: Option<(Vec<Dispatch>, wgpu::Buffer)>,
     pipelines: PipelineCache,
     /// Weight bytes of the file one decode token needs: every tensor once, one embedding row
     /// (the whole table when it is also the output).
     file_weight_bytes: u64,
+    /// The staging slot the next greedy step's argmax goes to.
+    next_slot: usize,
 }
 
 impl GpuModel {
@@ -224,13 +243,19 @@ impl GpuModel {
             buf,
             decode: Vec::new(),
             prefill: Vec::new(),
+            select: Vec::new(),
             all_logits: None,
             file_weight_bytes,
+            next_slot: 0,
             pipelines: PipelineCache::default(),
             gpu,
         };
         model.decode = model.record(Pass::Decode);
         model.prefill = model.record(Pass::Prefill);
+        let b = &model.buf;
+        let vocab = model.config.vocab_size;
+        model.select =
+            vec![kernels::top_k(&model.gpu, &mut model.pipelines, vocab, &b.logits, &b.top_k_want, &b.top_k_out)];
         model.gpu.memory_watched(watch).await?;
         model.gpu.check()?;
         Ok(model)
@@ -273,8 +298,11 @@ impl GpuModel {
                 .collect::<Result<_>>()?,
             k_cache: (0..c.n_layers).map(|_| gpu.storage("k_cache", kv_bytes)).collect::<Result<_>>()?,
             v_cache: (0..c.n_layers).map(|_| gpu.storage("v_cache", kv_bytes)).collect::<Result<_>>()?,
-            staging_argmax: gpu.readback("staging_argmax", 4),
+            staging_argmax: [gpu.readback("staging_argmax", 4), gpu.readback("staging_argmax", 4)],
             staging_logits: gpu.readback("staging_logits", c.vocab_size as u64 * f),
+            top_k_want: gpu.storage("top_k_want", 4)?,
+            top_k_out: gpu.storage("top_k_out", kernels::TOP_K_WORDS as u64 * 4)?,
+            staging_top_k: gpu.readback("staging_top_k", (1 + kernels::TOP_K_WORDS) as u64 * 4),
         })
     }
 
@@ -464,6 +492,70 @@ impl GpuModel {
         }
     }
 
+    /// The forward pass of `n` tokens at `start` encoded, its params written.
+    fn encode(&self, n: usize, start: usize) -> wgpu::CommandEncoder {
+        let params = Params { n_tokens: n as u32, start_pos: start as u32, seq_len: (start + n) as u32, pad: 0 };
+        self.gpu.queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        {
+            let mut pass =
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
+            let ops = if n == 1 { &self.decode } else { &self.prefill };
+            for op in ops {
+                op.encode(&mut pass, n as u32);
+            }
+        }
+        enc
+    }
+
+    fn count_host_time(&self, since: web_time::Instant) {
+        let ns = since.elapsed().as_nanos() as u64;
+        self.gpu.counters.host_ns.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Submits the greedy decode step at `position` for `token`, or, with None, for the argmax
+    /// of the step submitted before it, which stays on the GPU: the step's own argmax is copied
+    /// into the token buffer for the step after. So step n + 1 can be submitted before step n's
+    /// id is read (`read_greedy`), and the GPU does not wait for the host between tokens.
+    pub fn submit_greedy(&mut self, token: Option<u32>, position: usize) -> Result<InFlight> {
+        if position >= self.context {
+            return Err(Error::ContextOverflow {
+                prompt_tokens: position + 1,
+                max_tokens: 0,
+                context_length: self.context,
+            });
+        }
+        self.gpu.check()?;
+        let host = web_time::Instant::now();
+        if let Some(token) = token {
+            self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::bytes_of(&token));
+        }
+        let mut enc = self.encode(1, position);
+        let (b, slot) = (&self.buf, self.next_slot);
+        enc.copy_buffer_to_buffer(&b.argmax, 0, &b.tokens, 0, 4);
+        enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4);
+        let submission = self.gpu.submit(enc);
+        self.count_host_time(host);
+        self.next_slot = 1 - slot;
+        Ok(InFlight { slot, submission, position: position + 1 })
+    }
+
+    /// The id a greedy step chose (waiting for it); non-finite logits are an error.
+    pub async fn read_greedy(&mut self, step: InFlight) -> Result<u32> {
+        let staging = &self.buf.staging_argmax[step.slot];
+        let id = self
+            .gpu
+            .read_mapped_after(staging, 4, Some(step.submission), |bytes| {
+                u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+            })
+            .await?;
+        // The argmax kernel flags NaN or infinite logits with u32::MAX.
+        if id == u32::MAX {
+            return Err(Error::NonFiniteLogits { position: step.position });
+        }
+        Ok(id)
+    }
+
     /// Runs `tokens` at positions `start..` (one pass: at most PREFILL_CHUNK tokens), writing
     /// their keys and values into the cache. Returns the argmax when asked for it.
     pub async fn step(&mut self, tokens: &[u32], start: usize, readback: Readback<'_>) -> Result<Option<u32>> {
@@ -478,45 +570,60 @@ impl GpuModel {
         // A lost device (or an error left by an earlier call) fails here, before any work.
         self.gpu.check()?;
         let host = web_time::Instant::now();
-        let params = Params { n_tokens: n as u32, start_pos: start as u32, seq_len: (start + n) as u32, pad: 0 };
-        let q = &self.gpu.queue;
-        q.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
-        q.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(tokens));
-        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
-        {
-            let mut pass =
-                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
-            let ops = if n == 1 { &self.decode } else { &self.prefill };
-            for op in ops {
-                op.encode(&mut pass, n as u32);
-            }
+        self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(tokens));
+        let top_k = match &readback {
+            Readback::TopK(k, _) => (*k).clamp(1, kernels::MAX_TOP_K.min(self.config.vocab_size)),
+            _ => 0,
+        };
+        if top_k > 0 {
+            self.gpu.queue.write_buffer(&self.buf.top_k_want, 0, bytemuck::bytes_of(&(top_k as u32)));
         }
+        let mut enc = self.encode(n, start);
         let b = &self.buf;
         let logits_bytes = self.config.vocab_size as u64 * 4;
+        let slot = self.next_slot;
         match readback {
             Readback::None => {}
-            Readback::Argmax => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax, 0, 4),
+            Readback::Argmax => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4),
             Readback::Logits(_) => enc.copy_buffer_to_buffer(&b.logits, 0, &b.staging_logits, 0, logits_bytes),
+            Readback::TopK(..) => {
+                {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some("top_k"),
+                        timestamp_writes: None,
+                    });
+                    self.select.iter().for_each(|op| op.encode(&mut pass, 1));
+                }
+                enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_top_k, 0, 4);
+                enc.copy_buffer_to_buffer(&b.top_k_out, 0, &b.staging_top_k, 4, (1 + 2 * top_k as u64) * 4);
+            }
         }
-        self.gpu.submit(enc);
+        let submission = self.gpu.submit(enc);
         if n == 1 {
-            let ns = host.elapsed().as_nanos() as u64;
-            self.gpu.counters.host_ns.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+            self.count_host_time(host);
         }
         match readback {
             Readback::None => self.gpu.check().map(|_| None),
             Readback::Argmax => {
-                let id = self
+                let flight = InFlight { slot, submission, position: start + n };
+                self.read_greedy(flight).await.map(Some)
+            }
+            Readback::TopK(_, out) => {
+                let finite = self
                     .gpu
-                    .read_mapped(&b.staging_argmax, 4, |bytes| {
-                        u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+                    .read_mapped(&b.staging_top_k, (2 + 2 * top_k as u64) * 4, |bytes| {
+                        let words: &[u32] = bytemuck::cast_slice(bytes);
+                        let count = (words[1] as usize).min(top_k);
+                        out.clear();
+                        out.extend(words[2..2 + 2 * count].chunks_exact(2).map(|p| (p[0], f32::from_bits(p[1]))));
+                        // The argmax kernel flags NaN or infinite logits with u32::MAX.
+                        words[0] != u32::MAX
                     })
                     .await?;
-                // The argmax kernel flags NaN or infinite logits with u32::MAX.
-                if id == u32::MAX {
-                    return Err(Error::NonFiniteLogits { position: start + tokens.len() });
+                if !finite {
+                    return Err(Error::NonFiniteLogits { position: start + n });
                 }
-                Ok(Some(id))
+                Ok(None)
             }
             Readback::Logits(out) => {
                 self.gpu

@@ -331,11 +331,14 @@ fn stats_json(s: &Stats, seed: u64) -> serde_json::Value {
     })
 }
 
-fn bench_overflow(prompt_tokens: usize, gen_tokens: usize, context: usize) -> Error {
+fn bench_overflow(args: &BenchArgs, prompt_tokens: usize, context: Option<usize>) -> Error {
     Error::InvalidOption {
-        name: "--prompt-tokens (or --context) + --gen-tokens",
-        value: format!("{prompt_tokens} + {gen_tokens}"),
-        expected: format!("must fit the context of {context} tokens (--context-length)"),
+        name: if args.context.is_empty() { "--prompt-tokens + --gen-tokens" } else { "--context + --gen-tokens" },
+        value: format!("{prompt_tokens} + {}", args.gen_tokens),
+        expected: match context {
+            Some(context) => format!("must fit the context of {context} tokens (--context-length)"),
+            None => "must fit the model's context".into(),
+        },
     }
 }
 
@@ -348,10 +351,11 @@ the rightful property of some one or other of their daughters. ";
 async fn bench(mut args: BenchArgs) -> Result<(), Error> {
     let contexts = if args.context.is_empty() { vec![args.prompt_tokens] } else { args.context.clone() };
     let longest = contexts.iter().max().copied().unwrap_or(1);
-    let needed =
-        longest.checked_add(args.gen_tokens).ok_or_else(|| bench_overflow(longest, args.gen_tokens, usize::MAX))?;
+    let needed = longest
+        .checked_add(args.gen_tokens)
+        .ok_or_else(|| bench_overflow(&args, longest, args.model.context_length))?;
     match args.model.context_length {
-        Some(context) if needed > context => return Err(bench_overflow(longest, args.gen_tokens, context)),
+        Some(context) if needed > context => return Err(bench_overflow(&args, longest, Some(context))),
         Some(_) => {}
         // --context asks for that much: load with room for it.
         None if !args.context.is_empty() => args.model.context_length = Some(needed),
@@ -367,7 +371,7 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
     };
     let context = engine.context_length();
     if needed > context {
-        return Err(bench_overflow(longest, args.gen_tokens, context));
+        return Err(bench_overflow(&args, longest, Some(context)));
     }
     let options = GenerateOptions {
         max_tokens: args.gen_tokens,

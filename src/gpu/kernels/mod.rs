@@ -9,6 +9,7 @@ mod embed;
 mod matmul;
 mod norm;
 mod rope;
+mod top_k;
 
 pub use act_mul::act_mul;
 pub use argmax::argmax;
@@ -17,6 +18,7 @@ pub use embed::embed;
 pub use matmul::{gemm, gemv, Epilogue};
 pub use norm::{rms_norm, NormOut};
 pub use rope::{rope_kv, rope_table, QkvExtras};
+pub use top_k::{top_k, MAX_TOP_K, TOP_K_WORDS};
 
 /// The uniform every per-token kernel reads, written once per forward pass.
 #[repr(C)]
