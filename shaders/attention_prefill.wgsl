@@ -19,10 +19,16 @@ override WINDOW: u32 = 0u;
 @group(0) @binding(3) var<storage, read> v_cache: array<kv_t>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
+// Rows of the key and score tiles are padded by one word: the invocations of a warp read keys
+// j, j + 1, ... at the same dimension, which with a row stride of HD words (a multiple of the 32
+// banks) would all hit one bank.
+const KS: u32 = HD + 1u;
+const SS: u32 = BK + 1u;
+
 var<workgroup> qt: array<f32, BQ * HD>;
-var<workgroup> kt: array<f32, BK * HD>;
+var<workgroup> kt: array<f32, BK * KS>;
 var<workgroup> vt: array<f32, BK * HD>;
-var<workgroup> st: array<f32, BQ * BK>;
+var<workgroup> st: array<f32, BQ * SS>;
 var<workgroup> row_max: array<f32, BQ>;
 var<workgroup> row_sum: array<f32, BQ>;
 var<workgroup> row_scale: array<f32, BQ>;
@@ -52,7 +58,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
         for (var j = 0u; j < BK; j++) {
             let s = k0 + j;
             let c = s * KV_DIM + kv + d;
-            kt[j * HD + d] = select(0.0, f32(k_cache[c]), s < n_keys);
+            kt[j * KS + d] = select(0.0, f32(k_cache[c]), s < n_keys);
             vt[j * HD + d] = select(0.0, f32(v_cache[c]), s < n_keys);
         }
         workgroupBarrier();
@@ -60,21 +66,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
             let r = e / BK;
             let j = e % BK;
             var acc = 0.0;
-            for (var i = 0u; i < HD; i++) { acc += qt[r * HD + i] * kt[j * HD + i]; }
+            for (var i = 0u; i < HD; i++) { acc += qt[r * HD + i] * kt[j * KS + i]; }
             let p = start + q0 + r;
             let visible = k0 + j <= p && q0 + r < n && (WINDOW == 0u || p - (k0 + j) < WINDOW);
-            st[e] = select(-1.0e30, acc, visible);
+            st[r * SS + j] = select(-1.0e30, acc, visible);
         }
         workgroupBarrier();
         if (d < BQ) {
             var m = row_max[d];
-            for (var j = 0u; j < BK; j++) { m = max(m, st[d * BK + j]); }
+            for (var j = 0u; j < BK; j++) { m = max(m, st[d * SS + j]); }
             let scale = exp(row_max[d] - m);
             var sum = 0.0;
             for (var j = 0u; j < BK; j++) {
                 // A row whose keys are all masked so far (m still the mask value) adds nothing.
-                let p = select(0.0, exp(st[d * BK + j] - m), st[d * BK + j] > -1.0e29);
-                st[d * BK + j] = p;
+                let p = select(0.0, exp(st[d * SS + j] - m), st[d * SS + j] > -1.0e29);
+                st[d * SS + j] = p;
                 sum += p;
             }
             row_sum[d] = row_sum[d] * scale + sum;
@@ -84,7 +90,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
         workgroupBarrier();
         for (var r = 0u; r < BQ; r++) {
             var acc = o[r] * row_scale[r];
-            for (var j = 0u; j < BK; j++) { acc += st[r * BK + j] * vt[j * HD + d]; }
+            for (var j = 0u; j < BK; j++) { acc += st[r * SS + j] * vt[j * HD + d]; }
             o[r] = acc;
         }
         workgroupBarrier();

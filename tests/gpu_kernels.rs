@@ -516,7 +516,7 @@ gpu_test! {
 }
 
 gpu_test! {
-    async fn decode_attention_matches_the_cpu_reference_at_every_length_group_ratio_and_head_size() {
+    async fn attention_matches_the_cpu_reference_at_every_length_group_ratio_and_head_size() {
         let mut rng = Rng::new(10);
         for force_f32 in [true, false] {
             // Attention has one kernel for both styles: the storage type is what differs.
@@ -545,6 +545,8 @@ gpu_test! {
                     for (keys, window) in [(1000, 300), (16384, 4096)] {
                         check_attention_with(&mut h, &c, keys, scale, 1, keys - 1, Some(window), &mut rng).await;
                     }
+                    // Prefill at this head size too (its key tile's rows are padded).
+                    check_attention_with(&mut h, &c, 256, scale, 40, 200, None, &mut rng).await;
                 }
             }
         }

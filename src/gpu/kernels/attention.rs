@@ -94,8 +94,10 @@ pub fn attention_decode(
 
 /// Key-block length that keeps the tiles within the device's workgroup memory.
 fn key_block(head_dim: u32, workgroup_bytes: u32) -> u32 {
-    let fixed = (BQ * head_dim + 3 * BQ) * 4;
-    let per_key = (2 * head_dim + BQ) * 4;
+    // q tile, the row max/sum/scale and the score rows' padding; per key: its padded K row,
+    // its V row and a score per query (shaders/attention_prefill.wgsl).
+    let fixed = (BQ * head_dim + 4 * BQ) * 4;
+    let per_key = (2 * head_dim + 1 + BQ) * 4;
     (workgroup_bytes.saturating_sub(fixed) / per_key).clamp(1, 32)
 }
 
