@@ -50,7 +50,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         workgroupBarrier();
 
         // Scores: invocation t takes key t of the chunk against the batch's heads.
+        // Zeroed by hand: a `var` in a loop body is fresh each iteration by the spec, but
+        // SwiftShader's WebGPU keeps the last iteration's values.
         var acc: array<f32, HB>;
+        for (var j = 0u; j < HB; j++) { acc[j] = 0.0; }
         if (valid) {
             let kb = key * KV_DIM + kv;
             for (var d = 0u; d < HEAD_DIM; d++) {
@@ -75,6 +78,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         // each value read once for all of them.
         for (var d = t; d < HEAD_DIM; d += CHUNK) {
             var mix: array<f32, HB>;
+            for (var j = 0u; j < HB; j++) { mix[j] = 0.0; }
             for (var s = lo; s < hi; s++) {
                 let v = f32(v_cache[s * KV_DIM + kv + d]);
                 let k = s - chunk * CHUNK;

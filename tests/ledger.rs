@@ -27,10 +27,10 @@ fn the_decode_ledger_of_the_default_model_matches_a_hand_count() {
     let bytes_of = |ty: GgmlType| -> u64 { g.tensors.iter().filter(|t| t.ty == ty).map(|t| t.byte_size).sum() };
     let (q4_1, q8_0, f32s) = (bytes_of(GgmlType::Q4_1), bytes_of(GgmlType::Q8_0), bytes_of(GgmlType::F32));
     assert_eq!((q4_1, q8_0, f32s), (66_355_200, 30_081_024, 61 * 576 * 4));
-    // On the GPU a Q8_0 block is padded from 34 to 36 bytes (4-byte words); Q4_1's 20 are whole
-    // words. The lm_head reads the whole table, the embedding lookup one row (18 blocks).
-    let q8_0_gpu = 49152 * 18 * 36;
-    let weights = q4_1 + q8_0_gpu + 18 * 36 + f32s;
+    // On the GPU a Q8_0 row is its 18 scales (9 words) then its 18 blocks' 32 quants: the file's
+    // 612 bytes; Q4_1's 20-byte blocks are whole words. The lm_head reads the whole table, the
+    // embedding lookup one row.
+    let weights = q4_1 + q8_0 + 612 + f32s;
     let kv_row = 2 * 30 * 3 * 64 * kvb;
     for seq in [1, 64, 65, 1000] {
         let ledger = m.decode_traffic(seq);
@@ -98,4 +98,10 @@ fn a_synthetic_1b_model_runs_on_the_gpu_with_finite_logits() {
     assert_eq!(ids.len(), 2);
     assert!(ids.iter().all(|&id| id < 128256));
     assert_eq!(stats.generated_tokens, 2);
+    // Q4_0 rows of whole words on the GPU: the weight bytes a token reads are the file's, but
+    // for the norm vectors each fused or separate norm reads once, and one embedding row.
+    let m = engine.gpu_model().unwrap();
+    let (ledger, least) = (m.decode_traffic(64), m.min_decode_traffic(64));
+    let ratio = ledger.weights as f64 / least.weights as f64;
+    assert!((0.999..1.001).contains(&ratio), "weights read {} vs the file's {}", ledger.weights, least.weights);
 }

@@ -32,21 +32,39 @@ fn every_format_decodes_bit_for_bit_as_gguf_py() {
 }
 
 #[test]
-fn gpu_layout_pads_unaligned_blocks_to_whole_words_and_keeps_aligned_ones() {
+fn gpu_layout_moves_unaligned_blocks_scales_to_the_row_head_and_keeps_aligned_blocks() {
     for f in &FORMATS {
         let (values, bytes) = f.block();
-        assert_eq!(f.gpu_block_bytes() % if values == 1 { 2 } else { 4 }, 0, "{}", f.ty.name());
-        let data: Vec<u8> = (0..bytes * 2).map(|i| i as u8).collect();
-        let gpu = f.to_gpu_layout(&data);
-        assert_eq!(gpu.len(), 2 * f.gpu_block_bytes(), "{}", f.ty.name());
-        if let Some(at) = f.pad_at {
-            // The block's bytes in order, with two zeros at `at` in each block.
-            let b = f.gpu_block_bytes();
-            assert_eq!(&gpu[at..at + 2], [0, 0]);
-            assert_eq!(&gpu[b + at..b + at + 2], [0, 0]);
-            assert_eq!([&gpu[..at], &gpu[at + 2..b]].concat(), data[..bytes]);
-        } else {
-            assert_eq!(gpu, data);
+        for blocks in [1, 2, 3] {
+            let cols = blocks * values.max(8);
+            let n = cols / values;
+            // Two rows of distinct bytes.
+            let data: Vec<u8> = (0..2 * n * bytes).map(|i| (i % 251) as u8).collect();
+            let gpu = f.to_gpu_layout(&data, cols);
+            let Some(words) = f.gpu_row_words(cols) else {
+                assert!(f.scale_at.is_none() && (n * bytes) % 4 != 0, "{} rows of {cols}", f.ty.name());
+                continue;
+            };
+            assert_eq!(gpu.len(), 2 * 4 * words, "{} rows of {cols}", f.ty.name());
+            match f.scale_at {
+                None => assert_eq!(gpu, data),
+                Some(at) => {
+                    // At most two bytes per row more than the file: the odd scale's padding.
+                    assert_eq!(4 * words, n * bytes + if n % 2 == 1 { 2 } else { 0 }, "{}", f.ty.name());
+                    for (r, row) in data.chunks_exact(n * bytes).enumerate() {
+                        let out = &gpu[r * 4 * words..(r + 1) * 4 * words];
+                        let head = 4 * n.div_ceil(2);
+                        for (b, block) in row.chunks_exact(bytes).enumerate() {
+                            assert_eq!(&out[2 * b..2 * b + 2], &block[at..at + 2], "{} scale {b}", f.ty.name());
+                            let body = &out[head + b * (bytes - 2)..head + (b + 1) * (bytes - 2)];
+                            assert_eq!(body, [&block[..at], &block[at + 2..]].concat(), "{} block {b}", f.ty.name());
+                        }
+                        if n % 2 == 1 {
+                            assert_eq!(&out[2 * n..2 * n + 2], [0, 0]);
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -1,8 +1,10 @@
 // Quantized weight access shared by every kernel that reads weights (embedding, gemv, gemm).
 // Not a kernel: the host (src/quant) prepends this, the IQ4 code book, the one block-family file
-// the tensor needs and a line choosing `dq8`. Weights are bound as `w: array<u32>`; a row starts
-// at word `base`; `dq8(base, g)` returns the row's values 8g .. 8g+7. Block layouts are ggml's,
-// with two zero bytes inserted where src/quant's `pad_at` says, so every block fills whole words.
+// the tensor needs and a line choosing `dq8`. Weights are bound as `w: array<u32>`; a row of
+// COLS values (the kernel's override) starts at word `base`; `dq8(base, g)` returns the row's
+// values 8g .. 8g+7. Block layouts are ggml's, except that the formats whose blocks do not fill
+// whole words have their f16 scale moved to the head of the row (src/quant's `scale_at`): the
+// row is its blocks' scales, two per word, then the blocks without them.
 
 struct Dq8 { a: vec4<f32>, b: vec4<f32> }
 
@@ -29,4 +31,14 @@ fn byte_at(bw: u32, offset: u32) -> u32 {
 
 fn iq4(q: vec4<u32>) -> vec4<f32> {
     return vec4<f32>(IQ4_VALUES[q.x], IQ4_VALUES[q.y], IQ4_VALUES[q.z], IQ4_VALUES[q.w]);
+}
+
+// The f16 scale of block b of a row with its scales at its head.
+fn split_scale(base: u32, b: u32) -> f32 {
+    return unpack2x16float(w[base + (b >> 1u)])[b & 1u];
+}
+
+// The first word of block b's remaining `body_words` in such a row of `values`-value blocks.
+fn split_body(base: u32, b: u32, values: u32, body_words: u32) -> u32 {
+    return base + (COLS / values + 1u) / 2u + b * body_words;
 }

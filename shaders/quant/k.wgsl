@@ -1,9 +1,10 @@
-// Super-blocks of 256 values (K-quants and IQ4_XS), as uploaded; byte offsets within a block:
+// Super-blocks of 256 values (K-quants and IQ4_XS), as uploaded; byte offsets within a block
+// (Q3_K and Q6_K have their d moved to the head of the row: see `split_scale`):
 //   Q2_K   21 words  [scales: 16 (scale | min << 4)][qs: 64][d][dmin]
-//   Q3_K   28 words  [hmask: 32][qs: 64][scales: 12][d][pad]
+//   Q3_K   27 words  [hmask: 32][qs: 64][scales: 12]
 //   Q4_K   36 words  [d][dmin][scales: 12][qs: 128]
 //   Q5_K   44 words  [d][dmin][scales: 12][qh: 32][qs: 128]
-//   Q6_K   53 words  [ql: 128][qh: 64][scales: 16 x i8][d][pad]
+//   Q6_K   52 words  [ql: 128][qh: 64][scales: 16 x i8]
 //   IQ4_XS 34 words  [d][scales_h: u16][scales_l: 4][qs: 128]
 // Bit layouts as in src/quant/blocks.rs. A group of 8 values (gg = 0..31 within the block) always
 // shares one scale, and its quants sit in 8 consecutive bytes: two words.
@@ -24,9 +25,9 @@ fn dq8_q2_k(base: u32, g: u32) -> Dq8 {
 // Q3_K: 2 low bits as Q2_K (qs at byte 32); high bit v / 32 of hmask[v % 32], clear meaning -4;
 // 16 six-bit scales minus 32.
 fn dq8_q3_k(base: u32, g: u32) -> Dq8 {
-    let bw = base + (g >> 5u) * 28u;
+    let bw = split_body(base, g >> 5u, 256u, 27u);
     let gg = g & 31u;
-    let d = unpack2x16float(w[bw + 27u]).x;
+    let d = split_scale(base, g >> 5u);
     let s = gg / 2u;
     let lo = select(byte_at(bw, 88u + s) >> 4u, byte_at(bw, 96u + s) & 15u, s < 8u);
     let hi = (byte_at(bw, 104u + s % 4u) >> (2u * (s / 4u))) & 3u;
@@ -85,9 +86,9 @@ fn dq8_q5_k(base: u32, g: u32) -> Dq8 {
 // Q6_K: value v = 128 h + u: nibble u / 64 of ql[64 h + u % 64], bits 2 (u / 32) of
 // qh[32 h + u % 32] as bits 4-5, minus 32; signed 8-bit scales per 16 values.
 fn dq8_q6_k(base: u32, g: u32) -> Dq8 {
-    let bw = base + (g >> 5u) * 53u;
+    let bw = split_body(base, g >> 5u, 256u, 52u);
     let gg = g & 31u;
-    let d = unpack2x16float(w[bw + 52u]).x;
+    let d = split_scale(base, g >> 5u);
     let h = gg / 16u;
     let u = (gg % 16u) * 8u;
     let lw = bw + h * 16u + (u % 64u) / 4u;

@@ -1,10 +1,11 @@
-// Blocks of 32 values, as uploaded (d, m: f16; "pad": the two bytes the upload inserts):
-//   Q4_0   [d, pad][qs: 16]          5 words   v = (q - 8) d
-//   Q4_1   [d, m][qs: 16]            5 words   v = q d + m
-//   Q5_0   [d, pad][qh: u32][qs: 16] 6 words   v = (q + 16 h - 16) d
-//   Q5_1   [d, m][qh: u32][qs: 16]   6 words   v = (q + 16 h) d + m
-//   Q8_0   [d, pad][qs: 32 x i8]     9 words   v = q d
-//   IQ4_NL [d, pad][qs: 16]          5 words   v = IQ4_VALUES[q] d
+// Blocks of 32 values, as uploaded (d, m: f16). Q4_0, Q5_0, Q8_0 and IQ4_NL have their d moved
+// to the head of the row (`split_scale`), the rest of each block after the row's scales:
+//   Q4_0   [qs: 16]              4 words   v = (q - 8) d
+//   Q4_1   [d, m][qs: 16]        5 words   v = q d + m
+//   Q5_0   [qh: u32][qs: 16]     5 words   v = (q + 16 h - 16) d
+//   Q5_1   [d, m][qh: u32][qs: 16] 6 words v = (q + 16 h) d + m
+//   Q8_0   [qs: 32 x i8]         8 words   v = q d
+//   IQ4_NL [qs: 16]              4 words   v = IQ4_VALUES[q] d
 // 4-bit quants: byte j holds value j in its low nibble and value j + 16 in its high nibble;
 // the fifth bit of value i is bit i of qh. Group j (0..3) of a block is values 8j .. 8j+7.
 
@@ -21,9 +22,9 @@ fn q5_high(qh: u32, j: u32) -> Dq8 {
 }
 
 fn dq8_q4_0(base: u32, g: u32) -> Dq8 {
-    let bw = base + (g >> 2u) * 5u;
-    let d = unpack2x16float(w[bw]).x;
-    let q = q4_group(bw + 1u, g & 3u);
+    let b = g >> 2u;
+    let d = split_scale(base, b);
+    let q = q4_group(split_body(base, b, 32u, 4u), g & 3u);
     return Dq8((q.a - 8.0) * d, (q.b - 8.0) * d);
 }
 
@@ -35,10 +36,11 @@ fn dq8_q4_1(base: u32, g: u32) -> Dq8 {
 }
 
 fn dq8_q5_0(base: u32, g: u32) -> Dq8 {
-    let bw = base + (g >> 2u) * 6u;
-    let d = unpack2x16float(w[bw]).x;
-    let q = q4_group(bw + 2u, g & 3u);
-    let h = q5_high(w[bw + 1u], g & 3u);
+    let b = g >> 2u;
+    let d = split_scale(base, b);
+    let bw = split_body(base, b, 32u, 5u);
+    let q = q4_group(bw + 1u, g & 3u);
+    let h = q5_high(w[bw], g & 3u);
     return Dq8((q.a + h.a - 16.0) * d, (q.b + h.b - 16.0) * d);
 }
 
@@ -51,16 +53,16 @@ fn dq8_q5_1(base: u32, g: u32) -> Dq8 {
 }
 
 fn dq8_q8_0(base: u32, g: u32) -> Dq8 {
-    let bw = base + (g >> 2u) * 9u;
-    let d = unpack2x16float(w[bw]).x;
-    let i = bw + 1u + (g & 3u) * 2u;
+    let b = g >> 2u;
+    let d = split_scale(base, b);
+    let i = split_body(base, b, 32u, 8u) + (g & 3u) * 2u;
     return Dq8(bytes_i8(w[i]) * d, bytes_i8(w[i + 1u]) * d);
 }
 
 fn dq8_iq4_nl(base: u32, g: u32) -> Dq8 {
-    let bw = base + (g >> 2u) * 5u;
-    let d = unpack2x16float(w[bw]).x;
-    let word = bw + 1u + (g & 1u) * 2u;
+    let b = g >> 2u;
+    let d = split_scale(base, b);
+    let word = split_body(base, b, 32u, 4u) + (g & 1u) * 2u;
     let shift = ((g & 3u) >> 1u) * 4u;
     return Dq8(iq4(field4(w[word], shift, 15u)) * d, iq4(field4(w[word + 1u], shift, 15u)) * d);
 }

@@ -48,7 +48,7 @@ impl TensorInfo {
     /// Elements per row (the contiguous dimension) and number of rows.
     pub fn rows(&self) -> (usize, usize) {
         let cols = self.shape[0];
-        (cols as usize, (self.n_elements() / cols) as usize)
+        (cols as usize, self.n_elements().checked_div(cols).unwrap_or(0) as usize)
     }
 
     /// The tensor's bytes inside the whole file's bytes (bounds were checked when parsing).

@@ -72,7 +72,11 @@ impl<'a> Rows<'a> {
             let n = per_piece.min(self.rows - r0);
             let offset = self.info.file_offset + (self.first + r0) as u64 * file_row;
             let bytes = source.read(offset, n as u64 * file_row).await?;
-            gpu.queue.write_buffer(buffer, at + r0 as u64 * self.gpu_row_bytes(), &self.format.to_gpu_layout(&bytes));
+            gpu.queue.write_buffer(
+                buffer,
+                at + r0 as u64 * self.gpu_row_bytes(),
+                &self.format.to_gpu_layout(&bytes, self.cols),
+            );
         }
         Ok(())
     }

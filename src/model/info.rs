@@ -42,7 +42,8 @@ impl ModelInfo {
         for t in &gguf.tensors {
             *type_bytes.entry(t.ty.name().to_string()).or_insert(0) += t.byte_size;
             let f = crate::quant::tensor_format(t)?;
-            weight_bytes += t.byte_size / f.block().1 as u64 * f.gpu_block_bytes() as u64;
+            let (cols, rows) = t.rows();
+            weight_bytes += f.gpu_row_words(cols).map_or(t.byte_size, |w| 4 * w as u64 * rows as u64);
         }
         // K and V of every layer at every position; checked, as the context may come from the caller.
         let kv_values = [c.n_layers, c.kv_dim(), context, 2]

@@ -27,16 +27,26 @@ pub struct BlockFormat {
     /// starts at word `base` of the uploaded weights `w`.
     pub wgsl: &'static str,
     pub wgsl_fn: &'static str,
-    /// Where the upload inserts two zero bytes into each block so that blocks fill whole u32
-    /// words (GGUF packs Q4_0 in 18 bytes, Q6_K in 210); None when they already do.
-    pub pad_at: Option<usize>,
+    /// Byte offset of the block's f16 scale when the upload moves it out of the block: a row
+    /// goes to the GPU as its blocks' scales, two per word (a zero half after an odd count),
+    /// then the blocks without them. GGUF packs Q4_0 in 18 bytes and Q6_K in 210, which do not
+    /// fill whole u32 words; without the scale they do (16, 208), so a row carries at most two
+    /// bytes more than in the file. None when blocks already fill whole words (uploaded as is).
+    pub scale_at: Option<usize>,
     /// Byte offsets of the block's f16 scale fields (tests fill them with finite values).
     pub f16_fields: &'static [usize],
 }
 
 macro_rules! block_format {
     ($ty:ident, $decode:path, $wgsl:expr, $f:literal, $pad:expr, $fields:expr) => {
-        BlockFormat { ty: GgmlType::$ty, decode: $decode, wgsl: $wgsl, wgsl_fn: $f, pad_at: $pad, f16_fields: &$fields }
+        BlockFormat {
+            ty: GgmlType::$ty,
+            decode: $decode,
+            wgsl: $wgsl,
+            wgsl_fn: $f,
+            scale_at: $pad,
+            f16_fields: &$fields,
+        }
     };
 }
 
@@ -45,17 +55,17 @@ pub static FORMATS: [BlockFormat; 15] = [
     block_format!(F32, blocks::f32, WGSL_FLOAT, "dq8_f32", None, []),
     block_format!(F16, blocks::f16, WGSL_FLOAT, "dq8_f16", None, []),
     block_format!(BF16, blocks::bf16, WGSL_FLOAT, "dq8_bf16", None, []),
-    block_format!(Q4_0, blocks::q4_0, WGSL_Q32, "dq8_q4_0", Some(2), [0]),
+    block_format!(Q4_0, blocks::q4_0, WGSL_Q32, "dq8_q4_0", Some(0), [0]),
     block_format!(Q4_1, blocks::q4_1, WGSL_Q32, "dq8_q4_1", None, [0, 2]),
-    block_format!(Q5_0, blocks::q5_0, WGSL_Q32, "dq8_q5_0", Some(2), [0]),
+    block_format!(Q5_0, blocks::q5_0, WGSL_Q32, "dq8_q5_0", Some(0), [0]),
     block_format!(Q5_1, blocks::q5_1, WGSL_Q32, "dq8_q5_1", None, [0, 2]),
-    block_format!(Q8_0, blocks::q8_0, WGSL_Q32, "dq8_q8_0", Some(2), [0]),
-    block_format!(IQ4NL, blocks::iq4_nl, WGSL_Q32, "dq8_iq4_nl", Some(2), [0]),
+    block_format!(Q8_0, blocks::q8_0, WGSL_Q32, "dq8_q8_0", Some(0), [0]),
+    block_format!(IQ4NL, blocks::iq4_nl, WGSL_Q32, "dq8_iq4_nl", Some(0), [0]),
     block_format!(Q2K, blocks::q2_k, WGSL_K, "dq8_q2_k", None, [80, 82]),
-    block_format!(Q3K, blocks::q3_k, WGSL_K, "dq8_q3_k", Some(110), [108]),
+    block_format!(Q3K, blocks::q3_k, WGSL_K, "dq8_q3_k", Some(108), [108]),
     block_format!(Q4K, blocks::q4_k, WGSL_K, "dq8_q4_k", None, [0, 2]),
     block_format!(Q5K, blocks::q5_k, WGSL_K, "dq8_q5_k", None, [0, 2]),
-    block_format!(Q6K, blocks::q6_k, WGSL_K, "dq8_q6_k", Some(210), [208]),
+    block_format!(Q6K, blocks::q6_k, WGSL_K, "dq8_q6_k", Some(208), [208]),
     block_format!(IQ4XS, blocks::iq4_xs, WGSL_K, "dq8_iq4_xs", None, [0]),
 ];
 
@@ -66,29 +76,37 @@ impl BlockFormat {
         (values as usize, bytes as usize)
     }
 
-    /// Bytes of one block as uploaded.
-    pub fn gpu_block_bytes(&self) -> usize {
-        self.block().1 + if self.pad_at.is_some() { 2 } else { 0 }
-    }
-
     /// u32 words of a row of `cols` values as uploaded, or None when such a row cannot be
     /// uploaded: not whole blocks, not whole words, or not a multiple of 8 values (the kernels
     /// read 8 values at a time).
     pub fn gpu_row_words(&self, cols: usize) -> Option<usize> {
-        let (values, _) = self.block();
-        let bytes = (cols / values) * self.gpu_block_bytes();
-        (cols % values == 0 && cols % 8 == 0 && bytes % 4 == 0).then_some(bytes / 4)
+        let (values, bytes) = self.block();
+        let blocks = cols / values;
+        let row = match self.scale_at {
+            Some(_) => blocks.div_ceil(2) * 4 + blocks * (bytes - 2),
+            None => blocks * bytes,
+        };
+        (cols % values == 0 && cols % 8 == 0 && row % 4 == 0).then_some(row / 4)
     }
 
-    /// Whole blocks in the GPU layout (borrowed when it is the GGUF layout).
-    pub fn to_gpu_layout<'a>(&self, data: &'a [u8]) -> Cow<'a, [u8]> {
-        let Some(at) = self.pad_at else { return Cow::Borrowed(data) };
-        let (_, bytes) = self.block();
-        let mut out = Vec::with_capacity(data.len() / bytes * (bytes + 2));
-        for block in data.chunks_exact(bytes) {
-            out.extend_from_slice(&block[..at]);
-            out.extend_from_slice(&[0, 0]);
-            out.extend_from_slice(&block[at..]);
+    /// Whole rows of `cols` values in the GPU layout (borrowed when it is the GGUF layout).
+    pub fn to_gpu_layout<'a>(&self, data: &'a [u8], cols: usize) -> Cow<'a, [u8]> {
+        let Some(at) = self.scale_at else { return Cow::Borrowed(data) };
+        let (values, bytes) = self.block();
+        let blocks = cols / values;
+        let row_words = self.gpu_row_words(cols).unwrap_or(0);
+        let mut out = Vec::with_capacity(data.len() / (blocks * bytes).max(1) * row_words * 4);
+        for row in data.chunks_exact(blocks * bytes) {
+            for block in row.chunks_exact(bytes) {
+                out.extend_from_slice(&block[at..at + 2]);
+            }
+            if blocks % 2 == 1 {
+                out.extend_from_slice(&[0, 0]);
+            }
+            for block in row.chunks_exact(bytes) {
+                out.extend_from_slice(&block[..at]);
+                out.extend_from_slice(&block[at + 2..]);
+            }
         }
         Cow::Owned(out)
     }
