@@ -62,8 +62,8 @@ export interface Stats {
   prefillTokS: number;
   decodeTokS: number;
   stopReason: "eos" | "stopstring" | "maxtokens" | "aborted";
-  /** CPU time to encode and submit one decode step, in ms (GPU only; null on the CPU backend). */
-  hostMsPerToken: number | null;
+  /** CPU time to encode and submit one decode step, in ms (absent on the CPU backend). */
+  hostMsPerToken?: number;
 }
 
 export interface Info {

@@ -181,17 +181,9 @@ impl Sampler {
     /// `sample` given only the `top_k_only()` largest logits as (id, logit) pairs, in any order:
     /// the same token as `sample` on all the logits.
     pub fn sample_top_k(&mut self, top: &[(u32, f32)]) -> u32 {
-        let t = self.params.temperature;
         self.candidates.clear();
-        self.candidates.extend(top.iter().map(|&(id, l)| (id, l / t)));
-        if self.candidates.iter().any(|c| !c.1.is_finite()) {
-            // As in `filter`: all the mass on the largest logit.
-            let best = top.iter().copied().min_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            self.candidates.clear();
-            self.candidates.push((best.map_or(0, |b| b.0), 1.0));
-        } else {
-            self.cut();
-        }
+        self.candidates.extend_from_slice(top);
+        self.temper_and_cut();
         self.draw()
     }
 
@@ -258,31 +250,35 @@ impl Sampler {
     }
 
     /// Fills `self.candidates` with the kept tokens and their (unnormalized) probabilities, most
-    /// likely first: temperature, then top-k, top-p and min-p.
+    /// likely first: top-k (on the logits: temperature keeps their order), temperature, top-p
+    /// and min-p.
     fn filter(&mut self, logits: &[f32]) {
         let p = &self.params;
         let cands = &mut self.candidates;
         cands.clear();
-        cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)));
-        // A temperature so small that logits / temperature overflows leaves all the mass on the
-        // largest logit: that is greedy decoding (the logits themselves are finite here).
-        if cands.iter().any(|c| !c.1.is_finite()) {
-            cands.clear();
-            cands.push((argmax(logits), 1.0));
-            return;
-        }
+        cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
         if p.top_k > 0 && p.top_k < cands.len() {
             cands.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             cands.truncate(p.top_k);
         }
-        self.cut();
+        self.temper_and_cut();
     }
 
-    /// Sorts the candidates, makes them probabilities and applies top-p and min-p.
-    fn cut(&mut self) {
+    /// The candidates (top-k's, as raw logits) divided by the temperature, sorted, made
+    /// probabilities, then cut by top-p and min-p. `sample_top_k` starts here, with the same
+    /// candidates the GPU selected, so both paths draw from identical numbers.
+    fn temper_and_cut(&mut self) {
         let p = &self.params;
         let cands = &mut self.candidates;
         sort_desc(cands);
+        // A temperature so small that a candidate's logit / temperature overflows leaves all the
+        // mass on the largest logit: that is greedy decoding (the logits themselves are finite).
+        if cands.iter().any(|c| !(c.1 / p.temperature).is_finite()) {
+            cands.truncate(1);
+            cands[0].1 = 1.0;
+            return;
+        }
+        cands.iter_mut().for_each(|c| c.1 /= p.temperature);
         softmax_pairs(cands);
         if p.top_p < 1.0 {
             let mut mass = 0f64;

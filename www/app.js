@@ -202,7 +202,7 @@ function showCache(models) {
   ui.cacheEmpty.hidden = models.length > 0;
   ui.cacheSummary.textContent = models.length ? `(${models.length}, ${formatBytes(models.reduce((sum, m) => sum + m.bytes, 0))})` : "";
   // A checked model that was in the cache is one to download again once deleted.
-  if (checked?.model.source === "cache" && !models.some((m) => m.url === absolute(checked.source))) check(checked.source);
+  if (checked?.model?.source === "cache" && !models.some((m) => m.url === absolute(checked.source))) check(checked.source);
   setControls();
 }
 
@@ -332,7 +332,7 @@ function deviceLost(message) {
   delete document.body.dataset.modelLoaded;
   ui.progress.value = 0;
   if (loadedSource) {
-    checked = { source: loadedSource, model: loadedFacts?.[1] };
+    checked = { source: loadedSource, model: loadedFacts?.[1] ?? checked?.model };
     ui.load.textContent = "Load again";
   }
   ui.status.textContent = "The GPU device was lost: the model is no longer loaded.";

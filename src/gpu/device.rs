@@ -394,14 +394,15 @@ impl Gpu {
         // A mapping that fails is most often a lost device: report that when it is the cause.
         let failed = |e: String| self.check().err().unwrap_or(Error::Gpu(e));
         rx.await.map_err(|_| failed("the buffer mapping was dropped".into()))?.map_err(|e| failed(e.to_string()))?;
-        self.check()?;
-        let out = {
+        // Unmapped on every path from here: a buffer left mapped would fail every later step
+        // that copies into it.
+        let out = self.check().and_then(|_| {
             let view = slice.get_mapped_range().map_err(|e| Error::Gpu(e.to_string()))?;
-            read(&view[..len as usize])
-        };
+            Ok(read(&view[..len as usize]))
+        });
         staging.unmap();
         self.counters.bytes_read_back.fetch_add(len, Ordering::Relaxed);
-        Ok(out)
+        out
     }
 
     /// Reads a whole storage buffer back (tests and one-off reads; allocates a staging buffer).

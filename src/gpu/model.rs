@@ -268,8 +268,9 @@ impl GpuModel {
         let per_token = [c.kv_dim() * gpu.kv_bytes() as usize, c.rope_dim * 4];
         let max = gpu.max_binding() as usize;
         let fits = per_token.iter().map(|&b| max / b.max(1)).min().unwrap_or(0);
-        // One chunk record per head per DECODE_CHUNK keys.
-        let chunks = max / (4 * c.n_heads * (c.head_dim + 2)).max(1);
+        // One chunk record per head per DECODE_CHUNK keys, one workgroup per chunk along x.
+        let chunks = (max / (4 * c.n_heads * (c.head_dim + 2)).max(1))
+            .min(gpu.limits.max_compute_workgroups_per_dimension as usize);
         fits.min(chunks.saturating_mul(kernels::DECODE_CHUNK))
     }
 

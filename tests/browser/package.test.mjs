@@ -39,6 +39,8 @@ window.finished = true;`;
     assert.ok(result.tokens > 0 && result.text.trim().length > 0, "streamed some text");
     assert.equal(result.stats.generatedTokens, result.tokens);
     assert.equal(result.info.architecture, "llama");
+    // The CPU cost of a decode step in the browser (encode and submit), measured by the engine.
+    assert.ok(result.stats.hostMsPerToken > 0 && result.stats.hostMsPerToken < 1000, `host ${result.stats.hostMsPerToken} ms`);
 
     // The same seed samples the same tokens; greedy decoding gives the golden answer.
     const again = await tab.evaluate(async () => {
