@@ -96,6 +96,34 @@ struct Buffers {
     staging_top_k: wgpu::Buffer,
 }
 
+/// The host's cost of encoding and submitting: the thread's CPU time where the OS tells it
+/// (unix), else wall time (the browser, where submitting does not wait for the GPU).
+struct HostClock(u64);
+
+impl HostClock {
+    fn now() -> Self {
+        Self(Self::read())
+    }
+
+    fn elapsed_ns(&self) -> u64 {
+        Self::read().saturating_sub(self.0)
+    }
+
+    #[cfg(unix)]
+    fn read() -> u64 {
+        let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes one timespec through a valid pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+        t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    }
+
+    #[cfg(not(unix))]
+    fn read() -> u64 {
+        thread_local!(static START: web_time::Instant = web_time::Instant::now());
+        START.with(|s| s.elapsed().as_nanos() as u64)
+    }
+}
+
 /// A greedy decode step submitted and not yet read (see `GpuModel::submit_greedy`).
 pub struct InFlight {
     slot: usize,
@@ -509,9 +537,8 @@ impl GpuModel {
         enc
     }
 
-    fn count_host_time(&self, since: web_time::Instant) {
-        let ns = since.elapsed().as_nanos() as u64;
-        self.gpu.counters.host_ns.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+    fn count_host_time(&self, since: HostClock) {
+        self.gpu.counters.host_ns.fetch_add(since.elapsed_ns(), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Submits the greedy decode step at `position` for `token`, or, with None, for the argmax
@@ -527,7 +554,7 @@ impl GpuModel {
             });
         }
         self.gpu.check()?;
-        let host = web_time::Instant::now();
+        let host = HostClock::now();
         if let Some(token) = token {
             self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::bytes_of(&token));
         }
@@ -570,7 +597,7 @@ impl GpuModel {
         }
         // A lost device (or an error left by an earlier call) fails here, before any work.
         self.gpu.check()?;
-        let host = web_time::Instant::now();
+        let host = HostClock::now();
         self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(tokens));
         let top_k = match &readback {
             Readback::TopK(k, _) => (*k).clamp(1, kernels::MAX_TOP_K.min(self.config.vocab_size)),
