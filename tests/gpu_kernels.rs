@@ -393,6 +393,24 @@ fn small_config() -> ModelConfig {
     }
 }
 
+/// RoPE from its formula in f64, independent of the crate's tables and reference: pair i of each
+/// head (adjacent: 2i and 2i + 1; NeoX: i and i + dim / 2) turns by pos base^(-2i / dim) / factor_i.
+fn rope_f64(x: &mut [f32], pos: usize, head_dim: usize, rope: &Rope) {
+    for head in x.chunks_exact_mut(head_dim) {
+        for i in 0..rope.dim / 2 {
+            let factor = rope.freq_factors.get(i).map_or(1.0, |&f| f as f64);
+            let angle = pos as f64 * rope.base.powf(-2.0 * i as f64 / rope.dim as f64) / factor;
+            let (a, b) = match rope.style {
+                RopeStyle::NeoX => (i, i + rope.dim / 2),
+                RopeStyle::Adjacent => (2 * i, 2 * i + 1),
+            };
+            let (x0, x1) = (head[a] as f64, head[b] as f64);
+            head[a] = (x0 * angle.cos() - x1 * angle.sin()) as f32;
+            head[b] = (x0 * angle.sin() + x1 * angle.cos()) as f32;
+        }
+    }
+}
+
 gpu_test! {
     async fn rope_kv_adds_bias_norms_heads_rotates_q_and_k_and_writes_the_kv_cache() {
         let mut rng = Rng::new(7);
@@ -424,7 +442,6 @@ gpu_test! {
                 h.run(&[op], n);
                 let got_q = h.read(&qb, n * row).await;
                 let (got_k, got_v) = (h.read_kv(&kc, ctx * kv).await, h.read_kv(&vc, ctx * kv).await);
-                let inv = rope.inv_freq();
                 // f16 storage keeps 11 significant bits.
                 let kv_tol = if h.gpu.f16 { 1e-3 } else { 1e-6 };
                 let what = format!("{style:?} dim {dim} bias {with_bias} norm {with_norm}, {}", h.path());
@@ -438,8 +455,8 @@ gpu_test! {
                         reference::rms_norm_in_place(&mut wq, &norm[..hd], eps);
                         reference::rms_norm_in_place(&mut wk, &norm[hd..], eps);
                     }
-                    reference::rope(&mut wq, start + t, hd, &inv, style);
-                    reference::rope(&mut wk, start + t, hd, &inv, style);
+                    rope_f64(&mut wq, start + t, hd, &rope);
+                    rope_f64(&mut wk, start + t, hd, &rope);
                     for i in 0..q {
                         assert!((got_q[t * row + i] - wq[i]).abs() < 1e-5, "q[{t}][{i}], {what}");
                     }
