@@ -57,7 +57,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         if (valid) {
             let kb = key * KV_DIM + kv;
             for (var d = 0u; d < HEAD_DIM; d++) {
-                let k = f32(k_cache[kb + d]);
+                let k = k_at(kb + d);
                 for (var j = 0u; j < nb; j++) { acc[j] += q[j * HEAD_DIM + d] * k; }
             }
         }
@@ -80,7 +80,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             var mix: array<f32, HB>;
             for (var j = 0u; j < HB; j++) { mix[j] = 0.0; }
             for (var s = lo; s < hi; s++) {
-                let v = f32(v_cache[s * KV_DIM + kv + d]);
+                let v = v_at(s * KV_DIM + kv + d);
                 let k = s - chunk * CHUNK;
                 for (var j = 0u; j < nb; j++) { mix[j] += p[j * CHUNK + k] * v; }
             }

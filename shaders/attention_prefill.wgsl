@@ -58,8 +58,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
         for (var j = 0u; j < BK; j++) {
             let s = k0 + j;
             let c = s * KV_DIM + kv + d;
-            kt[j * KS + d] = select(0.0, f32(k_cache[c]), s < n_keys);
-            vt[j * HD + d] = select(0.0, f32(v_cache[c]), s < n_keys);
+            kt[j * KS + d] = select(0.0, k_at(c), s < n_keys);
+            vt[j * HD + d] = select(0.0, v_at(c), s < n_keys);
         }
         workgroupBarrier();
         for (var e = d; e < BQ * BK; e += HD) {

@@ -7,7 +7,8 @@
 // One workgroup per (head of q, k or v; token); invocation i owns value i of the head.
 // Bindings: 0 params, 1 qkv, 2 rope (vec2 cos,sin per [pos][pair]), 3 k_cache, 4 v_cache,
 // 5 bias (Q_DIM + 2 KV_DIM), 6 qk_norm (2 HD) — 5 and 6 any buffer when unused.
-// Dispatch: (N_Q_HEADS + 2 N_KV_HEADS, n_tokens, 1). HD, HD_POW2 and `kv_t` come from the host.
+// Dispatch: (N_Q_HEADS + 2 N_KV_HEADS, n_tokens, 1). HD, HD_POW2, `kv_t` and the cache's
+// accessors come from the host.
 
 struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, pad: u32 }
 
@@ -70,9 +71,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) i
     }
     if (head < N_Q_HEADS) {
         qkv[src] = v;
-    } else if (!is_v) {
-        k_cache[pos * kv_dim + e - q_dim] = kv_t(v);
-    } else {
-        v_cache[pos * kv_dim + e - q_dim - kv_dim] = kv_t(v);
+    }
+    // k and v go to the cache a pair of values per even invocation (a packed f16 word holds two).
+    workgroupBarrier();
+    vals[i] = v;
+    workgroupBarrier();
+    if (head >= N_Q_HEADS && i % 2u == 0u) {
+        if (!is_v) {
+            store_k(pos * kv_dim + e - q_dim, vals[i], vals[i + 1u]);
+        } else {
+            store_v(pos * kv_dim + e - q_dim - kv_dim, vals[i], vals[i + 1u]);
+        }
     }
 }

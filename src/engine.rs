@@ -5,7 +5,7 @@ use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::ByteSource;
 use crate::gpu::kernels::MAX_TOP_K;
-use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, InFlight, Readback};
+use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, InFlight, KvStore, Readback};
 use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
 use crate::sampling::{all_finite, argmax, Candidate, Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -222,7 +222,11 @@ impl Engine {
             Backend::Gpu(m) => format!(
                 "gpu: {}; {} KV cache, {}",
                 m.gpu.adapter_name(),
-                if m.gpu.f16 { "f16" } else { "f32" },
+                match m.gpu.kv {
+                    KvStore::F32 => "f32",
+                    KvStore::F16 => "f16",
+                    KvStore::PackedF16 => "packed f16",
+                },
                 if m.gpu.subgroups { "subgroups" } else { "no subgroups" }
             ),
         }

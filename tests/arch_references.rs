@@ -142,7 +142,8 @@ fn cpu_reference_matches_transformers_on_every_architecture() {
 }
 
 fn gpu(force_f32: bool, style: Option<KernelStyle>, r: &Reference) -> GpuModel {
-    let mut gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32 })).expect("a GPU adapter (lavapipe in CI)");
+    let mut gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32, ..Default::default() }))
+        .expect("a GPU adapter (lavapipe in CI)");
     if let Some(style) = style {
         gpu.style = style;
     }

@@ -4,7 +4,7 @@
 mod common;
 
 use common::Reference::{self, Gemma3, SmolLm2};
-use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, Readback};
+use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, KvStore, Readback};
 
 fn load(reference: Reference, force_f32: bool) -> GpuModel {
     load_with(reference, force_f32, None)
@@ -12,7 +12,11 @@ fn load(reference: Reference, force_f32: bool) -> GpuModel {
 
 /// `style`: override the kernel variants chosen from the adapter type.
 fn load_with(reference: Reference, force_f32: bool, style: Option<KernelStyle>) -> GpuModel {
-    let mut gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32 })).expect("a GPU adapter (lavapipe in CI)");
+    load_options(reference, GpuOptions { force_f32, ..Default::default() }, style)
+}
+
+fn load_options(reference: Reference, options: GpuOptions, style: Option<KernelStyle>) -> GpuModel {
+    let mut gpu = pollster::block_on(Gpu::new(options)).expect("a GPU adapter (lavapipe in CI)");
     if let Some(style) = style {
         gpu.style = style;
     }
@@ -147,6 +151,15 @@ fn f16_path_greedy_tokens_and_logits_match_the_golden_data() {
         // 16 tokens a generation (32 on the f32 path): the CI machine's time goes further elsewhere.
         check_generations(SmolLm2, &mut model, &F16, 16, 8);
     }
+}
+
+/// Without shader-f16 (SwiftShader in the browser, GPUs without the feature) the KV cache is f16
+/// packed two per word: f32 arithmetic, the f16 path's bounds.
+#[test]
+fn packed_f16_kv_greedy_tokens_and_logits_match_the_golden_data() {
+    let mut model = load_options(SmolLm2, GpuOptions { force_f32: true, packed_kv: true }, None);
+    assert_eq!(model.gpu.kv, KvStore::PackedF16);
+    check_generations(SmolLm2, &mut model, &F16, 8, 8);
 }
 
 #[test]

@@ -42,8 +42,10 @@ struct Harness {
 
 impl Harness {
     async fn new(force_f32: bool) -> Self {
-        let gpu =
-            Gpu::new(GpuOptions { force_f32 }).await.expect("a GPU adapter (lavapipe in CI, WebGPU in the browser)");
+        Self::with(GpuOptions { force_f32, ..Default::default() }).await
+    }
+    async fn with(options: GpuOptions) -> Self {
+        let gpu = Gpu::new(options).await.expect("a GPU adapter (lavapipe in CI, WebGPU in the browser)");
         let params = gpu.uniform("params", 16);
         Self { gpu, cache: PipelineCache::default(), params }
     }
@@ -73,7 +75,8 @@ impl Harness {
     /// A KV-cache buffer holding `values` in the path's storage type; returns it with the values
     /// as the GPU sees them (rounded to f16 on the f16 path).
     fn kv_buf(&self, values: &[f32]) -> (wgpu::Buffer, Vec<f32>) {
-        if self.gpu.f16 {
+        // f16 and packed f16 have the same bytes: value 2i in the low half of word i.
+        if self.gpu.kv_bytes() == 2 {
             let h: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
             let bytes: Vec<u8> = h.iter().flat_map(|v| v.to_le_bytes()).collect();
             (self.gpu.storage_init("kv", &bytes).unwrap(), h.iter().map(|v| v.to_f32()).collect())
@@ -82,7 +85,7 @@ impl Harness {
         }
     }
     async fn read_kv(&self, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
-        if self.gpu.f16 {
+        if self.gpu.kv_bytes() == 2 {
             let bytes = self.gpu.read_buffer(b, n as u64 * 2).await.unwrap();
             bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
         } else {
@@ -104,7 +107,16 @@ impl Harness {
     }
     fn path(&self) -> String {
         let p = if self.gpu.f16 || self.gpu.subgroups { "f16/subgroup path" } else { "f32 path" };
-        format!("{p}, {:?} kernels", self.gpu.style)
+        format!("{p}, {:?} KV, {:?} kernels", self.gpu.kv, self.gpu.style)
+    }
+    /// The KV cache's storages: f32 (forced path), the adapter's (f16 on lavapipe), and f16 packed
+    /// in words without shader-f16.
+    async fn kv_paths() -> Vec<Self> {
+        vec![
+            Self::new(true).await,
+            Self::new(false).await,
+            Self::with(GpuOptions { force_f32: true, packed_kv: true }).await,
+        ]
     }
 }
 
@@ -426,7 +438,7 @@ gpu_test! {
             (RopeStyle::NeoX, hd, false, true, Vec::new()),
             (RopeStyle::NeoX, hd / 2, false, false, (0..hd / 4).map(|i| 1.0 + i as f32).collect()),
         ];
-        for mut h in Harness::paths().await {
+        for mut h in Harness::kv_paths().await {
             h.set(n, start);
             for (style, dim, with_bias, with_norm, freq_factors) in cases.clone() {
                 let rope = Rope { base: 10000.0, dim, style, freq_factors };
@@ -443,7 +455,7 @@ gpu_test! {
                 let got_q = h.read(&qb, n * row).await;
                 let (got_k, got_v) = (h.read_kv(&kc, ctx * kv).await, h.read_kv(&vc, ctx * kv).await);
                 // f16 storage keeps 11 significant bits.
-                let kv_tol = if h.gpu.f16 { 1e-3 } else { 1e-6 };
+                let kv_tol = if h.gpu.kv_bytes() == 2 { 1e-3 } else { 1e-6 };
                 let what = format!("{style:?} dim {dim} bias {with_bias} norm {with_norm}, {}", h.path());
                 for t in 0..n {
                     let mut r = qkv[t * row..(t + 1) * row].to_vec();
@@ -524,7 +536,7 @@ async fn check_attention_with(
 gpu_test! {
     async fn decode_attention_matches_the_cpu_reference_with_grouped_heads_and_windows() {
         let mut rng = Rng::new(8);
-        for mut h in Harness::paths().await {
+        for mut h in Harness::kv_paths().await {
             for (start, window) in [(0, None), (1, None), (57, None), (255, None), (255, Some(16)), (3, Some(16)), (16, Some(16))] {
                 check_attention(&mut h, 1, start, window, &mut rng).await;
             }
@@ -535,9 +547,8 @@ gpu_test! {
 gpu_test! {
     async fn attention_matches_the_cpu_reference_at_every_length_group_ratio_and_head_size() {
         let mut rng = Rng::new(10);
-        for force_f32 in [true, false] {
-            // Attention has one kernel for both styles: the storage type is what differs.
-            let mut h = Harness::new(force_f32).await;
+        // Attention has one kernel for both styles: the KV storage is what differs.
+        for mut h in Harness::kv_paths().await {
             // The browser twin (SwiftShader) takes the corners; natively, every combination.
             let (head_dims, groups, lengths): (&[usize], &[usize], &[usize]) = if cfg!(target_arch = "wasm32") {
                 (&[64, 256], &[1, 8], &[1, 257, 4096])
@@ -573,7 +584,7 @@ gpu_test! {
 gpu_test! {
     async fn prefill_attention_matches_the_cpu_reference_across_query_and_key_blocks_and_windows() {
         let mut rng = Rng::new(9);
-        for mut h in Harness::paths().await {
+        for mut h in Harness::kv_paths().await {
             for (n, start, window) in
                 [(2, 0, None), (70, 0, None), (21, 37, None), (9, 200, None), (70, 0, Some(5)), (40, 30, Some(33)), (9, 200, Some(1))]
             {

@@ -60,7 +60,8 @@ fn a_header_cut_short_is_still_a_truncation_error() {
 fn the_gpu_upload_reads_each_tensor_once_in_pieces_of_at_most_8_mib() {
     let gguf = Gemma3.gguf();
     let source = Counting::new(Gemma3.bytes());
-    let gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32: true })).expect("a GPU adapter");
+    let gpu =
+        pollster::block_on(Gpu::new(GpuOptions { force_f32: true, ..Default::default() })).expect("a GPU adapter");
     let model = pollster::block_on(GpuModel::load(gpu, gguf, &source, 64, &mut |_, _| {})).unwrap();
     let largest_tensor = gguf.tensors.iter().map(|t| t.byte_size).max().unwrap();
     let all_tensors: u64 = gguf.tensors.iter().map(|t| t.byte_size).sum();
@@ -86,7 +87,7 @@ fn a_split_model_loads_from_its_parts_and_gives_the_whole_files_logits() {
         pollster::block_on(model.step(&[1, 100, 200, 300, 400], 0, Readback::Logits(&mut out))).unwrap();
         out
     };
-    let gpu = || pollster::block_on(Gpu::new(GpuOptions { force_f32: true })).unwrap();
+    let gpu = || pollster::block_on(Gpu::new(GpuOptions { force_f32: true, ..Default::default() })).unwrap();
     let from_parts =
         logits(&merged, &|g| pollster::block_on(GpuModel::load(gpu(), g, &split, 64, &mut |_, _| {})).unwrap());
     let whole_gguf = Gguf::parse(&whole).unwrap();

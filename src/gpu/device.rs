@@ -25,15 +25,29 @@ pub enum KernelStyle {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GpuOptions {
-    /// Use neither shader-f16 nor subgroups even when the adapter has them.
+    /// Use neither shader-f16 nor subgroups even when the adapter has them; the KV cache is f32
+    /// (the exact path the golden tests hold to tight bounds) unless `packed_kv` is set.
     pub force_f32: bool,
+    /// Store the KV cache as f16 pairs packed in u32 words, as adapters without shader-f16 do,
+    /// even with `force_f32` (tests of that path on any adapter).
+    pub packed_kv: bool,
 }
 
 impl GpuOptions {
     pub fn from_env() -> Self {
         let force = std::env::var(FORCE_F32_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
-        Self { force_f32: force }
+        Self { force_f32: force, packed_kv: false }
     }
+}
+
+/// How the KV cache stores its values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvStore {
+    F32,
+    /// f16 values (shader-f16).
+    F16,
+    /// f16 pairs packed in u32 words (`pack2x16float`): half the bytes of f32 without shader-f16.
+    PackedF16,
 }
 
 /// Objects created and bytes read back, for the "nothing per token" checks and the benchmark.
@@ -81,8 +95,10 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     pub adapter_info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
-    /// shader-f16 is enabled: the KV cache is stored in f16.
+    /// shader-f16 is enabled (the KV cache is f16).
     pub f16: bool,
+    /// How the KV cache stores its values: f16 where it can, in any case but the forced f32 path.
+    pub kv: KvStore,
     /// Subgroup operations are enabled (their width is at most GPU_LANES, as the reductions need).
     pub subgroups: bool,
     pub counters: Counters,
@@ -175,6 +191,13 @@ impl Gpu {
             adapter_info,
             limits,
             f16,
+            kv: if f16 {
+                KvStore::F16
+            } else if options.force_f32 && !options.packed_kv {
+                KvStore::F32
+            } else {
+                KvStore::PackedF16
+            },
             subgroups,
             counters: Counters::default(),
             style,
@@ -238,12 +261,11 @@ impl Gpu {
         }
     }
 
-    /// Bytes of one KV-cache value: f16 where shader-f16 is enabled, else f32.
+    /// Bytes of one KV-cache value: 2 in f16 (native or packed), 4 on the forced f32 path.
     pub fn kv_bytes(&self) -> u64 {
-        if self.f16 {
-            2
-        } else {
-            4
+        match self.kv {
+            KvStore::F32 => 4,
+            KvStore::F16 | KvStore::PackedF16 => 2,
         }
     }
 

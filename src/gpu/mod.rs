@@ -6,5 +6,5 @@ mod model;
 pub mod shader;
 pub mod weights;
 
-pub use device::{CounterSnapshot, Gpu, GpuOptions, KernelStyle, FORCE_F32_ENV};
+pub use device::{CounterSnapshot, Gpu, GpuOptions, KernelStyle, KvStore, FORCE_F32_ENV};
 pub use model::{GpuModel, InFlight, Readback, PREFILL_CHUNK};

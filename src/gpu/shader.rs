@@ -18,8 +18,10 @@ pub struct Needs {
     pub weights: Option<&'static BlockFormat>,
     /// Uses `row_sum` (the kernel declares `LANES`).
     pub reduce: bool,
-    /// Uses `kv_t`.
+    /// Reads the KV cache (`kv_t`, `k_at`, `v_at`).
     pub kv: bool,
+    /// Writes it (`store_k`, `store_v`: a pair of values at an even index).
+    pub kv_write: bool,
     /// Calls `act`, the gated FFN's activation.
     pub act: Option<Activation>,
 }
@@ -33,8 +35,8 @@ pub fn assemble(gpu: &Gpu, kernel: &str, needs: Needs, consts: &[(&str, u32)]) -
     if gpu.subgroups && needs.reduce && cfg!(target_arch = "wasm32") {
         src.push_str("enable subgroups;\n");
     }
-    if needs.kv {
-        src.push_str(if gpu.f16 { "alias kv_t = f16;\n" } else { "alias kv_t = f32;\n" });
+    if needs.kv || needs.kv_write {
+        src.push_str(&kv_prelude(gpu.kv, needs.kv_write));
     }
     for (name, value) in consts {
         src.push_str(&format!("const {name}: u32 = {value}u;\n"));
@@ -56,6 +58,30 @@ pub fn assemble(gpu: &Gpu, kernel: &str, needs: Needs, consts: &[(&str, u32)]) -
         src.push_str(if gpu.subgroups { REDUCE_SUBGROUP } else { REDUCE_WORKGROUP });
     }
     src.push_str(kernel);
+    src
+}
+
+/// The KV cache's element type and accessors, for kernels that bind `k_cache` and `v_cache`:
+/// `k_at(i)`, `v_at(i)` read value i; with `write`, `store_k(i, a, b)` and `store_v` write values
+/// i and i + 1 (i even: a packed word holds the pair).
+fn kv_prelude(kv: super::KvStore, write: bool) -> String {
+    use super::KvStore::*;
+    let (ty, load, store) = match kv {
+        F32 | F16 => {
+            (if kv == F16 { "f16" } else { "f32" }, "f32(CACHE[i])", "CACHE[i] = kv_t(a); CACHE[i + 1u] = kv_t(b);")
+        }
+        PackedF16 => {
+            ("u32", "unpack2x16float(CACHE[i >> 1u])[i & 1u]", "CACHE[i >> 1u] = pack2x16float(vec2<f32>(a, b));")
+        }
+    };
+    let mut src = format!("alias kv_t = {ty};\n");
+    for (name, cache) in [("k", "k_cache"), ("v", "v_cache")] {
+        src.push_str(&format!("fn {name}_at(i: u32) -> f32 {{ return {}; }}\n", load.replace("CACHE", cache)));
+        if write {
+            let body = store.replace("CACHE", cache);
+            src.push_str(&format!("fn store_{name}(i: u32, a: f32, b: f32) {{ {body} }}\n"));
+        }
+    }
     src
 }
 

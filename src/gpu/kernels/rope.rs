@@ -53,7 +53,7 @@ pub fn rope_kv(
         ("QK_NORM", extras.qk_norm.is_some() as u32 as f64),
         ("EPS", extras.qk_norm.map_or(0.0, |n| n.1 as f64)),
     ];
-    let needs = Needs { kv: true, ..Default::default() };
+    let needs = Needs { kv_write: true, ..Default::default() };
     let pipeline = cache.get(gpu, "rope_kv", include_str!("../../../shaders/rope_kv.wgsl"), needs, &consts, &overrides);
     let bias = extras.bias.unwrap_or(table);
     let norm = extras.qk_norm.map_or(table, |n| n.0);
