@@ -436,8 +436,9 @@ async function fit(info) {
   const { maxBufferSize, maxStorageBufferBindingSize } = adapter.limits;
   const reported = globalThis.navigator?.deviceMemory;
   const memoryBudget = (reported ? reported / 2 : 2) * GIB;
-  const kvBytesPerValue = f16 ? 2 : 4;
-  const kvBytes = f16 ? info.kvBytesF16 : info.kvBytesF32;
+  // The engine keeps the cache in f16: natively with shader-f16, else packed two per u32 word.
+  const kvBytesPerValue = 2;
+  const kvBytes = info.kvBytesF16;
   const kvPerToken = kvBytes / info.context;
   // The engine keeps each layer's K and V in buffers of their own, each one binding.
   const bufferPerToken = kvPerToken / 2 / info.layers;

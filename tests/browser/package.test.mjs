@@ -127,17 +127,18 @@ test("Engine.inspect reads a model from its header: by URL with ranges, from a s
     const sent = requests.reduce((sum, r) => sum + r.sent, 0);
     assert.ok(sent < 4 << 20, `inspect read ${sent} bytes of a ${expected.fileBytes}-byte file`);
 
-    // This adapter (SwiftShader) has no shader-f16: the KV cache is f32, 4 bytes a value.
+    // The KV cache is f16, 2 bytes a value: natively with shader-f16, packed in words without it
+    // (SwiftShader has none).
     const adapter = await tab.evaluate(async () => {
       const a = await navigator.gpu.requestAdapter();
       return { f16: a.features.has("shader-f16"), maxBinding: Math.min(a.limits.maxBufferSize, a.limits.maxStorageBufferBindingSize), memory: navigator.deviceMemory };
     });
-    assert.equal(info.kvBytesPerValue, adapter.f16 ? 2 : 4);
-    assert.equal(info.kvBytes, adapter.f16 ? expected.kvBytesF16 : expected.kvBytesF32);
+    assert.equal(info.kvBytesPerValue, 2);
+    assert.equal(info.kvBytes, expected.kvBytesF16);
     assert.equal(info.gpuBytes, info.weightBytes + info.kvBytes);
     assert.equal(info.adapter.f16, adapter.f16);
     assert.equal(info.fits, true);
-    // 135M parameters and 92 KiB of KV cache a token: the whole trained context fits in the budget.
+    // 135M parameters and 45 KiB of KV cache a token: the whole trained context fits in the budget.
     assert.equal(info.affordableContext, expected.maxContext);
     assert.match(info.note, /does not tell .* memory/);
 
