@@ -183,3 +183,30 @@ export async function openPackagePage(name, { files = {}, profile = false, init 
     throw e;
   }
 }
+
+/**
+ * Waits until `done()` is true in the page, failing as soon as `progress()` (any JSON value: the
+ * bytes loaded, the tokens streamed) has not changed for `stall` ms, with what the page last
+ * reported and whether its main thread still answers: a hang is reported where it happened, in
+ * minutes, not after the whole test's time.
+ */
+export async function waitWithProgress(tab, done, progress, { stall = 240_000, poll = 2000 } = {}) {
+  let last;
+  let changed = Date.now();
+  for (;;) {
+    const state = await Promise.race([
+      tab.evaluate(([d, p]) => ({ done: (0, eval)(d)(), progress: JSON.stringify((0, eval)(p)()) }), [done.toString(), progress.toString()]),
+      new Promise((resolve) => setTimeout(() => resolve(null), 30_000)),
+    ]);
+    if (state?.done) return;
+    if (state && state.progress !== last) {
+      last = state.progress;
+      changed = Date.now();
+    }
+    if (Date.now() - changed > stall) {
+      const thread = state ? "its main thread still answers" : "its main thread does not answer (a script or wasm call that never returns)";
+      throw new Error(`the page made no progress for ${stall / 1000} s; it last reported ${last}; ${thread}`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, poll));
+  }
+}

@@ -5,7 +5,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import path from "node:path";
-import { serve, launch, stage, golden, modelPath, root, packageHtml as html, openPackagePage } from "./lib.mjs";
+import { serve, launch, stage, golden, modelPath, root, packageHtml as html, openPackagePage, waitWithProgress } from "./lib.mjs";
 import { readGguf, splitGguf } from "./gguf.mjs";
 import { writeBigModel } from "./big-model.mjs";
 
@@ -14,7 +14,7 @@ test("the README snippet streams a seeded chat completion, the same text for the
 const out = document.getElementById("out");
 const url = "./model.gguf";
 try {
-  const engine = await Engine.load(url, { onProgress: ({ loaded, total }) => {} });
+  const engine = await Engine.load(url, { onProgress: ({ loaded, total }) => { window.loaded = [loaded, total]; } });
   for await (const ev of engine.chat([{ role: "user", content: "Hi" }], { temperature: 0.7, topP: 0.9, maxTokens: 128, seed: 42 })) {
     out.textContent += ev.text;                      // ev = { id, text }
     window.tokens = (window.tokens ?? 0) + 1;
@@ -32,7 +32,7 @@ window.finished = true;`;
     const tab = await browser.newPage();
     tab.on("console", (m) => console.log("page:", m.text()));
     await tab.goto(`${server.url}index.html`);
-    await tab.waitForFunction(() => window.finished, null, { timeout: 880_000, polling: 500 });
+    await waitWithProgress(tab, () => window.finished, () => [window.loaded, window.tokens]);
     const result = await tab.evaluate(() => ({ failure: window.failure, text: document.getElementById("out").textContent, tokens: window.tokens, stats: window.stats, info: window.info }));
     console.log(JSON.stringify(result));
     assert.equal(result.failure, undefined);
