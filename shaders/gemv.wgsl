@@ -6,6 +6,9 @@
 // itself, which costs less than a separate normalization pass and its dispatch.
 // EPILOGUE 0: store. 1: add (residual). 2: gated pair: the part holds ROW_COUNT gate rows then
 // ROW_COUNT up rows, and y[OUT + r] = act(gate_r . x) * (up_r . x) (`act` from the host).
+// 3: the fused q|k|v rows of a decode step go through `rope_kv_pair` a pair of rows at a time
+// (gemv_rope_kv.wgsl: RoPE, then q to y and k, v to the cache; OUT and ROW_COUNT even). The host
+// appends `rope_kv_pair`, or an empty one for the other epilogues.
 // Bindings: 0 w, 1 x (vec4), 2 y, 3 nw (vec4; any buffer when not NORM). Dispatch: ceil(ROW_COUNT / (256 / LANES)) workgroups, spread
 // over x and y.
 
@@ -22,6 +25,9 @@ override EPS: f32 = 0.0;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<storage, read> nw: array<vec4<f32>>;
+
+// EPILOGUE 3: the workgroup's row results, so that a pair's even row sees its partner.
+var<workgroup> pair_rows: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
@@ -57,6 +63,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     a = row_sum(a, lane) * scale;
     if (EPILOGUE == 2u) { b = row_sum(b, lane) * scale; }
+    if (EPILOGUE == 3u) {
+        let lr = lane.li / LANES;
+        if (k == 0u) { pair_rows[lr] = a; }
+        workgroupBarrier();
+        if (k == 0u && r < ROW_COUNT && lr % 2u == 0u) { rope_kv_pair(OUT + r, pair_rows[lr], pair_rows[lr + 1u]); }
+        return;
+    }
     if (k == 0u && r < ROW_COUNT) {
         let o = OUT + r;
         switch EPILOGUE {

@@ -7,8 +7,9 @@
 // One workgroup per (head of q, k or v; token); invocation i owns value i of the head.
 // Bindings: 0 params, 1 qkv, 2 rope (vec2 cos,sin per [pos][pair]), 3 k_cache, 4 v_cache,
 // 5 bias (Q_DIM + 2 KV_DIM), 6 qk_norm (2 HD) — 5 and 6 any buffer when unused.
-// Dispatch: (N_Q_HEADS + 2 N_KV_HEADS, n_tokens, 1). HD, HD_POW2, `kv_t` and the cache's
-// accessors come from the host.
+// Dispatch: (N_Q_HEADS + 2 N_KV_HEADS, n_tokens, 1). HD, HD_POW2, `kv_t`, the cache's accessors
+// and `rope_rotate` (shaders/rope.wgsl) come from the host. Decode folds this pass into the qkv
+// projection where it can (gemv_rope_kv.wgsl).
 
 struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, pad: u32 }
 
@@ -66,8 +67,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) i
             first = i < half;
             other = select(i - half, i + half, first);
         }
-        let cs = rope[pos * half + pair];
-        if (first) { v = v * cs.x - vals[other] * cs.y; } else { v = vals[other] * cs.y + v * cs.x; }
+        let r = rope_rotate(select(vals[other], v, first), select(v, vals[other], first), rope[pos * half + pair]);
+        v = select(r.y, r.x, first);
     }
     if (head < N_Q_HEADS) {
         qkv[src] = v;

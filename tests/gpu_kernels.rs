@@ -483,6 +483,82 @@ gpu_test! {
     }
 }
 
+gpu_test! {
+    async fn the_decode_qkv_projection_rotates_q_and_k_and_writes_the_cache_in_its_epilogue() {
+        let mut rng = Rng::new(17);
+        let c = small_config();
+        let (start, ctx, cols) = (100, 128, 256);
+        let (q, kv, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+        let rows = q + 2 * kv;
+        let mut harnesses = Harness::paths().await;
+        harnesses.push(Harness::with(GpuOptions { force_f32: true, packed_kv: true }).await);
+        for mut h in harnesses {
+            h.set(1, start);
+            // llama (the whole head), and partial rotary with llama 3 style frequency factors; a
+            // matrix in one binding and split into parts of 64 rows.
+            for (ty, dim, factors, part_rows) in [
+                (GgmlType::Q8_0, hd, Vec::new(), None),
+                (GgmlType::Q4K, hd / 2, (0..hd / 4).map(|i| 1.0 + i as f32).collect(), Some(64)),
+            ] {
+                let rope = Rope { base: 10000.0, dim, style: RopeStyle::Adjacent, freq_factors: factors };
+                let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
+                let w = dequantize(&info, &bytes).unwrap();
+                let row_bytes = Rows::of(&info).unwrap().gpu_row_bytes();
+                if let Some(n) = part_rows {
+                    h.gpu.limits.max_storage_buffer_binding_size = n as u64 * row_bytes;
+                }
+                let lin = linear(&h, &info, &bytes).await;
+                h.gpu.limits.max_storage_buffer_binding_size = 1 << 27;
+                assert_eq!(lin.parts.len(), part_rows.map_or(1, |n| rows.div_ceil(n)));
+                let x = random(&mut rng, cols, 1.0);
+                let (want, _) = reference_matmul(&w, &x, cols);
+                let table = h.buf(&kernels::rope_table(&rope, ctx));
+                let (kc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
+                let (vc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
+                let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; rows]));
+                let fold = kernels::RopeKvFold { config: &c, rope: &rope, params: &h.params, table: &table, k_cache: &kc, v_cache: &vc };
+                let none = QkvExtras { bias: None, qk_norm: None };
+                assert!(fold.applies(&none, &lin));
+                let ops = kernels::gemv_rope_kv(&h.gpu, &mut h.cache, &lin, &fold, None, &xb, &yb);
+                h.run(&ops, 1);
+                let got_q = h.read(&yb, q).await;
+                let (got_k, got_v) = (h.read_kv(&kc, ctx * kv).await, h.read_kv(&vc, ctx * kv).await);
+                let want: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+                let (mut wq, mut wk, wv) = (want[..q].to_vec(), want[q..q + kv].to_vec(), want[q + kv..].to_vec());
+                rope_f64(&mut wq, start, hd, &rope);
+                rope_f64(&mut wk, start, hd, &rope);
+                let kv_tol = if h.gpu.kv_bytes() == 2 { 1e-3 } else { 1e-5 };
+                let what = format!("{ty:?} rope dim {dim}, {} parts, {}", lin.parts.len(), h.path());
+                for i in 0..q {
+                    assert!((got_q[i] - wq[i]).abs() <= 1e-4 * wq[i].abs().max(1.0), "q[{i}]: {} vs {}, {what}", got_q[i], wq[i]);
+                }
+                let p = start * kv;
+                for i in 0..kv {
+                    assert!((got_k[p + i] - wk[i]).abs() <= kv_tol * wk[i].abs().max(1.0), "k[{i}]: {} vs {}, {what}", got_k[p + i], wk[i]);
+                    assert!((got_v[p + i] - wv[i]).abs() <= kv_tol * wv[i].abs().max(1.0), "v[{i}]: {} vs {}, {what}", got_v[p + i], wv[i]);
+                }
+                // Nothing else of the cache is touched.
+                assert!(got_k[..p].iter().chain(&got_k[p + kv..]).all(|&v| v == 0.0), "{what}");
+            }
+            // What the epilogue cannot do: pairs split between parts, biases, q/k norms, NeoX.
+            let rope = Rope { base: 10000.0, dim: hd, style: RopeStyle::Adjacent, freq_factors: Vec::new() };
+            let (info, bytes) = random_tensor(&mut rng, GgmlType::Q8_0, rows, cols);
+            h.gpu.limits.max_storage_buffer_binding_size = 63 * Rows::of(&info).unwrap().gpu_row_bytes();
+            let odd = linear(&h, &info, &bytes).await;
+            h.gpu.limits.max_storage_buffer_binding_size = 1 << 27;
+            let whole = linear(&h, &info, &bytes).await;
+            let b = h.buf(&[0.0; 4]);
+            let fold = kernels::RopeKvFold { config: &c, rope: &rope, params: &h.params, table: &b, k_cache: &b, v_cache: &b };
+            let none = QkvExtras { bias: None, qk_norm: None };
+            assert!(!fold.applies(&none, &odd));
+            assert!(!fold.applies(&QkvExtras { bias: Some(&b), qk_norm: None }, &whole));
+            assert!(!fold.applies(&QkvExtras { bias: None, qk_norm: Some((&b, 1e-6)) }, &whole));
+            let neox = Rope { style: RopeStyle::NeoX, ..rope.clone() };
+            assert!(!kernels::RopeKvFold { rope: &neox, ..fold }.applies(&none, &whole));
+        }
+    }
+}
+
 /// Runs decode (n = 1) or prefill attention for queries at `start..start + n` against a
 /// random cache, and compares with the CPU reference on the values the GPU stores.
 async fn check_attention(h: &mut Harness, n: usize, start: usize, window: Option<usize>, rng: &mut Rng) {

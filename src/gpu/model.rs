@@ -3,7 +3,7 @@
 //! a step writes a 16-byte uniform (and the token ids), encodes the recorded dispatches in one
 //! compute pass, submits once, and reads back 4 bytes (greedy) or the logits (sampling).
 
-use super::kernels::{self, Dispatch, Epilogue, Ledger, NormOut, Params, QkvExtras};
+use super::kernels::{self, Dispatch, Epilogue, Ledger, NormOut, Params, QkvExtras, RopeKvFold};
 use super::shader::PipelineCache;
 use super::weights::{Linear, Rows};
 use super::{Gpu, KernelStyle};
@@ -373,13 +373,20 @@ impl GpuModel {
             if !fuse {
                 ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, &l.attn_norm, &b.xn));
             }
+            // Decode hands RoPE and the cache write to the projection's epilogue where it can.
+            let fold = RopeKvFold { config: c, rope, params, table: &b.rope[lp.rope], k_cache: kc, v_cache: vc };
+            let folded = !prefill && fold.applies(&extras, &l.qkv);
+            let norm = fuse.then_some((&l.attn_norm, eps));
             if prefill {
                 ops.extend(kernels::gemm(gpu, p, params, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
+            } else if folded {
+                ops.extend(kernels::gemv_rope_kv(gpu, p, &l.qkv, &fold, norm, input, &b.qkv));
             } else {
-                let norm = fuse.then_some((&l.attn_norm, eps));
                 ops.extend(kernels::gemv(gpu, p, &l.qkv, act, Epilogue::Store, norm, input, &b.qkv));
             }
-            ops.push(kernels::rope_kv(gpu, p, params, c, rope, extras, &b.qkv, &b.rope[lp.rope], kc, vc));
+            if !folded {
+                ops.push(kernels::rope_kv(gpu, p, params, c, rope, extras, &b.qkv, &b.rope[lp.rope], kc, vc));
+            }
             if prefill {
                 ops.push(kernels::attention_prefill(gpu, p, params, c, kind, &b.qkv, kc, vc, &b.attn));
             } else {

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 pub const ACTIVATION: &str = include_str!("../../shaders/activation.wgsl");
 pub const REDUCE_WORKGROUP: &str = include_str!("../../shaders/reduce_workgroup.wgsl");
+pub const ROPE: &str = include_str!("../../shaders/rope.wgsl");
 pub const REDUCE_SUBGROUP: &str = include_str!("../../shaders/reduce_subgroup.wgsl");
 
 /// What a kernel needs prepended.
@@ -24,6 +25,8 @@ pub struct Needs {
     pub kv_write: bool,
     /// Calls `act`, the gated FFN's activation.
     pub act: Option<Activation>,
+    /// Calls `rope_rotate` (shaders/rope.wgsl).
+    pub rope: bool,
 }
 
 pub fn assemble(gpu: &Gpu, kernel: &str, needs: Needs, consts: &[(&str, u32)]) -> String {
@@ -56,6 +59,9 @@ pub fn assemble(gpu: &Gpu, kernel: &str, needs: Needs, consts: &[(&str, u32)]) -
     }
     if needs.reduce {
         src.push_str(if gpu.subgroups { REDUCE_SUBGROUP } else { REDUCE_WORKGROUP });
+    }
+    if needs.rope {
+        src.push_str(ROPE);
     }
     src.push_str(kernel);
     src

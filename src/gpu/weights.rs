@@ -54,7 +54,7 @@ impl<'a> Rows<'a> {
     }
 
     /// Bytes of one row on the GPU.
-    fn gpu_row_bytes(&self) -> u64 {
+    pub fn gpu_row_bytes(&self) -> u64 {
         self.row_words as u64 * 4
     }
 

@@ -1,10 +1,13 @@
 //! Wrappers of shaders/gemv.wgsl (decode, one token) and shaders/gemm.wgsl (prefill, tiled).
 
-use super::{Dispatch, Groups, Traffic};
+use super::{Dispatch, Groups, RopeKvFold, Traffic};
 use crate::arch::Activation;
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::weights::Linear;
 use crate::gpu::{Gpu, KernelStyle};
+
+const GEMV: &str = include_str!("../../../shaders/gemv.wgsl");
+const GEMV_ROPE_KV: &str = include_str!("../../../shaders/gemv_rope_kv.wgsl");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Epilogue {
@@ -26,13 +29,48 @@ pub fn gemv(
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
 ) -> Vec<Dispatch> {
+    gemv_with(gpu, cache, w, act, epilogue, None, norm, x, y)
+}
+
+/// The decode step's q|k|v projection doing rope_kv's work in its epilogue (when
+/// `fold.applies`): q rotated into y, k rotated and v into the cache.
+pub fn gemv_rope_kv(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    w: &Linear,
+    fold: &RopeKvFold,
+    norm: Option<(&wgpu::Buffer, f32)>,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+) -> Vec<Dispatch> {
+    gemv_with(gpu, cache, w, Activation::Silu, Epilogue::Store, Some(fold), norm, x, y)
+}
+
+/// gemv.wgsl's epilogue 3 when not folding RoPE in: it calls nothing.
+const NO_ROPE_KV: &str = "fn rope_kv_pair(row: u32, a: f32, b: f32) {}\n";
+
+#[allow(clippy::too_many_arguments)]
+fn gemv_with(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    w: &Linear,
+    act: Activation,
+    epilogue: Epilogue,
+    fold: Option<&RopeKvFold>,
+    norm: Option<(&wgpu::Buffer, f32)>,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+) -> Vec<Dispatch> {
+    let kernel = [GEMV, fold.map_or(NO_ROPE_KV, |_| GEMV_ROPE_KV)].concat();
+    let consts = fold.map(|f| f.consts());
     w.parts
         .iter()
         .map(|p| {
-            let mode = match (p.pair, epilogue) {
-                (true, _) => 2,
-                (false, Epilogue::Add) => 1,
-                (false, Epilogue::Store) => 0,
+            let mode = match (p.pair, epilogue, fold) {
+                (_, _, Some(_)) => 3,
+                (true, ..) => 2,
+                (false, Epilogue::Add, _) => 1,
+                (false, Epilogue::Store, _) => 0,
             };
             let overrides = [
                 ("COLS", p.cols as f64),
@@ -48,22 +86,37 @@ pub fn gemv(
                 weights: Some(p.format),
                 reduce: true,
                 act: Some(if p.pair { act } else { Activation::Silu }),
+                kv_write: fold.is_some(),
+                rope: fold.is_some(),
                 ..Default::default()
             };
-            let pipeline = cache.get(gpu, "gemv", include_str!("../../../shaders/gemv.wgsl"), needs, &[], &overrides);
-            let bind_group = gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, norm.map_or(x, |n| n.0)]);
+            let pipeline = cache.get(gpu, "gemv", &kernel, needs, consts.as_ref().map_or(&[], |c| &c[..]), &overrides);
+            let nw = norm.map_or(x, |n| n.0);
+            let bind_group = match fold {
+                Some(f) => {
+                    gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, nw, f.params, f.table, f.k_cache, f.v_cache])
+                }
+                None => gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, nw]),
+            };
             let rows_per_group = 256 / gpu.gemv_lanes();
             let groups = Groups::spread(
                 (p.rows as u32).div_ceil(rows_per_group),
                 gpu.limits.max_compute_workgroups_per_dimension,
             );
-            // The part's rows, x (and the norm weights), y written (and read first when added to).
+            // The part's rows, x (and the norm weights), y written (and read first when added
+            // to); folded, what rope_kv would have moved instead of y.
             let out_rows = p.rows as u64 * 4;
+            let outputs = match fold {
+                Some(f) => f.traffic(p.out, p.rows, gpu.kv_bytes()),
+                None => Traffic {
+                    activations: if epilogue == Epilogue::Add && !p.pair { 2 * out_rows } else { out_rows },
+                    ..Default::default()
+                },
+            };
             let traffic = Traffic {
                 weights: p.buffer.size() + norm.map_or(0, |_| 4 * p.cols as u64),
-                activations: 4 * p.cols as u64
-                    + if epilogue == Epilogue::Add && !p.pair { 2 * out_rows } else { out_rows },
-                ..Default::default()
+                activations: 4 * p.cols as u64 + outputs.activations,
+                ..outputs
             };
             Dispatch { label: "gemv", pipeline, bind_group, groups, traffic }
         })

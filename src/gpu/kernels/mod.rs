@@ -15,9 +15,9 @@ pub use act_mul::act_mul;
 pub use argmax::argmax;
 pub use attention::{attention_decode, attention_prefill, decode_partials_len, DECODE_CHUNK};
 pub use embed::embed;
-pub use matmul::{gemm, gemv, Epilogue};
+pub use matmul::{gemm, gemv, gemv_rope_kv, Epilogue};
 pub use norm::{rms_norm, NormOut};
-pub use rope::{rope_kv, rope_table, QkvExtras};
+pub use rope::{rope_kv, rope_table, QkvExtras, RopeKvFold};
 pub use top_k::{top_k, MAX_TOP_K, TOP_K_WORDS};
 
 /// The uniform every per-token kernel reads, written once per forward pass.

@@ -4,6 +4,7 @@
 use super::{Dispatch, Groups, Traffic};
 use crate::arch::{Rope, RopeStyle};
 use crate::gpu::shader::{Needs, PipelineCache};
+use crate::gpu::weights::Linear;
 use crate::gpu::Gpu;
 use crate::model::ModelConfig;
 
@@ -27,6 +28,55 @@ pub struct QkvExtras<'a> {
     pub bias: Option<&'a wgpu::Buffer>,
     /// q_norm then k_norm weights (head_dim each), and the epsilon.
     pub qk_norm: Option<(&'a wgpu::Buffer, f32)>,
+}
+
+/// Where the decode qkv projection sends its rows when it does rope_kv's work itself
+/// (gemv_rope_kv.wgsl): the step's position (params), the RoPE table and the layer's cache.
+pub struct RopeKvFold<'a> {
+    pub config: &'a ModelConfig,
+    pub rope: &'a Rope,
+    pub params: &'a wgpu::Buffer,
+    pub table: &'a wgpu::Buffer,
+    pub k_cache: &'a wgpu::Buffer,
+    pub v_cache: &'a wgpu::Buffer,
+}
+
+impl RopeKvFold<'_> {
+    /// Whether the projection `qkv` can take over rope_kv's pass: RoPE on adjacent pairs is all
+    /// q and k need (no bias, no q/k norm, which need a whole head), and no pair of rows is
+    /// split between two parts of the matrix.
+    pub fn applies(&self, extras: &QkvExtras, qkv: &Linear) -> bool {
+        self.rope.style == RopeStyle::Adjacent
+            && extras.bias.is_none()
+            && extras.qk_norm.is_none()
+            && self.config.head_dim % 2 == 0
+            && self.rope.dim % 2 == 0
+            && qkv.parts.iter().all(|p| !p.pair && p.rows % 2 == 0 && p.out % 2 == 0)
+    }
+
+    /// gemv_rope_kv.wgsl's constants.
+    pub fn consts(&self) -> [(&'static str, u32); 4] {
+        let c = self.config;
+        [
+            ("HD", c.head_dim as u32),
+            ("ROPE_DIM", self.rope.dim as u32),
+            ("Q_DIM", c.q_dim() as u32),
+            ("KV_DIM", c.kv_dim() as u32),
+        ]
+    }
+
+    /// Rows `[out, out + rows)` of q|k|v: bytes of q stored, of the table read, of the cache
+    /// written (`kv_bytes` a value).
+    pub fn traffic(&self, out: usize, rows: usize, kv_bytes: u64) -> Traffic {
+        let (q, kv) = (self.config.q_dim(), self.config.kv_dim());
+        let overlap = |lo: usize, hi: usize| (out + rows).min(hi).saturating_sub(out.max(lo)) as u64;
+        let (q_rows, k_rows, v_rows) = (overlap(0, q), overlap(q, q + kv), overlap(q + kv, q + 2 * kv));
+        Traffic {
+            activations: 4 * q_rows + 4 * self.rope.dim as u64,
+            kv_written: (k_rows + v_rows) * kv_bytes,
+            ..Default::default()
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -53,7 +103,7 @@ pub fn rope_kv(
         ("QK_NORM", extras.qk_norm.is_some() as u32 as f64),
         ("EPS", extras.qk_norm.map_or(0.0, |n| n.1 as f64)),
     ];
-    let needs = Needs { kv_write: true, ..Default::default() };
+    let needs = Needs { kv_write: true, rope: true, ..Default::default() };
     let pipeline = cache.get(gpu, "rope_kv", include_str!("../../../shaders/rope_kv.wgsl"), needs, &consts, &overrides);
     let bias = extras.bias.unwrap_or(table);
     let norm = extras.qk_norm.map_or(table, |n| n.0);
