@@ -2,11 +2,15 @@
 // sampler orders them, found by a radix select (8 bits a pass) over the logits' order-preserving
 // bit patterns in one workgroup. The host reads back K (id, logit) pairs instead of the whole
 // vocabulary and finishes top-p, min-p and the seeded draw on them.
-// Bindings: 0 logits (N), 1 want (K, at most the output's room), 2 out: [count, then count pairs
-// (id, logit bits), in no order]. Dispatch: (1, 1, 1).
+// TAIL (a top-p/min-p sampler without top-k): also what the host needs of the logits not
+// selected: the sum of exp(l / T - l_max / T) over them, and the largest |logit| of all.
+// Bindings: 0 logits (N), 1 want (K, at most the output's room; T's bits), 2 out: [count, tail
+// sum, largest |logit|, then count pairs (id, logit bits), in no order]. Dispatch: (1, 1, 1).
 
 override N: u32;
+override TAIL: bool = false;
 const WG: u32 = 256u;
+const PAIRS: u32 = 3u;
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read> want: array<u32>;
@@ -18,6 +22,8 @@ var<workgroup> hist: array<atomic<u32>, 256>;
 var<workgroup> state: array<u32, 3>;
 var<workgroup> ties_before: array<u32, WG>;
 var<workgroup> written: atomic<u32>;
+// TAIL: per-invocation partial maxima and sums.
+var<workgroup> red: array<vec2<f32>, WG>;
 
 // Larger float, larger key (NaN aside: the argmax kernel flags those).
 fn key(l: f32) -> u32 {
@@ -27,8 +33,17 @@ fn key(l: f32) -> u32 {
 
 fn emit(i: u32) {
     let s = atomicAdd(&written, 1u);
-    out[1u + 2u * s] = i;
-    out[2u + 2u * s] = bitcast<u32>(logits[i]);
+    out[PAIRS + 2u * s] = i;
+    out[PAIRS + 1u + 2u * s] = bitcast<u32>(logits[i]);
+}
+
+// The workgroup's sum (of .x and .y alike, `max_of` false) or maximum of `red`, into red[0].
+fn reduce(t: u32, max_of: bool) {
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        workgroupBarrier();
+        if (t < s) { red[t] = select(red[t] + red[t + s], max(red[t], red[t + s]), max_of); }
+    }
+    workgroupBarrier();
 }
 
 @compute @workgroup_size(WG)
@@ -73,9 +88,22 @@ fn main(@builtin(local_invocation_index) t: u32) {
     let lo = min(t * chunk, N);
     let hi = min(lo + chunk, N);
     var equal = 0u;
+    // TAIL: the weights of the keys below the threshold, then of the equal ones not taken.
+    let temperature = bitcast<f32>(want[1]);
+    var top = 0.0;
+    var tail = 0.0;
+    if (TAIL) {
+        var m = vec2<f32>(-3.4e38, 0.0);
+        for (var i = t; i < N; i += WG) { m = max(m, vec2<f32>(logits[i], abs(logits[i]))); }
+        red[t] = m;
+        reduce(t, true);
+        top = red[0].x / temperature;
+        if (t == 0u) { out[2] = bitcast<u32>(red[0].y); }
+    }
     for (var i = lo; i < hi; i++) {
-        let k = key(logits[i]);
-        if (k > threshold) { emit(i); } else if (k == threshold) { equal += 1u; }
+        let l = logits[i];
+        let k = key(l);
+        if (k > threshold) { emit(i); } else if (k == threshold) { equal += 1u; } else if (TAIL) { tail += exp(l / temperature - top); }
     }
     ties_before[t] = equal;
     workgroupBarrier();
@@ -89,11 +117,16 @@ fn main(@builtin(local_invocation_index) t: u32) {
     }
     workgroupBarrier();
     var before = ties_before[t];
-    for (var i = lo; i < hi && before < take_ties; i++) {
+    for (var i = lo; i < hi && (TAIL || before < take_ties); i++) {
         if (key(logits[i]) == threshold) {
-            emit(i);
+            if (before < take_ties) { emit(i); } else { tail += exp(logits[i] / temperature - top); }
             before += 1u;
         }
+    }
+    if (TAIL) {
+        red[t] = vec2<f32>(tail, 0.0);
+        reduce(t, false);
+        if (t == 0u) { out[1] = bitcast<u32>(red[0].x); }
     }
     workgroupBarrier();
     if (t == 0u) { out[0] = atomicLoad(&written); }

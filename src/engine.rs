@@ -5,9 +5,9 @@ use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::ByteSource;
 use crate::gpu::kernels::MAX_TOP_K;
-use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, InFlight, KvStore, Readback};
+use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, InFlight, KvStore, Readback, Selection};
 use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
-use crate::sampling::{all_finite, argmax, Candidate, Sampler, SamplingParams};
+use crate::sampling::{all_finite, argmax, Candidate, Sampler, SamplingParams, Tail};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use web_time::Instant;
 
@@ -156,6 +156,8 @@ pub struct Engine {
     logits: Vec<f32>,
     /// The largest logits a top-k sampler draws from (GPU selection), reused every token.
     top: Vec<(u32, f32)>,
+    /// What a top-p/min-p selection says of the logits it did not select.
+    tail: Tail,
 }
 
 impl Engine {
@@ -202,6 +204,7 @@ impl Engine {
         Ok(Self {
             logits: vec![0.0; config.vocab_size],
             top: Vec::with_capacity(MAX_TOP_K),
+            tail: Tail::default(),
             config,
             tokenizer,
             chat_template,
@@ -373,12 +376,15 @@ impl Engine {
         candidates: &mut Vec<TokenCandidate>,
     ) -> Result<u32> {
         // A top-k sampler on the GPU needs only the k largest logits: selected there, 8 bytes
-        // each come back instead of the whole vocabulary.
-        let top_k_only = match &self.backend {
-            Backend::Gpu(_) if top == 0 => sampler.top_k_only().filter(|&k| k <= MAX_TOP_K),
-            _ => None,
-        };
-        let want_logits = (sampler.needs_logits() || top > 0) && top_k_only.is_none();
+        // each come back instead of the whole vocabulary. A top-p/min-p sampler without top-k
+        // takes the largest MAX_TOP_K and what the rest add up to, and reads every logit only
+        // when those cannot decide.
+        let on_gpu = matches!(self.backend, Backend::Gpu(_)) && top == 0;
+        let top_k_only = sampler.top_k_only().filter(|&k| on_gpu && k <= MAX_TOP_K);
+        let nucleus = on_gpu && top_k_only.is_none() && sampler.nucleus_only();
+        let select = top_k_only.or(nucleus.then_some(MAX_TOP_K));
+        let want_logits = (sampler.needs_logits() || top > 0) && select.is_none();
+        let temperature = sampler.params().temperature;
         let greedy_id = match &mut self.backend {
             Backend::Cpu { model, cache } => {
                 self.logits = model.forward(cache, tokens, Logits::Last)?;
@@ -389,9 +395,13 @@ impl Engine {
                 let chunks = tokens.chunks(PREFILL_CHUNK).count();
                 let mut id = None;
                 for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
-                    let readback = match (i + 1 == chunks, want_logits, top_k_only) {
+                    let readback = match (i + 1 == chunks, want_logits, select) {
                         (false, ..) => Readback::None,
-                        (true, false, Some(k)) => Readback::TopK(k, &mut self.top),
+                        (true, false, Some(k)) => Readback::TopK(Selection {
+                            k,
+                            out: &mut self.top,
+                            tail: nucleus.then_some((temperature, &mut self.tail)),
+                        }),
                         (true, false, None) => Readback::Argmax,
                         (true, true, _) => Readback::Logits(&mut self.logits),
                     };
@@ -421,8 +431,17 @@ impl Engine {
                 })
                 .collect();
         }
+        let vocab = self.config.vocab_size;
         let id = match greedy_id {
             _ if top_k_only.is_some() => sampler.sample_top_k(&self.top),
+            _ if nucleus => match sampler.sample_nucleus(&self.top, vocab, self.tail) {
+                Some(id) => id,
+                None => {
+                    let Backend::Gpu(model) = &self.backend else { unreachable!("selected on the GPU") };
+                    model.read_logits(&mut self.logits).await?;
+                    sampler.sample(&mut self.logits)
+                }
+            },
             Some(id) if !want_logits => id,
             _ => sampler.sample(&mut self.logits),
         };

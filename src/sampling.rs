@@ -183,8 +183,55 @@ impl Sampler {
     pub fn sample_top_k(&mut self, top: &[(u32, f32)]) -> u32 {
         self.candidates.clear();
         self.candidates.extend_from_slice(top);
-        self.temper_and_cut();
+        let z = self.temper(None);
+        self.cut(z);
         self.draw()
+    }
+
+    /// Whether `sample_nucleus` can stand in for `sample`: no top-k, no penalties, and a top-p or
+    /// min-p cut, which usually keeps a few of the largest logits (OpenAI-style requests).
+    pub fn nucleus_only(&self) -> bool {
+        let p = &self.params;
+        !p.is_greedy() && !p.has_penalties() && p.top_k == 0 && (p.top_p < 1.0 || p.min_p > 0.0)
+    }
+
+    /// `sample` given the `top.len()` largest logits (any order) of a vocabulary of `vocab` and
+    /// what the rest add up to (`tail`): the same token as `sample` on all the logits, or None,
+    /// drawing nothing, when the cut cannot be told from these alone (the nucleus reaches past
+    /// them, or the tail's error bound straddles a top-p boundary): then `sample` needs them all.
+    pub fn sample_nucleus(&mut self, top: &[(u32, f32)], vocab: usize, tail: Tail) -> Option<u32> {
+        self.candidates.clear();
+        self.candidates.extend_from_slice(top);
+        let complete = top.len() >= vocab;
+        let Some(head) = self.temper(Some(tail.max_abs)) else {
+            // All the mass on the largest logit, as `sample` has it.
+            return Some(self.draw());
+        };
+        let p = &self.params;
+        let (z, err) = (head + tail.sum as f64, tail.sum as f64 * TAIL_REL_ERROR);
+        if p.top_p < 1.0 {
+            // The cut falls where the running mass first reaches top_p of the total: it must
+            // fall on the same candidate for every total within the tail's error.
+            let (lo, hi) = (p.top_p as f64 * (z - err), p.top_p as f64 * (z + err));
+            let mut mass = 0f64;
+            for &(_, e) in &self.candidates {
+                mass += e as f64;
+                if mass >= lo && mass < hi {
+                    return None;
+                }
+                if mass >= hi {
+                    break;
+                }
+            }
+            if mass < hi && !complete {
+                return None;
+            }
+        } else if !complete && self.candidates.last().is_some_and(|&(_, e)| e >= p.min_p) {
+            // min-p alone keeps every token up to the smallest here: more may follow.
+            return None;
+        }
+        self.cut(Some(z));
+        Some(self.draw())
     }
 
     /// Picks the next token from `logits` (modified in place by the penalties).
@@ -261,42 +308,74 @@ impl Sampler {
             cands.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             cands.truncate(p.top_k);
         }
-        self.temper_and_cut();
+        let z = self.temper(None);
+        self.cut(z);
     }
 
-    /// The candidates (top-k's, as raw logits) divided by the temperature, sorted, made
-    /// probabilities, then cut by top-p and min-p. `sample_top_k` starts here, with the same
-    /// candidates the GPU selected, so both paths draw from identical numbers.
-    fn temper_and_cut(&mut self) {
-        let p = &self.params;
+    /// The candidates (raw logits) divided by the temperature, sorted, and replaced by their
+    /// weights exp(l / T - l_max / T) (unnormalized probabilities: the largest is 1); returns
+    /// their sum. A temperature so small that some logit / temperature overflows (`max_abs`: the
+    /// largest |logit| of the whole vocabulary, when the candidates are not all of it) leaves all
+    /// the mass on the largest logit, which is greedy decoding: one candidate, and None.
+    fn temper(&mut self, max_abs: Option<f32>) -> Option<f64> {
+        let t = self.params.temperature;
         let cands = &mut self.candidates;
         sort_desc(cands);
-        // A temperature so small that a candidate's logit / temperature overflows leaves all the
-        // mass on the largest logit: that is greedy decoding (the logits themselves are finite).
-        if cands.iter().any(|c| !(c.1 / p.temperature).is_finite()) {
+        let overflows = |l: f32| !(l / t).is_finite();
+        if max_abs.map_or(cands.iter().any(|c| overflows(c.1)), overflows) {
             cands.truncate(1);
             cands[0].1 = 1.0;
-            return;
+            return None;
         }
-        cands.iter_mut().for_each(|c| c.1 /= p.temperature);
-        softmax_pairs(cands);
+        cands.iter_mut().for_each(|c| c.1 /= t);
+        let max = cands.first().map_or(0.0, |c| c.1);
+        let mut sum = 0f64;
+        for c in cands.iter_mut() {
+            c.1 = libm::expf(c.1 - max);
+            sum += c.1 as f64;
+        }
+        Some(sum)
+    }
+
+    /// Cuts the tempered candidates by top-p (the running weight first reaching top_p of `z`,
+    /// the whole vocabulary's weight) and min-p (a weight of at least min_p: the largest is 1).
+    /// `z` None: nothing to cut (an overflowed temperature left one candidate).
+    fn cut(&mut self, z: Option<f64>) {
+        let (p, cands) = (&self.params, &mut self.candidates);
+        let Some(z) = z else { return };
         if p.top_p < 1.0 {
+            let target = p.top_p as f64 * z;
             let mut mass = 0f64;
             let keep = cands
                 .iter()
-                .position(|&(_, prob)| {
-                    mass += prob as f64;
-                    mass >= p.top_p as f64
+                .position(|&(_, e)| {
+                    mass += e as f64;
+                    mass >= target
                 })
                 .map_or(cands.len(), |i| i + 1);
             cands.truncate(keep);
         }
         if p.min_p > 0.0 {
-            let threshold = cands[0].1 * p.min_p;
-            cands.retain(|&(_, prob)| prob >= threshold);
+            cands.retain(|&(_, e)| e >= p.min_p);
         }
     }
 }
+
+/// What a GPU selection of the largest logits says of the rest of the vocabulary, for
+/// `Sampler::sample_nucleus`.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Tail {
+    /// The sum of exp(l / T - l_max / T) over the logits not selected (f32 on the GPU).
+    pub sum: f32,
+    /// The largest |logit| of the whole vocabulary.
+    pub max_abs: f32,
+}
+
+/// The bound on `Tail::sum`'s relative error that `sample_nucleus` allows for: WGSL's `exp` may
+/// be off by 3 + 2|x| ULP (|x| < 88 for any term that is not 0: 1.1e-5), its argument by the
+/// rounding of l / T (5e-6), and the f32 sum of up to 192 terms a thread then a tree of 256
+/// (1.2e-5): 3e-5 at worst, with a margin of 3.
+pub const TAIL_REL_ERROR: f64 = 1e-4;
 
 /// Whether every logit is a finite number: a model that produced NaN or infinity gives no token.
 pub fn all_finite(logits: &[f32]) -> bool {

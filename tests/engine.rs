@@ -152,13 +152,38 @@ fn gpu_top_k_sampling_reads_back_k_candidates_and_draws_what_sampling_all_logits
     let options = GenerateOptions { max_tokens: 24, sampling, ignore_eos: true, ..Default::default() };
     let (ids, _, stats) = run(&mut engine, &prompt, &options);
     assert_eq!(ids.len(), 24);
-    // Per step: the argmax's non-finite flag and the count, then 40 (id, logit) pairs.
+    // Per step: the argmax's non-finite flag, the count, the tail's two words (unused here),
+    // then 40 (id, logit) pairs.
     let read = stats.decode_counters.unwrap().bytes_read_back;
-    assert_eq!(read, stats.decode_steps as u64 * (8 + 8 * 40));
+    assert_eq!(read, stats.decode_steps as u64 * (16 + 8 * 40));
     // Asking for candidates to show reads all the logits back and samples from them: the same
     // sampler, the same seed, the same tokens.
     let (all_ids, _, all_stats) = run(&mut engine, &prompt, &GenerateOptions { top_candidates: 3, ..options.clone() });
     assert_eq!(ids, all_ids);
     let vocab_bytes = 4 * engine.config.vocab_size as u64;
     assert!(all_stats.decode_counters.unwrap().bytes_read_back >= all_stats.decode_steps as u64 * vocab_bytes);
+}
+
+#[test]
+fn gpu_top_p_sampling_reads_back_the_largest_logits_and_draws_what_sampling_all_logits_draws() {
+    let mut engine = engine(BackendKind::Gpu);
+    let vocab_bytes = 4 * engine.config.vocab_size as u64;
+    let prompt = Prompt::Text(golden_case("raw_once_upon")["prompt_text"].as_str().unwrap().into());
+    // OpenAI-style: temperature and top-p (or min-p), no top-k.
+    for (temperature, top_p, min_p, seed) in [(0.8, 0.9, 0.0, 13), (1.0, 0.95, 0.0, 14), (0.7, 1.0, 0.05, 15)] {
+        let sampling = SamplingParams { temperature, top_k: 0, top_p, min_p, seed, ..SamplingParams::greedy() };
+        let options = GenerateOptions { max_tokens: 32, sampling, ignore_eos: true, ..Default::default() };
+        let (ids, _, stats) = run(&mut engine, &prompt, &options);
+        assert_eq!(ids.len(), 32);
+        // Per step the 1024 largest (8 KiB) and the tail; all the logits only when those could
+        // not decide.
+        let (steps, read) = (stats.decode_steps as u64, stats.decode_counters.unwrap().bytes_read_back);
+        let selected = steps * (16 + 8 * 1024);
+        let fallbacks = (read - selected) / vocab_bytes;
+        assert_eq!(read, selected + fallbacks * vocab_bytes, "temperature {temperature}, top-p {top_p}");
+        assert!(fallbacks <= steps / 4, "{fallbacks} of {steps} steps read every logit");
+        // The same sampler on every logit read back (asking for candidates): the same tokens.
+        let (all_ids, ..) = run(&mut engine, &prompt, &GenerateOptions { top_candidates: 3, ..options.clone() });
+        assert_eq!(ids, all_ids, "temperature {temperature}, top-p {top_p}, min-p {min_p}");
+    }
 }

@@ -32,7 +32,7 @@ use webgpu_llm::model::reference::{self, AttentionKind};
 use webgpu_llm::model::ModelConfig;
 use webgpu_llm::quant::dequantize;
 use webgpu_llm::quant::FORMATS;
-use webgpu_llm::sampling::Rng;
+use webgpu_llm::sampling::{Rng, TAIL_REL_ERROR};
 
 struct Harness {
     gpu: Gpu,
@@ -733,20 +733,35 @@ gpu_test! {
                 logits[2] = -1e-30;
             }
             let lb = h.buf(&logits);
-            let want = h.u32_buf(&[k as u32]);
-            let out = h.u32_buf(&vec![0; kernels::TOP_K_WORDS]);
-            let op = kernels::top_k(&h.gpu, &mut h.cache, n, &lb, &want, &out);
-            h.run(&[op], 1);
-            let words: Vec<u32> = bytemuck::cast_slice(&h.gpu.read_buffer(&out, 4 * kernels::TOP_K_WORDS as u64).await.unwrap()).to_vec();
-            let count = words[0] as usize;
-            let mut got: Vec<(u32, f32)> =
-                words[1..1 + 2 * count].chunks_exact(2).map(|p| (p[0], f32::from_bits(p[1]))).collect();
-            got.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             // The CPU sampler's order: value descending (-0 below +0, as total_cmp has it), then id.
             let mut all: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
             all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            all.truncate(k.min(n));
-            assert_eq!(got, all, "n = {n}, k = {k}, step {step}");
+            let (top, rest) = all.split_at(k.min(n));
+            for tail in [false, true] {
+                let temperature = 0.7f32;
+                let want = h.u32_buf(&[k as u32, temperature.to_bits()]);
+                let out = h.u32_buf(&vec![0; kernels::TOP_K_WORDS]);
+                let op = kernels::top_k(&h.gpu, &mut h.cache, n, tail, &lb, &want, &out);
+                h.run(&[op], 1);
+                let words: Vec<u32> =
+                    bytemuck::cast_slice(&h.gpu.read_buffer(&out, 4 * kernels::TOP_K_WORDS as u64).await.unwrap()).to_vec();
+                let count = words[0] as usize;
+                let mut got: Vec<(u32, f32)> =
+                    words[3..3 + 2 * count].chunks_exact(2).map(|p| (p[0], f32::from_bits(p[1]))).collect();
+                got.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                assert_eq!(got, top, "n = {n}, k = {k}, step {step}, tail {tail}");
+                if tail {
+                    // What the rest weigh, in f64 from the definition, within the error the
+                    // sampler allows for (a third of it: the bound's own estimate).
+                    let max = top[0].1 as f64 / temperature as f64;
+                    let exact: f64 = rest.iter().map(|&(_, l)| (l as f64 / temperature as f64 - max).exp()).sum();
+                    let sum = f32::from_bits(words[1]) as f64;
+                    let bound = exact * TAIL_REL_ERROR / 3.0 + 1e-30;
+                    assert!((sum - exact).abs() <= bound, "n = {n}, k = {k}, step {step}: tail {sum} vs {exact}");
+                    let max_abs = logits.iter().fold(0f32, |m, l| m.max(l.abs()));
+                    assert_eq!(f32::from_bits(words[2]), max_abs, "n = {n}, k = {k}, step {step}");
+                }
+            }
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The sampler against hand-computed cases and the distributions it must draw from.
 
-use webgpu_llm::sampling::{argmax, Rng, Sampler, SamplingParams};
+use webgpu_llm::sampling::{argmax, Rng, Sampler, SamplingParams, Tail, TAIL_REL_ERROR};
 use webgpu_llm::Error;
 
 fn params(temperature: f32, top_k: usize, top_p: f32, min_p: f32, seed: u64) -> SamplingParams {
@@ -225,4 +225,76 @@ fn sampling_from_the_k_largest_logits_gives_the_same_tokens_as_from_all_of_them(
     let penalized = SamplingParams { repetition_penalty: 1.1, ..params(0.7, 40, 0.9, 0.0, 1) };
     assert_eq!(Sampler::new(penalized, 10).unwrap().top_k_only(), None);
     assert_eq!(Sampler::new(SamplingParams::greedy(), 10).unwrap().top_k_only(), None);
+}
+
+/// Logits falling off as -s ln(rank) (a language model's usual shape), ids shuffled.
+fn zipf_logits(n: usize, s: f64, seed: u64) -> Vec<f32> {
+    let mut rng = Rng::new(seed);
+    let mut logits: Vec<f32> = (0..n).map(|r| (-s * ((r + 1) as f64).ln() + rng.next_f64() * 0.1) as f32).collect();
+    for i in (1..n).rev() {
+        logits.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    logits
+}
+
+/// What the GPU reports of the logits outside the k largest: their weights' sum (computed here in
+/// f64 from its definition, then put off by up to half the error the sampler allows, as the
+/// GPU's f32 exp and sums are) and the largest |logit|.
+fn tail_of(logits: &[f32], k: usize, temperature: f32, rng: &mut Rng) -> Tail {
+    let mut sorted = logits.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let max = sorted[0] as f64 / temperature as f64;
+    let exact: f64 = sorted[k.min(sorted.len())..].iter().map(|&l| (l as f64 / temperature as f64 - max).exp()).sum();
+    let off = (rng.next_f64() * 2.0 - 1.0) * 0.5 * TAIL_REL_ERROR;
+    Tail { sum: (exact * (1.0 + off)) as f32, max_abs: logits.iter().fold(0f32, |m, l| m.max(l.abs())) }
+}
+
+#[test]
+fn top_p_and_min_p_sampling_from_the_largest_logits_and_the_tail_gives_the_same_tokens_as_from_all() {
+    let mut rng = Rng::new(5);
+    let (n, k) = (5000, 256);
+    // (logits, temperature, top-p, min-p, the least share of draws told from the k largest).
+    let cases: Vec<(Vec<f32>, f32, f32, f32, f64)> = vec![
+        (zipf_logits(n, 2.0, 1), 0.7, 0.9, 0.0, 0.9),
+        (zipf_logits(n, 1.5, 2), 1.0, 0.95, 0.0, 0.8),
+        (zipf_logits(n, 2.0, 3), 0.8, 1.0, 0.05, 0.9),
+        (zipf_logits(n, 1.2, 4), 1.0, 0.5, 0.1, 0.8),
+        (zipf_logits(n, 3.0, 5), 1e-38, 0.9, 0.0, 1.0),
+        // Flat: the nucleus reaches past the k largest, so every draw needs all the logits.
+        (spread_logits(n, 6), 1.0, 0.99, 0.0, 0.0),
+        (spread_logits(n, 7), 1.0, 1.0, 0.001, 0.0),
+    ];
+    for (logits, temperature, top_p, min_p, least) in cases {
+        let p = params(temperature, 0, top_p, min_p, 9);
+        let (mut all, mut top) = (Sampler::new(p.clone(), n).unwrap(), Sampler::new(p, n).unwrap());
+        assert!(top.nucleus_only());
+        let mut shuffle = Rng::new(3);
+        let (mut told, draws) = (0, 400);
+        for draw in 0..draws {
+            let want = all.sample(&mut logits.clone());
+            let largest = largest(&logits, k, &mut shuffle);
+            let got = match top.sample_nucleus(&largest, n, tail_of(&logits, k, temperature, &mut rng)) {
+                Some(id) => {
+                    told += 1;
+                    id
+                }
+                // The engine's fallback: every logit read back.
+                None => top.sample(&mut logits.clone()),
+            };
+            assert_eq!(got, want, "temperature {temperature}, top-p {top_p}, min-p {min_p}, draw {draw}");
+        }
+        let share = told as f64 / draws as f64;
+        assert!(
+            share >= least,
+            "temperature {temperature}, top-p {top_p}, min-p {min_p}: {share} told from the largest"
+        );
+        if least == 0.0 {
+            assert_eq!(told, 0, "a nucleus past the k largest is never cut from them alone");
+        }
+    }
+    // Top-k set, penalties or neither cut: not a nucleus sampler.
+    assert!(!Sampler::new(params(0.7, 40, 0.9, 0.0, 1), 10).unwrap().nucleus_only());
+    assert!(!Sampler::new(params(0.7, 0, 1.0, 0.0, 1), 10).unwrap().nucleus_only());
+    let penalized = SamplingParams { presence_penalty: 0.5, ..params(0.7, 0, 0.9, 0.0, 1) };
+    assert!(!Sampler::new(penalized, 10).unwrap().nucleus_only());
 }

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::gguf::{ByteSource, Gguf, TensorInfo};
 use crate::model::reference::AttentionKind;
 use crate::model::ModelConfig;
+use crate::sampling::Tail;
 
 /// The named tensors' infos and bytes, read one after another from the source.
 async fn fetch<'g>(
@@ -39,9 +40,19 @@ pub enum Readback<'a> {
     Argmax,
     /// The last position's logits, into the given slice (vocab values).
     Logits(&'a mut [f32]),
-    /// The last position's `k` largest logits (at most `kernels::MAX_TOP_K`) as (id, logit)
-    /// pairs in no order, selected on the GPU: what a top-k sampler needs, 8 bytes a candidate.
-    TopK(usize, &'a mut Vec<(u32, f32)>),
+    /// The last position's largest logits selected on the GPU: what a top-k sampler needs, 8
+    /// bytes a candidate; with `tail`, also what a top-p/min-p sampler needs of the rest.
+    TopK(Selection<'a>),
+}
+
+/// `Readback::TopK`: the `k` largest logits (at most `kernels::MAX_TOP_K`) into `out` as (id,
+/// logit) pairs in no order; with `tail` = (temperature, where to put it), the `sampling::Tail`
+/// of the logits not selected.
+#[derive(Debug, PartialEq)]
+pub struct Selection<'a> {
+    pub k: usize,
+    pub out: &'a mut Vec<(u32, f32)>,
+    pub tail: Option<(f32, &'a mut Tail)>,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -143,7 +154,8 @@ pub struct GpuModel {
     buf: Buffers,
     decode: Vec<Dispatch>,
     prefill: Vec<Dispatch>,
-    /// The top-k selection that follows a pass when a sampler asks for it.
+    /// The top-k selection that follows a pass when a sampler asks for it: without and with
+    /// the tail.
     select: Vec<Dispatch>,
     /// Prefill that keeps every position's logits (perplexity, tests); made on first use.
     all_logits: Option<(Vec<Dispatch>, wgpu::Buffer)>,
@@ -282,8 +294,11 @@ impl GpuModel {
         model.prefill = model.record(Pass::Prefill);
         let b = &model.buf;
         let vocab = model.config.vocab_size;
-        model.select =
-            vec![kernels::top_k(&model.gpu, &mut model.pipelines, vocab, &b.logits, &b.top_k_want, &b.top_k_out)];
+        model.select = [false, true]
+            .map(|tail| {
+                kernels::top_k(&model.gpu, &mut model.pipelines, vocab, tail, &b.logits, &b.top_k_want, &b.top_k_out)
+            })
+            .into();
         model.gpu.memory_watched(watch).await?;
         model.gpu.check()?;
         Ok(model)
@@ -329,7 +344,7 @@ impl GpuModel {
             v_cache: (0..c.n_layers).map(|_| gpu.storage("v_cache", kv_bytes)).collect::<Result<_>>()?,
             staging_argmax: [gpu.readback("staging_argmax", 4), gpu.readback("staging_argmax", 4)],
             staging_logits: gpu.readback("staging_logits", c.vocab_size as u64 * f),
-            top_k_want: gpu.storage("top_k_want", 4)?,
+            top_k_want: gpu.storage("top_k_want", 8)?,
             top_k_out: gpu.storage("top_k_out", kernels::TOP_K_WORDS as u64 * 4)?,
             staging_top_k: gpu.readback("staging_top_k", (1 + kernels::TOP_K_WORDS) as u64 * 4),
         })
@@ -591,6 +606,16 @@ impl GpuModel {
         Ok(id)
     }
 
+    /// The last step's logits, still in GPU memory until the next step: for a sampler that the
+    /// selection on the GPU could not serve (`Sampler::sample_nucleus` said None).
+    pub async fn read_logits(&self, out: &mut [f32]) -> Result<()> {
+        let (b, bytes) = (&self.buf, self.config.vocab_size as u64 * 4);
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&b.logits, 0, &b.staging_logits, 0, bytes);
+        self.gpu.submit(enc);
+        self.gpu.read_mapped(&b.staging_logits, bytes, |v| out.copy_from_slice(bytemuck::cast_slice(v))).await
+    }
+
     /// Runs `tokens` at positions `start..` (one pass: at most PREFILL_CHUNK tokens), writing
     /// their keys and values into the cache. Returns the argmax when asked for it.
     pub async fn step(&mut self, tokens: &[u32], start: usize, readback: Readback<'_>) -> Result<Option<u32>> {
@@ -607,30 +632,32 @@ impl GpuModel {
         let host = HostClock::now();
         self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(tokens));
         let top_k = match &readback {
-            Readback::TopK(k, _) => (*k).clamp(1, kernels::MAX_TOP_K.min(self.config.vocab_size)),
+            Readback::TopK(sel) => sel.k.clamp(1, kernels::MAX_TOP_K.min(self.config.vocab_size)),
             _ => 0,
         };
-        if top_k > 0 {
-            self.gpu.queue.write_buffer(&self.buf.top_k_want, 0, bytemuck::bytes_of(&(top_k as u32)));
+        if let Readback::TopK(sel) = &readback {
+            let temperature = sel.tail.as_ref().map_or(0.0, |t| t.0);
+            let want = [top_k as u32, temperature.to_bits()];
+            self.gpu.queue.write_buffer(&self.buf.top_k_want, 0, bytemuck::cast_slice(&want));
         }
         let mut enc = self.encode(n, start);
         let b = &self.buf;
         let logits_bytes = self.config.vocab_size as u64 * 4;
         let slot = self.next_slot;
-        match readback {
+        match &readback {
             Readback::None => {}
             Readback::Argmax => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4),
             Readback::Logits(_) => enc.copy_buffer_to_buffer(&b.logits, 0, &b.staging_logits, 0, logits_bytes),
-            Readback::TopK(..) => {
+            Readback::TopK(sel) => {
                 {
                     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                         label: Some("top_k"),
                         timestamp_writes: None,
                     });
-                    self.select.iter().for_each(|op| op.encode(&mut pass, 1));
+                    self.select[sel.tail.is_some() as usize].encode(&mut pass, 1);
                 }
                 enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_top_k, 0, 4);
-                enc.copy_buffer_to_buffer(&b.top_k_out, 0, &b.staging_top_k, 4, (1 + 2 * top_k as u64) * 4);
+                enc.copy_buffer_to_buffer(&b.top_k_out, 0, &b.staging_top_k, 4, (3 + 2 * top_k as u64) * 4);
             }
         }
         let submission = self.gpu.submit(enc);
@@ -643,14 +670,17 @@ impl GpuModel {
                 let flight = InFlight { slot, submission, position: start + n };
                 self.read_greedy(flight).await.map(Some)
             }
-            Readback::TopK(_, out) => {
+            Readback::TopK(sel) => {
                 let finite = self
                     .gpu
-                    .read_mapped(&b.staging_top_k, (2 + 2 * top_k as u64) * 4, |bytes| {
+                    .read_mapped(&b.staging_top_k, (4 + 2 * top_k as u64) * 4, |bytes| {
                         let words: &[u32] = bytemuck::cast_slice(bytes);
                         let count = (words[1] as usize).min(top_k);
-                        out.clear();
-                        out.extend(words[2..2 + 2 * count].chunks_exact(2).map(|p| (p[0], f32::from_bits(p[1]))));
+                        sel.out.clear();
+                        sel.out.extend(words[4..4 + 2 * count].chunks_exact(2).map(|p| (p[0], f32::from_bits(p[1]))));
+                        if let Some((_, tail)) = sel.tail {
+                            *tail = Tail { sum: f32::from_bits(words[2]), max_abs: f32::from_bits(words[3]) };
+                        }
                         // The argmax kernel flags NaN or infinite logits with u32::MAX.
                         words[0] != u32::MAX
                     })
