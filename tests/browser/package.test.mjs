@@ -565,7 +565,9 @@ test("a random-weight 8B-shaped Q4_0 model (4.2 GB) loads through the package an
   const size = writeBigModel(file, modelPath);
   assert.ok(size > 4e9, `${size} bytes`);
   try {
-    const result = await tab.evaluate(async () => {
+    // Started here, awaited below by its progress: a stall fails in minutes, naming its phase.
+    await tab.evaluate(() => {
+      window.bigResult = (async () => {
       // Sampled every 100 ms while the model downloads into the cache, uploads and generates.
       const peak = { heap: 0, wasm: 0 };
       let phase = "start";
@@ -585,11 +587,16 @@ test("a random-weight 8B-shaped Q4_0 model (4.2 GB) loads through the package an
           onProgress: (p) => {
             phase = p.phase;
             ms[p.phase] = performance.now() - t0;
+            window.bigProgress = [p.phase, p.loaded];
           },
         });
         phase = "generate";
+        window.bigProgress = [phase];
         const ids = [];
-        for await (const ev of engine.generate("Hello", { temperature: 0, maxTokens: 2, ignoreEos: true })) ids.push(ev.id);
+        for await (const ev of engine.generate("Hello", { temperature: 0, maxTokens: 2, ignoreEos: true })) {
+          ids.push(ev.id);
+          window.bigProgress = [phase, ids.length];
+        }
         ms.generate = performance.now() - t0;
         phase = "done";
         await sample();
@@ -603,7 +610,10 @@ test("a random-weight 8B-shaped Q4_0 model (4.2 GB) loads through the package an
       } finally {
         clearInterval(timer);
       }
+      })().then((r) => (window.bigDone = true, r));
     });
+    await waitWithProgress(tab, () => window.bigDone, () => window.bigProgress, { stall: 300_000 });
+    const result = await tab.evaluate(() => window.bigResult);
     console.log(JSON.stringify(result));
     assert.equal(result.failure, undefined);
     assert.equal(result.info.nLayers, 32);
