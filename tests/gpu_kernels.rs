@@ -62,8 +62,7 @@ impl Harness {
         all
     }
     fn set(&self, n_tokens: usize, start: usize) {
-        let p =
-            Params { n_tokens: n_tokens as u32, start_pos: start as u32, seq_len: (start + n_tokens) as u32, pad: 0 };
+        let p = Params::at(start, n_tokens);
         self.gpu.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
     }
     fn buf(&self, values: &[f32]) -> wgpu::Buffer {

@@ -1,7 +1,8 @@
 //! The forward pass on the GPU, read top to bottom as a list of named dispatches per layer.
 //! Everything — weights, KV cache, activations, pipelines, bind groups — is created at load;
-//! a step writes a 16-byte uniform (and the token ids), encodes the recorded dispatches in one
-//! compute pass, submits once, and reads back 4 bytes (greedy) or the logits (sampling).
+//! a step sets a 16-byte uniform (a decode step copies it from a table made at load) and the
+//! token ids, encodes the recorded dispatches in one compute pass, submits once, and reads back
+//! 4 bytes (greedy), the largest logits (sampling on the GPU's selection) or all of them.
 
 use super::kernels::{self, Dispatch, Epilogue, Ledger, NormOut, Params, QkvExtras, RopeKvFold};
 use super::shader::PipelineCache;
@@ -327,8 +328,8 @@ impl GpuModel {
         Ok(Buffers {
             params: gpu.uniform("params", std::mem::size_of::<Params>() as u64),
             decode_params: {
-                let at = |p: usize| Params { n_tokens: 1, start_pos: p as u32, seq_len: p as u32 + 1, pad: 0 };
-                gpu.storage_init("decode_params", bytemuck::cast_slice(&(0..context).map(at).collect::<Vec<_>>()))?
+                let table: Vec<Params> = (0..context).map(|p| Params::at(p, 1)).collect();
+                gpu.storage_init("decode_params", bytemuck::cast_slice(&table))?
             },
             tokens: gpu.storage("tokens", n * 4)?,
             x: gpu.storage("x", n * c.d_model as u64 * f)?,
@@ -481,7 +482,7 @@ impl GpuModel {
             self.all_logits = Some((ops, buffer));
         }
         let (ops, buffer) = self.all_logits.as_ref().expect("recorded above");
-        let params = Params { n_tokens: n as u32, start_pos: start as u32, seq_len: (start + n) as u32, pad: 0 };
+        let params = Params::at(start, n);
         self.gpu.queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
         self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(tokens));
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
@@ -505,7 +506,7 @@ impl GpuModel {
     /// waited for alone, so the sum exceeds a real step): where the time of a step goes.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn profile(&self, n: usize, start: usize) -> Result<Vec<(&'static str, f64)>> {
-        let params = Params { n_tokens: n as u32, start_pos: start as u32, seq_len: (start + n) as u32, pad: 0 };
+        let params = Params::at(start, n);
         self.gpu.queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
         let mut totals: Vec<(&'static str, f64)> = Vec::new();
         for op in if n == 1 { &self.decode } else { &self.prefill } {
@@ -560,7 +561,7 @@ impl GpuModel {
         if n == 1 {
             enc.copy_buffer_to_buffer(&self.buf.decode_params, start as u64 * size, &self.buf.params, 0, size);
         } else {
-            let params = Params { n_tokens: n as u32, start_pos: start as u32, seq_len: (start + n) as u32, pad: 0 };
+            let params = Params::at(start, n);
             self.gpu.queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
         }
         {

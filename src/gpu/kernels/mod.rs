@@ -31,6 +31,13 @@ pub struct Params {
     pub pad: u32,
 }
 
+impl Params {
+    /// A pass of `n_tokens` tokens at positions `start_pos ..`.
+    pub fn at(start_pos: usize, n_tokens: usize) -> Self {
+        Self { n_tokens: n_tokens as u32, start_pos: start_pos as u32, seq_len: (start_pos + n_tokens) as u32, pad: 0 }
+    }
+}
+
 /// Workgroup counts; `tokens` scales one axis with the pass's token count.
 #[derive(Debug, Clone, Copy)]
 pub struct Groups {
