@@ -1,8 +1,11 @@
 // Types of the webgpu-llm package.
 
 export interface Progress {
-  /** "download" while the file is fetched (or read from the cache), "upload" while weights go to the GPU. */
-  phase: "download" | "upload";
+  /**
+   * "download" while the file is fetched (or read from the cache), "prepare" while its header is
+   * read and the GPU device is opened, "upload" while weights go to the GPU.
+   */
+  phase: "download" | "prepare" | "upload";
   loaded: number;
   total: number;
 }
@@ -15,6 +18,12 @@ export interface LoadOptions {
   contextLength?: number;
   /** Run on the CPU reference forward pass instead of WebGPU (slow). */
   cpu?: boolean;
+  /**
+   * Milliseconds a Cache Storage or file read, or a GPU adapter/device request, may take before
+   * it is tried once more, then the load rejects with code "stalled"; also how long a download
+   * may bring no byte (default 60000).
+   */
+  stallMs?: number;
 }
 
 export interface GenerateOptions {
@@ -176,7 +185,8 @@ export interface Message {
  * and, for the engine's errors, a `code` to act on: "device-lost" (load the model again),
  * "out-of-gpu-memory" (a smaller model or context), "invalid-file", "unsupported",
  * "invalid-metadata", "tokenizer", "chat-template", "invalid-option", "context-overflow",
- * "non-finite", "invalid-prompt", "no-gpu", "gpu-limit", "gpu", "io".
+ * "non-finite", "invalid-prompt", "no-gpu", "gpu-limit", "gpu", "io", "stalled" (the browser
+ * did not answer a read or a GPU request, twice, or a download stopped: try again).
  */
 export interface EngineError extends Error {
   code?: string;

@@ -59,6 +59,40 @@ function orderParts(files) {
   return named.sort((a, b) => Number(a.m[1]) - Number(b.m[1])).map((n) => n.file);
 }
 
+// How long one read of Cache Storage or of a Blob, one GPU adapter request, or a download without
+// a byte may take before it counts as stalled. Headless Chromium has been seen, rarely and under
+// load, to leave a load waiting forever between the download and the upload. A load never waits
+// forever: what stalls is tried once more (a lost answer is then usually given), then it fails in
+// words with code "stalled".
+const STALL_MS = 60_000;
+
+function stalledError(message) {
+  const e = new Error(message);
+  e.code = "stalled";
+  return e;
+}
+
+/**
+ * `attempt(signal)`, tried once more when it has not settled in `ms` (`signal` is aborted then,
+ * so the attempt can let go of what it holds), else an Error with code "stalled".
+ */
+async function patiently(what, attempt, ms = STALL_MS) {
+  for (let tries = 1; ; tries++) {
+    const giveUp = new AbortController();
+    let timer;
+    const late = new Promise((resolve) => (timer = setTimeout(() => resolve(giveUp), ms)));
+    try {
+      const result = await Promise.race([attempt(giveUp.signal), late]);
+      if (result !== giveUp) return result;
+    } finally {
+      clearTimeout(timer);
+    }
+    giveUp.abort();
+    if (tries === 2) throw stalledError(`the browser did not finish ${what} within ${ms / 1000} s, twice: try again, and if it stays stuck restart the browser`);
+    console.warn(`webgpu-llm: ${what} did not finish in ${ms / 1000} s; trying once more`);
+  }
+}
+
 /** fetch, with an error in words when the server cannot be reached or answers with an error. */
 async function fetchOk(url, init) {
   let response;
@@ -87,16 +121,18 @@ const CHUNK_KEY = /[?&]webgpu-llm-chunk=\d+$/;
 const chunkKey = (url, i) => `${url}${url.includes("?") ? "&" : "?"}webgpu-llm-chunk=${i}`;
 
 /** A cached URL's bytes as one Blob (its chunks joined; read from disk as sliced), or null. */
-async function cachedBlob(store, url) {
-  const entry = await store?.match(url);
+async function cachedBlob(store, url, ms = STALL_MS) {
+  if (!store) return null;
+  const what = "reading the model from Cache Storage";
+  const read = (key) => patiently(what, async () => (await store.match(key))?.blob() ?? null, ms);
+  const entry = await patiently(what, () => store.match(url), ms);
   if (!entry) return null;
-  const chunks = Number(entry.headers.get(CHUNKS));
-  if (!entry.headers.has(CHUNKS)) return entry.blob(); // one whole-file entry
+  if (!entry.headers.has(CHUNKS)) return read(url); // one whole-file entry
   const parts = [];
-  for (let i = 0; i < chunks; i++) {
-    const chunk = await store.match(chunkKey(url, i));
+  for (let i = 0; i < Number(entry.headers.get(CHUNKS)); i++) {
+    const chunk = await read(chunkKey(url, i));
     if (!chunk) return null;
-    parts.push(await chunk.blob());
+    parts.push(chunk);
   }
   return new Blob(parts);
 }
@@ -124,9 +160,10 @@ async function deleteUrl(store, url) {
  * it when its promise settles. Returns {total, buffer}: the bytes read and the buffer, which a
  * BYOB read hands back as a new ArrayBuffer object over the same memory. With a BYOB
  * reader (fetch bodies and Blob streams in Chromium and Firefox) the bytes are read straight into
- * that buffer, so gigabytes pass through without leaving garbage in the JS heap.
+ * that buffer, so gigabytes pass through without leaving garbage in the JS heap. A read that
+ * brings nothing for `ms`, or an abort of `signal`, cancels the stream and rejects.
  */
-async function readChunks(stream, size, chunk, counted, buffer = new ArrayBuffer(size)) {
+async function readChunks(stream, size, chunk, counted, { buffer = new ArrayBuffer(size), signal = null, ms = STALL_MS } = {}) {
   let fill = 0;
   let total = 0;
   let byob = null;
@@ -136,18 +173,26 @@ async function readChunks(stream, size, chunk, counted, buffer = new ArrayBuffer
     // Not a byte stream: read its chunks and copy them in.
   }
   const reader = byob ?? stream.getReader();
+  const cancel = () => reader.cancel().catch(() => {});
+  signal?.addEventListener("abort", cancel);
+  // Each read races a timer: a stream that stops without ending (a server that hangs) fails.
+  const read = (view) => {
+    let timer;
+    const idle = new Promise((_, reject) => (timer = setTimeout(() => reject(stalledError(`no bytes of the model came for ${ms / 1000} s: the server or the disk stopped sending`)), ms)));
+    return Promise.race([view ? byob.read(view) : reader.read(), idle]).finally(() => clearTimeout(timer));
+  };
   let pending = null;
   try {
     for (;;) {
       let got;
       if (byob) {
-        const { done, value } = await byob.read(new Uint8Array(buffer, fill, size - fill));
+        const { done, value } = await read(new Uint8Array(buffer, fill, size - fill));
         if (value) buffer = value.buffer;
         if (done) break;
         got = value.byteLength;
       } else {
         if (!pending) {
-          const { done, value } = await reader.read();
+          const { done, value } = await read(null);
           if (done) break;
           pending = value;
         }
@@ -165,8 +210,10 @@ async function readChunks(stream, size, chunk, counted, buffer = new ArrayBuffer
     }
     if (fill) await chunk(new Uint8Array(buffer, 0, fill));
   } catch (e) {
-    reader.cancel().catch(() => {});
+    cancel();
     throw e;
+  } finally {
+    signal?.removeEventListener("abort", cancel);
   }
   return { total, buffer };
 }
@@ -175,12 +222,13 @@ async function readChunks(stream, size, chunk, counted, buffer = new ArrayBuffer
  * Streams a response's body into Cache Storage, chunk by chunk. `counted(n)` follows the bytes.
  * A download cut off midway rejects; the chunks stored before are removed, so nothing of it stays.
  */
-async function storeChunked(store, url, response, counted) {
+async function storeChunked(store, url, response, counted, ms) {
   let chunks = 0;
   try {
     // new Response(bytes) copies them, so the buffer can take the next chunk.
-    const { total } = await readChunks(response.body, CHUNK_BYTES, (bytes) => store.put(chunkKey(url, chunks++), new Response(bytes)), counted);
-    await store.put(url, new Response(null, { headers: { [CHUNKS]: String(chunks), [BYTES]: String(total) } }));
+    const put = (key, body, init) => patiently("storing the model in Cache Storage", () => store.put(key, new Response(body, init)), ms);
+    const { total } = await readChunks(response.body, CHUNK_BYTES, (bytes) => put(chunkKey(url, chunks++), bytes), counted, { ms });
+    await put(url, null, { headers: { [CHUNKS]: String(chunks), [BYTES]: String(total) } });
   } catch (e) {
     await deleteUrl(store, url).catch(() => {});
     throw e;
@@ -193,13 +241,21 @@ async function storeChunked(store, url, response, counted) {
  */
 class Slices {
   #buffer = new ArrayBuffer(0);
+  #ms;
+
+  constructor(ms = STALL_MS) {
+    this.#ms = ms;
+  }
 
   async read(blob, offset, len) {
     const slice = blob.slice(offset, offset + len);
     if (slice.size !== len) throw new Error(`the file is ${blob.size} bytes, too short for ${len} bytes at ${offset}: it changed or is truncated`);
     if (len === 0) return new Uint8Array(0);
-    if (this.#buffer.byteLength < len) this.#buffer = new ArrayBuffer(len);
-    const { total, buffer } = await readChunks(slice.stream(), len, () => {}, null, this.#buffer);
+    const { total, buffer } = await patiently("reading the model's bytes from disk", (signal) => {
+      // A read given up on keeps (detaches) the buffer it was handed: the next try takes a new one.
+      if (this.#buffer.byteLength < len) this.#buffer = new ArrayBuffer(len);
+      return readChunks(slice.stream(), len, () => {}, null, { buffer: this.#buffer, signal, ms: this.#ms });
+    }, this.#ms);
     this.#buffer = buffer;
     if (total !== len) throw new Error(`only ${total} of ${len} bytes at ${offset} could be read: the file changed or is truncated`);
     return new Uint8Array(buffer, 0, len);
@@ -211,7 +267,7 @@ class Slices {
  * streams into the cache (on disk) and the model is then read from there in slices, so the page
  * never holds the file in memory. A download cut off midway leaves nothing behind. `counted(loaded, total)` follows it.
  */
-async function fetchPart(store, url, cached, counted) {
+async function fetchPart(store, url, cached, counted, ms) {
   if (cached) {
     counted(cached.size, cached.size);
     return { blob: cached, fromCache: true };
@@ -220,11 +276,13 @@ async function fetchPart(store, url, cached, counted) {
   const length = bodyLength(response);
   if (store && response.body) {
     try {
-      await storeChunked(store, url, response, (loaded) => counted(loaded, length || loaded));
-      const stored = await cachedBlob(store, url);
+      await storeChunked(store, url, response, (loaded) => counted(loaded, length || loaded), ms);
+      const stored = await cachedBlob(store, url, ms);
       if (stored) return { blob: stored, fromCache: false };
     } catch (e) {
-      if (e?.name !== "QuotaExceededError") throw new Error(`the model download from ${url} failed (${toError(e).message}); nothing was kept in the cache: try again`);
+      if (e?.name !== "QuotaExceededError") {
+        throw Object.assign(new Error(`the model download from ${url} failed (${toError(e).message}); nothing was kept in the cache: try again`), e?.code && { code: e.code });
+      }
       console.warn("webgpu-llm: the model does not fit the storage quota; loading it without caching");
     }
     try {
@@ -241,10 +299,10 @@ async function fetchPart(store, url, cached, counted) {
 }
 
 /** A model URL (any part's, for a split model) as its parts' Blobs, each cached. */
-async function fetchModel(url, { cache = true, onProgress } = {}) {
+async function fetchModel(url, { cache = true, onProgress, stallMs } = {}) {
   const store = cache ? await openCache() : null;
   const urls = partUrls(url);
-  const cached = await Promise.all(urls.map((u) => cachedBlob(store, u)));
+  const cached = await Promise.all(urls.map((u) => cachedBlob(store, u, stallMs)));
   // Each part's size, for one progress bar over all of them: cached, said by the server (only
   // asked for a split model), or 0 until its download starts.
   const sizes = await Promise.all(urls.map(async (u, i) => cached[i]?.size ?? (urls.length > 1 ? bodyLength(await fetchOk(u, { method: "HEAD" }).catch(() => new Response())) : 0)));
@@ -256,7 +314,7 @@ async function fetchModel(url, { cache = true, onProgress } = {}) {
       sizes[i] = total;
       const all = sizes.reduce((a, b) => a + b, 0);
       onProgress?.({ phase: "download", loaded: before + loaded, total: Math.max(all, before + loaded) });
-    });
+    }, stallMs);
     blobs.push(part.blob);
     fromCache &&= part.fromCache;
     before += part.blob.size;
@@ -418,13 +476,15 @@ async function readInfo(prefixes, contextLength) {
   }
 }
 
+const requestAdapter = (ms) => patiently("the GPU adapter request", () => navigator.gpu.requestAdapter({ powerPreference: "high-performance" }), ms);
+
 /**
  * Whether this browser's WebGPU adapter can hold the model. WebGPU exposes per-buffer limits but
  * not the GPU's memory, so the total is held to a conservative budget: half the device memory
  * the browser reports (navigator.deviceMemory, itself capped), or 2 GiB when it reports none.
  */
 async function fit(info) {
-  const adapter = globalThis.navigator?.gpu ? await navigator.gpu.requestAdapter({ powerPreference: "high-performance" }) : null;
+  const adapter = globalThis.navigator?.gpu ? await requestAdapter() : null;
   if (!adapter) {
     return {
       adapter: null, kvBytesPerValue: 4, kvBytes: info.kvBytesF32, gpuBytes: info.weightBytes + info.kvBytesF32,
@@ -475,8 +535,11 @@ export class Engine {
    * of a split model `name-00001-of-00003.gguf` loads all its parts), a File/Blob, an array or
    * FileList of a split model's parts, or bytes. URLs and Blobs are read in slices, tensor by
    * tensor, into GPU memory, so a model larger than wasm's 4 GiB loads when the GPU has room.
-   * Options: onProgress({phase, loaded, total}), cache (default true), contextLength, cpu (run on
-   * the CPU reference instead of WebGPU).
+   * Options: onProgress({phase: "download" | "prepare" | "upload", loaded, total}), cache (default
+   * true), contextLength, cpu (run on the CPU reference instead of WebGPU), stallMs (default 60000:
+   * a read of the cache or the file, or a GPU request, that has not finished in that long is
+   * tried once more, then the load rejects with code "stalled"; a download without a byte for
+   * that long rejects).
    */
   static async load(source, options = {}) {
     if (!options.cpu) {
@@ -484,16 +547,17 @@ export class Engine {
         throw new Error("WebGPU is not available in this browser: use a recent Chrome, Edge or Safari, or enable WebGPU");
       }
       // Checked before downloading the model: no adapter means no GPU to run it on.
-      if (!(await navigator.gpu.requestAdapter({ powerPreference: "high-performance" }))) {
+      if (!(await requestAdapter(options.stallMs))) {
         throw new Error("WebGPU is enabled but found no usable GPU adapter (the GPU may be blocklisted or its driver too old)");
       }
     }
     await initOnce();
     const { blobs, bytes, fromCache } = await toSource(source, options);
     try {
-      const opts = { contextLength: options.contextLength, cpu: !!options.cpu };
+      const opts = { contextLength: options.contextLength, cpu: !!options.cpu, stallMs: options.stallMs };
+      options.onProgress?.({ phase: "prepare", loaded: 0, total: 0 });
       const progress = (done, total) => options.onProgress?.({ phase: "upload", loaded: done, total });
-      const inner = blobs ? await WasmEngine.loadBlobs(blobs, new Slices(), opts, progress) : await WasmEngine.load(bytes, opts, progress);
+      const inner = blobs ? await WasmEngine.loadBlobs(blobs, new Slices(options.stallMs), opts, progress) : await WasmEngine.load(bytes, opts, progress);
       return new Engine(inner, fromCache);
     } catch (e) {
       throw toError(e);

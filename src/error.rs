@@ -51,6 +51,8 @@ pub enum Error {
     /// `buffer_bytes`: what the engine had asked the device to hold when it ran out, where known.
     #[error("the GPU ran out of memory{}: try a smaller model or a shorter context length, or close other tabs and programs using the GPU", .buffer_bytes.map(|b| format!(" holding this model's buffers ({} MiB)", b.div_ceil(1 << 20))).unwrap_or_default())]
     OutOfGpuMemory { buffer_bytes: Option<u64> },
+    #[error("the browser did not finish {what} within {} s, twice: try again, and if it stays stuck restart the browser (its GPU process may be hung)", *.ms as f64 / 1000.0)]
+    Stalled { what: &'static str, ms: u32 },
     #[error("the GPU device was lost ({0}); reload the model")]
     DeviceLost(String),
     #[error("I/O error on {path}: {source}")]
@@ -62,6 +64,8 @@ impl Error {
     /// caller may act on without reading the message.
     pub fn code(&self) -> &'static str {
         match self {
+            Error::Gguf(GgufError::Read(_)) => "io",
+            Error::Gguf(GgufError::Stalled(_)) | Error::Stalled { .. } => "stalled",
             Error::Gguf(_) => "invalid-file",
             Error::UnsupportedArchitecture(_)
             | Error::Unsupported(_)

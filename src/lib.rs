@@ -3,6 +3,7 @@
 
 pub mod arch;
 pub mod chat;
+pub mod deadline;
 pub mod engine;
 pub mod error;
 pub mod gguf;

@@ -23,6 +23,9 @@ struct JsLoadOptions {
     context_length: Option<usize>,
     /// Run on the CPU reference instead of WebGPU (slow; for tests and machines without WebGPU).
     cpu: bool,
+    /// Milliseconds the GPU adapter and device request may take before it is tried once more,
+    /// then fails with code "stalled" (the package's `stallMs`).
+    stall_ms: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -148,7 +151,13 @@ impl ByteSource for BlobSource {
     async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, GgufError> {
         let promise = self.reader.read(&self.blob, offset as f64, len as f64);
         let bytes = wasm_bindgen_futures::JsFuture::from(promise).await.map_err(|e| {
-            GgufError::Read(e.dyn_ref::<js_sys::Error>().map_or_else(|| format!("{e:?}"), |e| e.message().into()))
+            let message = e.dyn_ref::<js_sys::Error>().map_or_else(|| format!("{e:?}"), |e| e.message().into());
+            let code = js_sys::Reflect::get(&e, &"code".into()).ok().and_then(|c| c.as_string());
+            if code.as_deref() == Some("stalled") {
+                GgufError::Stalled(message)
+            } else {
+                GgufError::Read(message)
+            }
         })?;
         Ok(js_sys::Uint8Array::from(bytes).to_vec())
     }
@@ -203,7 +212,7 @@ impl WasmEngine {
         let load = LoadOptions {
             backend: if opts.cpu { BackendKind::Cpu } else { BackendKind::Gpu },
             context_length: opts.context_length,
-            gpu: GpuOptions::default(),
+            gpu: GpuOptions { request_deadline_ms: opts.stall_ms, ..Default::default() },
         };
         let mut progress = |done: usize, total: usize| {
             if let Some(f) = &on_progress {

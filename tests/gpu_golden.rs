@@ -157,7 +157,7 @@ fn f16_path_greedy_tokens_and_logits_match_the_golden_data() {
 /// packed two per word: f32 arithmetic, the f16 path's bounds.
 #[test]
 fn packed_f16_kv_greedy_tokens_and_logits_match_the_golden_data() {
-    let mut model = load_options(SmolLm2, GpuOptions { force_f32: true, packed_kv: true }, None);
+    let mut model = load_options(SmolLm2, GpuOptions { force_f32: true, packed_kv: true, ..Default::default() }, None);
     assert_eq!(model.gpu.kv, KvStore::PackedF16);
     check_generations(SmolLm2, &mut model, &F16, 8, 8);
 }

@@ -114,7 +114,7 @@ impl Harness {
         vec![
             Self::new(true).await,
             Self::new(false).await,
-            Self::with(GpuOptions { force_f32: true, packed_kv: true }).await,
+            Self::with(GpuOptions { force_f32: true, packed_kv: true, ..Default::default() }).await,
         ]
     }
 }
@@ -490,7 +490,7 @@ gpu_test! {
         let (q, kv, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
         let rows = q + 2 * kv;
         let mut harnesses = Harness::paths().await;
-        harnesses.push(Harness::with(GpuOptions { force_f32: true, packed_kv: true }).await);
+        harnesses.push(Harness::with(GpuOptions { force_f32: true, packed_kv: true, ..Default::default() }).await);
         for mut h in harnesses {
             h.set(1, start);
             // llama (the whole head), and partial rotary with llama 3 style frequency factors; a

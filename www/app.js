@@ -242,7 +242,10 @@ function startWorker() {
         const pct = data.total ? Math.round((100 * data.loaded) / data.total) : 0;
         ui.progress.max = 1;
         ui.progress.value = data.total ? data.loaded / data.total : 0;
-        ui.status.textContent = data.phase === "download" ? `Downloading the model… ${pct}%` : `Uploading weights to the GPU… ${pct}%`;
+        ui.status.textContent = {
+          download: `Downloading the model… ${pct}%`,
+          prepare: "Reading the model's header and opening the GPU…",
+        }[data.phase] ?? `Uploading weights to the GPU… ${pct}%`;
         break;
       }
       case "loaded":

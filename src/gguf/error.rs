@@ -15,6 +15,9 @@ pub enum GgufError {
     HeaderPastPrefix { read: u64, needed: u64 },
     #[error("could not read the model: {0}")]
     Read(String),
+    /// A read the browser never finished (tried twice): the message says what and how long.
+    #[error("{0}")]
+    Stalled(String),
     #[error(
         "the split GGUF parts do not fit together: {0}; give every part, in order (name-00001-of-0000N.gguf first)"
     )]

@@ -31,12 +31,15 @@ pub struct GpuOptions {
     /// Store the KV cache as f16 pairs packed in u32 words, as adapters without shader-f16 do,
     /// even with `force_f32` (tests of that path on any adapter).
     pub packed_kv: bool,
+    /// In the browser, milliseconds the adapter and device request may take before it is made
+    /// once more, then fails as stalled (default `DEVICE_REQUEST_DEADLINE_MS`).
+    pub request_deadline_ms: Option<u32>,
 }
 
 impl GpuOptions {
     pub fn from_env() -> Self {
         let force = std::env::var(FORCE_F32_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
-        Self { force_f32: force, packed_kv: false }
+        Self { force_f32: force, ..Default::default() }
     }
 }
 
@@ -119,10 +122,30 @@ impl Drop for Gpu {
     }
 }
 
+/// How long the browser may take to answer the adapter and device request before it counts as
+/// stalled: a load must never wait forever on another process (headless Chromium has been seen,
+/// rarely and under load, to leave a load waiting between its download and its upload).
+pub const DEVICE_REQUEST_DEADLINE_MS: u32 = 60_000;
+
 impl Gpu {
     /// Picks the high-performance adapter and creates a device with the features and limits the
-    /// engine can use.
+    /// engine can use. In the browser a request that has not answered in a minute is made once
+    /// more, then ends in `Error::Stalled`: a load never waits forever.
     pub async fn new(options: GpuOptions) -> Result<Self> {
+        let ms = options.request_deadline_ms.unwrap_or(DEVICE_REQUEST_DEADLINE_MS);
+        for attempt in 1..=2 {
+            match crate::deadline::within(Self::open(options), ms).await {
+                Some(gpu) => return gpu,
+                None => crate::deadline::warn(&format!(
+                    "the GPU adapter and device request did not answer in {} s (attempt {attempt} of 2)",
+                    ms as f64 / 1000.0
+                )),
+            }
+        }
+        Err(Error::Stalled { what: "the GPU adapter and device request", ms })
+    }
+
+    async fn open(options: GpuOptions) -> Result<Self> {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends =
             if cfg!(target_arch = "wasm32") { wgpu::Backends::BROWSER_WEBGPU } else { wgpu::Backends::all() };

@@ -16,14 +16,15 @@ fs.mkdirSync(artifacts, { recursive: true });
 const TYPES = { ".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".wasm": "application/wasm", ".json": "application/json", ".png": "image/png" };
 
 /**
- * Serves `dir` on an ephemeral port to any origin; resolves to {url, requests, cutNext, close}.
- * `ranges: false` ignores Range headers (as python's http.server does). Every response is logged in `requests`
- * as {method, path, range, status, sent, complete}; `cutNext()` makes the next full GET of a
- * .gguf close the connection after half its body.
+ * Serves `dir` on an ephemeral port to any origin; resolves to {url, requests, cutNext, hangNext,
+ * close}. `ranges: false` ignores Range headers (as python's http.server does). Every response is
+ * logged in `requests` as {method, path, range, status, sent, complete}; `cutNext()` makes the
+ * next full GET of a .gguf close the connection after half its body, `hangNext()` stop sending
+ * then and keep the connection open.
  */
 export function serve(dir, { ranges = true } = {}) {
   const requests = [];
-  let cut = false;
+  let cut = null; // "close" or "hang": what the next full GET of a .gguf does half way
   const server = http.createServer((req, res) => {
     const urlPath = decodeURIComponent(new URL(req.url, "http://x").pathname);
     const entry = { method: req.method, path: urlPath, range: req.headers.range ?? null, status: 200, sent: 0, complete: false };
@@ -64,13 +65,14 @@ export function serve(dir, { ranges = true } = {}) {
     headers["content-length"] = String(end - start + 1);
     res.writeHead(entry.status, headers);
     if (req.method === "HEAD") return res.end();
-    const limit = cut && !m && file.endsWith(".gguf") ? Math.floor(size / 2) : Infinity;
-    if (limit !== Infinity) cut = false;
+    const cutting = !m && file.endsWith(".gguf") ? cut : null;
+    const limit = cutting ? Math.floor(size / 2) : Infinity;
+    if (cutting) cut = null;
     const stream = fs.createReadStream(file, { start, end });
     stream.on("data", (chunk) => {
       if (entry.sent + chunk.length > limit) {
         stream.destroy();
-        res.write(chunk.subarray(0, limit - entry.sent), () => res.socket.destroy());
+        res.write(chunk.subarray(0, limit - entry.sent), () => cutting === "close" && res.socket.destroy());
         entry.sent = limit;
         return;
       }
@@ -89,7 +91,8 @@ export function serve(dir, { ranges = true } = {}) {
       resolve({
         url: `http://127.0.0.1:${server.address().port}/`,
         requests,
-        cutNext: () => (cut = true),
+        cutNext: () => (cut = "close"),
+        hangNext: () => (cut = "hang"),
         close: () => {
           server.closeAllConnections();
           server.close();

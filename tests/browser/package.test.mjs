@@ -244,6 +244,81 @@ test("a cut download leaves nothing in Cache Storage; cachedModels lists a model
   }
 });
 
+test("a load never waits forever: a stalled cache read, file read or GPU request is tried once more, then fails with code stalled, and a hung download fails", { timeout: 600_000 }, async () => {
+  // `window.stall[what]`: how many of the next such calls never settle, as a browser that loses
+  // an answer does.
+  const init = () => {
+    window.stall = { match: 0, stream: 0, device: 0 };
+    const never = () => new Promise(() => {});
+    const match = Cache.prototype.match;
+    Cache.prototype.match = function (...args) {
+      return window.stall.match-- > 0 ? never() : match.apply(this, args);
+    };
+    const stream = Blob.prototype.stream;
+    Blob.prototype.stream = function () {
+      return window.stall.stream-- > 0 ? new ReadableStream({ type: "bytes", pull: never }) : stream.call(this);
+    };
+    const requestDevice = GPUAdapter.prototype.requestDevice;
+    GPUAdapter.prototype.requestDevice = function (...args) {
+      return window.stall.device-- > 0 ? never() : requestDevice.apply(this, args);
+    };
+  };
+  const { tab, server, close } = await openPackagePage("package-stall", { init });
+  const warnings = [];
+  tab.on("console", (m) => m.type() === "warning" && warnings.push(m.text()));
+  const c = golden.cases.find((x) => x.name === "raw_capital_france");
+  const stallMs = 3000;
+  const load = (stall, n = 0) => tab.evaluate(async ({ stall, stallMs, prompt, n }) => {
+    Object.assign(window.stall, stall);
+    const t0 = performance.now();
+    try {
+      const phases = [];
+      const onProgress = (p) => phases.at(-1) !== p.phase && phases.push(p.phase);
+      const engine = await window.Engine.load("./model.gguf", { stallMs, contextLength: 64, onProgress });
+      const ids = [];
+      for await (const ev of engine.generate(prompt, { temperature: 0, maxTokens: n, ignoreEos: true })) ids.push(ev.id);
+      engine.unload();
+      return { ids, phases, ms: performance.now() - t0 };
+    } catch (e) {
+      return { error: e.message, code: e.code, ms: performance.now() - t0 };
+    } finally {
+      Object.assign(window.stall, { match: 0, stream: 0, device: 0 });
+    }
+  }, { stall, stallMs, prompt: c.prompt_text, n });
+  try {
+    // Stalled once each (the cache lookup before the download, a slice read, the device
+    // request): every one is tried again and the model runs exactly.
+    const once = await load({ match: 1, stream: 1, device: 1 }, 2);
+    console.log("stalled once each:", JSON.stringify(once), warnings);
+    assert.deepEqual(once.ids, c.generated_ids.slice(0, 2));
+    assert.deepEqual(once.phases, ["download", "prepare", "upload"]);
+    for (const what of ["Cache Storage", "bytes from disk", "GPU adapter and device request"]) {
+      assert.ok(warnings.some((w) => w.includes(what) && w.includes("3 s")), `a warning that ${what} was tried again`);
+    }
+    // Stalled twice: an Error with code "stalled" naming what, after two deadlines, not a hang.
+    for (const [stall, what] of [[{ device: 2 }, /GPU adapter and device request/], [{ stream: 2 }, /bytes from disk/], [{ match: 2 }, /Cache Storage/]]) {
+      const failed = await load(stall);
+      console.log(JSON.stringify(stall), JSON.stringify(failed));
+      assert.equal(failed.code, "stalled");
+      assert.match(failed.error, what);
+      assert.match(failed.error, /within 3 s, twice/);
+      assert.ok(failed.ms < 30_000, `${failed.ms} ms`);
+    }
+    // A server that stops sending half way without closing: the download fails, nothing cached.
+    await tab.evaluate(() => window.Engine.clearCache());
+    server.hangNext();
+    const hung = await load({});
+    console.log("hung download:", JSON.stringify(hung));
+    assert.equal(hung.code, "stalled");
+    assert.match(hung.error, /download .* failed \(no bytes of the model came for 3 s: the server or the disk stopped sending\)/);
+    assert.deepEqual(await cacheKeys(tab), []);
+    // And the engine loads and runs after all of it, without a reload.
+    assert.deepEqual((await load({}, 1)).ids, c.generated_ids.slice(0, 1));
+  } finally {
+    await close();
+  }
+});
+
 test("a split model (3 parts) loads from any part's URL, each part cached, and from its parts picked together", { timeout: 900_000 }, async () => {
   const { dir, tab, server, close } = await openPackagePage("package-split");
   const parts = splitGguf(modelPath, path.join(dir, "smol.gguf"), 3);
