@@ -27,7 +27,7 @@ use webgpu_llm::gguf::{GgmlType, TensorInfo};
 use webgpu_llm::gpu::kernels::{self, Dispatch, Epilogue, NormOut, Params, QkvExtras};
 use webgpu_llm::gpu::shader::PipelineCache;
 use webgpu_llm::gpu::weights::{Linear, Rows};
-use webgpu_llm::gpu::{Gpu, GpuOptions, KernelStyle};
+use webgpu_llm::gpu::{Gpu, GpuOptions, KernelStyle, KvStore};
 use webgpu_llm::model::reference::{self, AttentionKind};
 use webgpu_llm::model::ModelConfig;
 use webgpu_llm::quant::dequantize;
@@ -622,7 +622,7 @@ gpu_test! {
 gpu_test! {
     async fn attention_matches_the_cpu_reference_at_every_length_group_ratio_and_head_size() {
         let mut rng = Rng::new(10);
-        // Attention has one kernel for both styles: the KV storage is what differs.
+        // Decode attention has one kernel for both styles: the KV storage is what differs.
         for mut h in Harness::kv_paths().await {
             // The browser twin (SwiftShader) takes the corners; natively, every combination.
             let (head_dims, groups, lengths): (&[usize], &[usize], &[usize]) = if cfg!(target_arch = "wasm32") {
@@ -648,8 +648,17 @@ gpu_test! {
                     for (keys, window) in [(1000, 300), (16384, 4096)] {
                         check_attention_with(&mut h, &c, keys, scale, 1, keys - 1, Some(window), &mut rng).await;
                     }
-                    // Prefill at this head size too (its key tile's rows are padded).
-                    check_attention_with(&mut h, &c, 256, scale, 40, 200, None, &mut rng).await;
+                    // Prefill at this head size too, one query per invocation and (on one KV
+                    // storage: a pipeline each costs lavapipe seconds) tiled, whose key tile's
+                    // rows are padded.
+                    let styles: &[KernelStyle] =
+                        if h.gpu.kv == KvStore::F32 { &[KernelStyle::Gpu, KernelStyle::Cpu] } else { &[h.gpu.style] };
+                    let own = h.gpu.style;
+                    for &style in styles {
+                        h.gpu.style = style;
+                        check_attention_with(&mut h, &c, 256, scale, 40, 200, None, &mut rng).await;
+                    }
+                    h.gpu.style = own;
                 }
             }
         }
@@ -660,10 +669,21 @@ gpu_test! {
     async fn prefill_attention_matches_the_cpu_reference_across_query_and_key_blocks_and_windows() {
         let mut rng = Rng::new(9);
         for mut h in Harness::kv_paths().await {
-            for (n, start, window) in
-                [(2, 0, None), (70, 0, None), (21, 37, None), (9, 200, None), (70, 0, Some(5)), (40, 30, Some(33)), (9, 200, Some(1))]
-            {
-                check_attention(&mut h, n, start, window, &mut rng).await;
+            // Tiled (GPUs) and one query per invocation (CPU adapters).
+            for style in [KernelStyle::Gpu, KernelStyle::Cpu] {
+                h.gpu.style = style;
+                for (n, start, window) in [
+                    (2, 0, None),
+                    (70, 0, None),
+                    (21, 37, None),
+                    (9, 200, None),
+                    (70, 0, Some(5)),
+                    (40, 30, Some(33)),
+                    (9, 200, Some(1)),
+                    (130, 100, Some(70)),
+                ] {
+                    check_attention(&mut h, n, start, window, &mut rng).await;
+                }
             }
         }
     }

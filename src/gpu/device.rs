@@ -11,6 +11,10 @@ use wgpu::util::DeviceExt;
 /// and users can check it on hardware that has both.
 pub const FORCE_F32_ENV: &str = "WEBGPU_LLM_FORCE_F32";
 
+/// Environment variable choosing the kernel variants (`gpu` or `cpu`) instead of the adapter's
+/// type, for A/B measurements of one style on the other kind of adapter.
+pub const KERNELS_ENV: &str = "WEBGPU_LLM_KERNELS";
+
 /// Lanes per row of the matrix-vector kernel on GPUs.
 const GPU_LANES: u32 = 32;
 
@@ -207,7 +211,12 @@ impl Gpu {
         device.set_device_lost_callback(move |reason, message| {
             sink.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(format!("{reason:?}: {message}"));
         });
-        let style = if adapter_info.device_type == wgpu::DeviceType::Cpu { KernelStyle::Cpu } else { KernelStyle::Gpu };
+        let style = match std::env::var(KERNELS_ENV).as_deref() {
+            Ok("gpu") => KernelStyle::Gpu,
+            Ok("cpu") => KernelStyle::Cpu,
+            _ if adapter_info.device_type == wgpu::DeviceType::Cpu => KernelStyle::Cpu,
+            _ => KernelStyle::Gpu,
+        };
         Ok(Self {
             device,
             queue,

@@ -1,8 +1,8 @@
-//! Wrappers of shaders/attention_decode.wgsl and shaders/attention_prefill.wgsl.
+//! Wrappers of shaders/attention_decode.wgsl and shaders/attention_prefill(_direct).wgsl.
 
 use super::{Dispatch, Groups, Traffic};
 use crate::gpu::shader::{Needs, PipelineCache};
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, KernelStyle};
 use crate::model::reference::AttentionKind;
 use crate::model::ModelConfig;
 
@@ -124,16 +124,14 @@ pub fn attention_prefill(
         ("WINDOW", kind.window.unwrap_or(0) as f64),
     ];
     let needs = Needs { kv: true, ..Default::default() };
-    let pipeline = cache.get(
-        gpu,
-        "attention_prefill",
-        include_str!("../../../shaders/attention_prefill.wgsl"),
-        needs,
-        &consts,
-        &overrides,
-    );
+    // CPU adapters: one query per invocation, no tiles (shaders/attention_prefill_direct.wgsl).
+    let (source, queries_per_group) = match gpu.style {
+        KernelStyle::Gpu => (include_str!("../../../shaders/attention_prefill.wgsl"), BQ),
+        KernelStyle::Cpu => (include_str!("../../../shaders/attention_prefill_direct.wgsl"), 64),
+    };
+    let pipeline = cache.get(gpu, "attention_prefill", source, needs, &consts, &overrides);
     let bind_group = gpu.bind_group("attention_prefill", &pipeline, &[params, qkv, k_cache, v_cache, out]);
-    let mut groups = Groups::per_token(1, 0, BQ);
+    let mut groups = Groups::per_token(1, 0, queries_per_group);
     groups.fixed[1] = c.n_heads as u32;
     // Prefill only: the decode ledger never counts it.
     Dispatch { label: "attention_prefill", pipeline, bind_group, groups, traffic: Traffic::default() }

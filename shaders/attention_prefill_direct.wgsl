@@ -1,0 +1,89 @@
+// Prefill attention for CPU adapters (lavapipe, SwiftShader), which run a workgroup's invocations
+// as the lanes of SIMD registers: invocation i is query q0 + i of head wg.y, reading K and V
+// straight from the cache with an online softmax, no workgroup memory and no barriers. The lanes
+// are consecutive queries of one head at the same key in every step, so each K and V value they
+// read is one address for all of them (one load), where the tiled kernel's (attention_prefill)
+// K-tile reads gather across lanes and its barriers split the shader on a CPU.
+// With WINDOW > 0 a query at p sees keys p - WINDOW + 1 .. p (a sliding-window layer).
+// Bindings as attention_prefill. Dispatch: (ceil(n_tokens / 64), N_HEADS, 1). HD and `kv_t` come
+// from the host.
+
+struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, pad: u32 }
+
+override Q_DIM: u32;
+override KV_DIM: u32;
+override GROUP: u32;
+override SCALE: f32;
+override WINDOW: u32 = 0u;
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> qkv: array<f32>;
+@group(0) @binding(2) var<storage, read> k_cache: array<kv_t>;
+@group(0) @binding(3) var<storage, read> v_cache: array<kv_t>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let n = params.n_tokens;
+    let start = params.start_pos;
+    let t = wg.x * 64u + li;
+    // Lanes past the last query repeat it, in step with the others, and store nothing.
+    let tq = min(t, n - 1u);
+    let h = wg.y;
+    let kv = (h / GROUP) * HD;
+    let p = start + tq;
+    // q and the output as vec4s: a quarter of the loop steps, and 4 keys per step, so the output
+    // is rescaled once per 4 keys.
+    var q: array<vec4<f32>, HD / 4u>;
+    var o: array<vec4<f32>, HD / 4u>;
+    let qrow = tq * (Q_DIM + 2u * KV_DIM) + h * HD;
+    for (var d = 0u; d < HD / 4u; d++) {
+        let i = qrow + 4u * d;
+        q[d] = vec4<f32>(qkv[i], qkv[i + 1u], qkv[i + 2u], qkv[i + 3u]) * SCALE;
+        o[d] = vec4<f32>(0.0);
+    }
+    // Every lane starts at the workgroup's first visible key, so the lanes stay on one key; a
+    // key a lane does not see (past its query, before its window) weighs 0, and one past its
+    // query is read at its query's position, never past the keys written.
+    var first = 0u;
+    var k_first = 0u;
+    if (WINDOW > 0u && p + 1u > WINDOW) { first = p + 1u - WINDOW; }
+    let p0 = start + wg.x * 64u;
+    if (WINDOW > 0u && p0 + 1u > WINDOW) { k_first = p0 + 1u - WINDOW; }
+    var m = -1.0e30;
+    var sum = 0.0;
+    for (var s0 = k_first; s0 <= p; s0 += 4u) {
+        var score = vec4<f32>(0.0);
+        for (var d = 0u; d < HD / 4u; d++) {
+            for (var j = 0u; j < 4u; j++) {
+                let c = min(s0 + j, p) * KV_DIM + kv + 4u * d;
+                score[j] += dot(q[d], vec4<f32>(k_at(c), k_at(c + 1u), k_at(c + 2u), k_at(c + 3u)));
+            }
+        }
+        for (var j = 0u; j < 4u; j++) {
+            if (s0 + j > p || s0 + j < first) { score[j] = -1.0e30; }
+        }
+        let m_new = max(m, max(max(score.x, score.y), max(score.z, score.w)));
+        let rescale = exp(m - m_new);
+        let w = select(vec4<f32>(0.0), exp(score - m_new), score > vec4<f32>(-1.0e29));
+        sum = sum * rescale + w.x + w.y + w.z + w.w;
+        for (var d = 0u; d < HD / 4u; d++) {
+            var acc = o[d] * rescale;
+            for (var j = 0u; j < 4u; j++) {
+                let c = min(s0 + j, p) * KV_DIM + kv + 4u * d;
+                acc += w[j] * vec4<f32>(v_at(c), v_at(c + 1u), v_at(c + 2u), v_at(c + 3u));
+            }
+            o[d] = acc;
+        }
+        m = m_new;
+    }
+    if (t < n) {
+        for (var d = 0u; d < HD / 4u; d++) {
+            let i = t * Q_DIM + h * HD + 4u * d;
+            out[i] = o[d].x / sum;
+            out[i + 1u] = o[d].y / sum;
+            out[i + 2u] = o[d].z / sum;
+            out[i + 3u] = o[d].w / sum;
+        }
+    }
+}
