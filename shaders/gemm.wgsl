@@ -4,8 +4,8 @@
 // W tile go to workgroup memory (k-major, so 4 tokens or 4 rows are one vec4), and each
 // invocation accumulates a 4 x 4 block of outputs: 16 multiply-adds per two vec4 loads. COLS is
 // a multiple of 8; a last K block past COLS reads zeros.
-// DIRECT (CPU adapters): the same 4 x 4 blocks, read straight from storage with no workgroup
-// memory and no barriers; the CPU's caches do the tiling.
+// DIRECT (CPU adapters): 128 invocations of 4 rows x 8 tokens, read straight from storage with
+// no workgroup memory and no barriers; the CPU's caches do the tiling.
 // PAIR: the part holds HALF gate rows then HALF up rows; row r >= HALF is written to column
 // PAIR_OFFSET + OUT + r - HALF (silu * mul follows in a separate pass).
 // EPILOGUE 0: store. 1: add (residual).
@@ -36,7 +36,10 @@ const TK: u32 = 32u;
 var<workgroup> xs: array<vec4<f32>, 512>;  // [TK][TM / 4]
 var<workgroup> ws: array<vec4<f32>, 512>;  // [TK][TN / 4]
 
-@compute @workgroup_size(256)
+// Invocations: 256, or 128 with DIRECT.
+override WG: u32 = 256u;
+
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let row0 = wg.x * TN;
     let tok0 = wg.y * TM;
@@ -52,20 +55,38 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let wr = li / 4u;
     let wg8 = li % 4u;
     if (DIRECT) {
+        // 4 rows x 8 tokens per invocation (128 of them: WG): each dequantized group of 8
+        // weights serves 8 tokens.
+        let dy = li / 16u;
+        var acc8: array<vec4<f32>, 8>;
+        for (var i = 0u; i < 8u; i++) { acc8[i] = vec4<f32>(0.0); }
         for (var g = 0u; g < COLS / 8u; g++) {
             var wv: array<Dq8, 4>;
             for (var j = 0u; j < 4u; j++) {
                 let r = min(row0 + tx * 4u + j, ROW_COUNT - 1u);
                 wv[j] = dq8(r * ROW_WORDS, g);
             }
-            for (var i = 0u; i < 4u; i++) {
-                let t = min(tok0 + ty * 4u + i, n - 1u);
+            for (var i = 0u; i < 8u; i++) {
+                let t = min(tok0 + dy * 8u + i, n - 1u);
                 let xa = x[(t * COLS) / 4u + g * 2u];
                 let xb = x[(t * COLS) / 4u + g * 2u + 1u];
-                acc[i] += vec4<f32>(dot(wv[0].a, xa) + dot(wv[0].b, xb), dot(wv[1].a, xa) + dot(wv[1].b, xb),
-                                    dot(wv[2].a, xa) + dot(wv[2].b, xb), dot(wv[3].a, xa) + dot(wv[3].b, xb));
+                acc8[i] += vec4<f32>(dot(wv[0].a, xa) + dot(wv[0].b, xb), dot(wv[1].a, xa) + dot(wv[1].b, xb),
+                                     dot(wv[2].a, xa) + dot(wv[2].b, xb), dot(wv[3].a, xa) + dot(wv[3].b, xb));
             }
         }
+        for (var i = 0u; i < 8u; i++) {
+            let t = tok0 + dy * 8u + i;
+            if (t >= n) { break; }
+            for (var j = 0u; j < 4u; j++) {
+                let r = row0 + tx * 4u + j;
+                if (r >= ROW_COUNT) { break; }
+                var col = OUT + r;
+                if (PAIR && r >= HALF) { col = PAIR_OFFSET + OUT + r - HALF; }
+                let o = t * Y_STRIDE + col;
+                if (EPILOGUE == 1u) { y[o] = y[o] + acc8[i][j]; } else { y[o] = acc8[i][j]; }
+            }
+        }
+        return;
     }
     for (var k0 = 0u; k0 < select(COLS, 0u, DIRECT); k0 += TK) {
         let t = tok0 + lt;
