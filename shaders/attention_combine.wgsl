@@ -3,7 +3,7 @@
 // Bindings: 0 params, 1 partials, 2 out (Q_DIM). Dispatch: (N_HEADS, 1, 1). HEAD_DIM, CHUNK and
 // WG come from the host.
 
-struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, pad: u32 }
+struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
 
 override MAX_CHUNKS: u32;
 override WINDOW: u32 = 0u;

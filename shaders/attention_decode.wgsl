@@ -9,7 +9,7 @@
 // 4 partials (N_HEADS x MAX_CHUNKS records of HEAD_DIM + 2). Dispatch: (MAX_CHUNKS, N_KV_HEADS):
 // chunks outside the keys seen exit at once. HEAD_DIM, CHUNK, HB and `kv_t` come from the host.
 
-struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, pad: u32 }
+struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
 
 override KV_DIM: u32;
 override GROUP: u32;

@@ -11,7 +11,7 @@
 // EPILOGUE 0: store. 1: add (residual).
 // Bindings: 0 params, 1 w, 2 x (vec4), 3 y. Dispatch: (ceil(ROW_COUNT / 64), ceil(n_tokens / 64), 1).
 
-struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, pad: u32 }
+struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
 
 override COLS: u32;
 override ROW_WORDS: u32;

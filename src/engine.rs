@@ -1,6 +1,7 @@
 //! The engine: load a GGUF model, then generate — prefill, decode loop, sampling, stop
 //! conditions, streaming, stats. Async, so the same code serves native callers and the browser.
 
+use crate::beam::{self, BeamModel, BeamOptions, Hypothesis};
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::ByteSource;
@@ -264,6 +265,26 @@ impl Engine {
         Ok(ids)
     }
 
+    /// The prompt's tokens, refused when empty, outside the vocabulary, or when they and
+    /// `max_tokens` more do not fit the context.
+    fn checked_prompt(&self, prompt: &Prompt, max_tokens: usize) -> Result<Vec<u32>> {
+        let tokens = self.prompt_tokens(prompt)?;
+        if tokens.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= self.config.vocab_size) {
+            return Err(Error::TokenOutOfRange { id, vocab_size: self.config.vocab_size });
+        }
+        if tokens.len().checked_add(max_tokens).is_none_or(|n| n > self.context_length) {
+            return Err(Error::ContextOverflow {
+                prompt_tokens: tokens.len(),
+                max_tokens,
+                context_length: self.context_length,
+            });
+        }
+        Ok(tokens)
+    }
+
     /// Generates a continuation of `prompt`, calling `on_token` for every sampled token; the
     /// callback returns false to abort. The KV cache keeps the conversation, so a prompt that
     /// extends the previous one only runs its new tokens.
@@ -273,21 +294,8 @@ impl Engine {
         options: &GenerateOptions,
         on_token: &mut dyn FnMut(&TokenEvent) -> bool,
     ) -> Result<Stats> {
-        let tokens = self.prompt_tokens(prompt)?;
-        if tokens.is_empty() {
-            return Err(Error::EmptyPrompt);
-        }
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= self.config.vocab_size) {
-            return Err(Error::TokenOutOfRange { id, vocab_size: self.config.vocab_size });
-        }
         options.validate()?;
-        if tokens.len().checked_add(options.max_tokens).is_none_or(|n| n > self.context_length) {
-            return Err(Error::ContextOverflow {
-                prompt_tokens: tokens.len(),
-                max_tokens: options.max_tokens,
-                context_length: self.context_length,
-            });
-        }
+        let tokens = self.checked_prompt(prompt, options.max_tokens)?;
         let mut sampler = Sampler::new(options.sampling.clone(), self.config.vocab_size)?;
         tokens.iter().for_each(|&id| sampler.accept(id));
 
@@ -476,6 +484,41 @@ impl Engine {
         Ok(id)
     }
 
+    /// Beam search from `prompt` (transformers' semantics: `beam::search`): the N best
+    /// hypotheses, best first, each with its text. The conversation's KV cache is left as it was.
+    pub async fn beam_search(&mut self, prompt: &Prompt, options: &BeamOptions) -> Result<Vec<(Hypothesis, String)>> {
+        options.validate()?;
+        let tokens = self.checked_prompt(prompt, options.max_tokens)?;
+        let found = match &mut self.backend {
+            Backend::Cpu { model, .. } => {
+                beam::search(&mut CpuBeams { model, slots: Vec::new() }, &tokens, options).await?
+            }
+            Backend::Gpu(model) => {
+                // Each beam holds its sequence in a share of the KV cache.
+                let capacity = model.slot_capacity(options.beams);
+                if tokens.len() + options.max_tokens > capacity {
+                    return Err(Error::ContextOverflow {
+                        prompt_tokens: tokens.len(),
+                        max_tokens: options.max_tokens,
+                        context_length: capacity,
+                    });
+                }
+                // Slot 0's cache keeps the prompt: the next generation reuses it.
+                self.cached.clear();
+                let found = beam::search(&mut GpuBeams { model, slot: Vec::new() }, &tokens, options).await?;
+                self.cached = tokens;
+                found
+            }
+        };
+        found
+            .into_iter()
+            .map(|h| {
+                let text = self.tokenizer.decode(&h.ids)?;
+                Ok((h, text))
+            })
+            .collect()
+    }
+
     fn truncate_cache(&mut self, len: usize) {
         self.cached.truncate(len);
         // The GPU cache needs no truncation: positions from `len` on are overwritten before
@@ -483,6 +526,70 @@ impl Engine {
         if let Backend::Cpu { cache, .. } = &mut self.backend {
             cache.truncate(len, self.config.kv_dim());
         }
+    }
+}
+
+/// Beam search on the CPU reference: a KV cache per beam, copied when beams are reordered.
+struct CpuBeams<'a> {
+    model: &'a CpuModel,
+    slots: Vec<CpuKvCache>,
+}
+
+impl BeamModel for CpuBeams<'_> {
+    fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
+    }
+    async fn prefill(&mut self, prompt: &[u32], slots: usize, logits: &mut [f32]) -> Result<()> {
+        self.slots = vec![self.model.new_cache(); slots];
+        logits.copy_from_slice(&self.model.forward(&mut self.slots[0], prompt, Logits::Last)?);
+        Ok(())
+    }
+    async fn reorder(&mut self, from: &[usize], len: usize) -> Result<()> {
+        let kv_dim = self.model.config.kv_dim();
+        let old = std::mem::take(&mut self.slots);
+        self.slots = from.iter().map(|&f| old[f].clone()).collect();
+        self.slots.iter_mut().for_each(|s| s.truncate(len, kv_dim));
+        Ok(())
+    }
+    async fn step(&mut self, slot: usize, token: u32, pos: usize, logits: &mut [f32]) -> Result<()> {
+        debug_assert_eq!(self.slots[slot].len(), pos);
+        logits.copy_from_slice(&self.model.forward(&mut self.slots[slot], &[token], Logits::Last)?);
+        Ok(())
+    }
+}
+
+/// Beam search on the GPU: the KV cache split into a slot per beam (`GpuModel::slot_step`);
+/// beams are reordered by copies on the GPU, never through the host.
+struct GpuBeams<'a> {
+    model: &'a mut GpuModel,
+    /// The slot each beam's sequence is in.
+    slot: Vec<usize>,
+}
+
+impl BeamModel for GpuBeams<'_> {
+    fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
+    }
+    async fn prefill(&mut self, prompt: &[u32], slots: usize, logits: &mut [f32]) -> Result<()> {
+        self.slot = (0..slots).collect();
+        let chunk = crate::gpu::PREFILL_CHUNK;
+        for (i, part) in prompt.chunks(chunk).enumerate() {
+            let last = (i + 1) * chunk >= prompt.len();
+            let readback = if last { Readback::Logits(logits) } else { Readback::None };
+            self.model.step(part, i * chunk, readback).await?;
+            if last {
+                break;
+            }
+        }
+        Ok(())
+    }
+    async fn reorder(&mut self, from: &[usize], len: usize) -> Result<()> {
+        let sources: Vec<usize> = from.iter().map(|&f| self.slot[f]).collect();
+        self.slot = self.model.reorder_slots(&sources, len)?;
+        Ok(())
+    }
+    async fn step(&mut self, slot: usize, token: u32, pos: usize, logits: &mut [f32]) -> Result<()> {
+        self.model.slot_step(self.slot[slot], self.slot.len(), token, pos, logits).await
     }
 }
 

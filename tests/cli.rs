@@ -48,6 +48,43 @@ fn json_greedy_generation_prints_the_golden_ids() {
     assert_eq!((stats["prompt_tokens"].as_u64(), stats["generated_tokens"].as_u64()), (Some(5), Some(16)));
 }
 
+/// `--beams 2 --ignore-eos --json`: one line with both beams, best first, as transformers' beam
+/// search (../shared/golden/beam.json, raw_capital_france, `fixed` with 2 beams).
+#[test]
+fn beam_search_prints_the_golden_beams_as_one_json_line() {
+    let golden = common::golden("beam.json");
+    let case = golden["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "raw_capital_france" && c["num_beams"] == 2)
+        .unwrap();
+    let out = cli(&[
+        "generate",
+        "--prompt",
+        "The capital of France is",
+        "--beams",
+        "2",
+        "--max-tokens",
+        "24",
+        "--ignore-eos",
+        "--json",
+        "--backend",
+        "cpu",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 1, "one line");
+    let beams = lines[0]["beams"].as_array().unwrap();
+    let want = case["beams"].as_array().unwrap();
+    assert_eq!(beams.len(), 2);
+    for (got, want) in beams.iter().zip(want) {
+        assert_eq!(common::ids(&got["ids"]), common::ids(&want["ids"]));
+        assert_eq!(got["text"], want["text"]);
+        assert!((got["score"].as_f64().unwrap() - want["score"].as_f64().unwrap()).abs() < 1e-3);
+    }
+}
+
 /// Greedy ids of `prompt` from the CLI on `model` (CPU backend), as JSON lines.
 fn greedy_ids(model: &std::path::Path, prompt: &str, n: usize, backend: &str) -> Vec<u32> {
     let out = Command::new(env!("CARGO_BIN_EXE_webgpu-llm"))
@@ -134,6 +171,10 @@ fn bad_flag_values_are_refused_before_loading_with_exit_code_2() {
             &["generate", "--prompt", "x", "--context-length", "64", "--max-tokens", "18446744073709551615"],
             "18446744073709551615",
         ),
+        (&["generate", "--prompt", "x", "--beams", "0"], "--beams"),
+        (&["generate", "--prompt", "x", "--beams", "33"], "beams = 33"),
+        (&["generate", "--prompt", "x", "--beams", "2", "--length-penalty", "NaN"], "length penalty"),
+        (&["generate", "--prompt", "x", "--length-penalty", "2"], "--beams"),
         (&["bench", "--prompt-tokens", "0"], "--prompt-tokens"),
         (
             &["bench", "--context-length", "64", "--prompt-tokens", "18446744073709551610"],

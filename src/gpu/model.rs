@@ -162,6 +162,9 @@ pub struct GpuModel {
     select: Vec<Dispatch>,
     /// Prefill that keeps every position's logits (perplexity, tests); made on first use.
     all_logits: Option<(Vec<Dispatch>, wgpu::Buffer)>,
+    /// A layer's K or V of one beam slot on its way to another (WebGPU copies nothing within a
+    /// buffer): made at the first reorder.
+    slot_scratch: Option<wgpu::Buffer>,
     pipelines: PipelineCache,
     /// Weight bytes of the file one decode token needs: every tensor once, one embedding row
     /// (the whole table when it is also the output).
@@ -288,6 +291,7 @@ impl GpuModel {
             prefill: Vec::new(),
             select: Vec::new(),
             all_logits: None,
+            slot_scratch: None,
             file_weight_bytes,
             next_slot: 0,
             pipelines: PipelineCache::default(),
@@ -554,14 +558,19 @@ impl GpuModel {
 
     /// The forward pass of `n` tokens at `start` encoded, its params written.
     fn encode(&self, n: usize, start: usize) -> wgpu::CommandEncoder {
+        self.encode_in(n, start, 0)
+    }
+
+    /// `encode` for the sequence whose KV cache starts at element `kv_base` (a beam's slot).
+    fn encode_in(&self, n: usize, start: usize, kv_base: u32) -> wgpu::CommandEncoder {
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         // A decode step copies its position's parameters from the table made at load: a queue
         // write would make a staging buffer every token.
         let size = std::mem::size_of::<Params>() as u64;
-        if n == 1 {
+        if n == 1 && kv_base == 0 {
             enc.copy_buffer_to_buffer(&self.buf.decode_params, start as u64 * size, &self.buf.params, 0, size);
         } else {
-            let params = Params::at(start, n);
+            let params = Params { kv_base, ..Params::at(start, n) };
             self.gpu.queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
         }
         {
@@ -630,6 +639,76 @@ impl GpuModel {
         enc.copy_buffer_to_buffer(&b.logits, 0, &b.staging_logits, 0, bytes);
         self.gpu.submit(enc);
         self.gpu.read_mapped(&b.staging_logits, bytes, |v| out.copy_from_slice(bytemuck::cast_slice(v))).await
+    }
+
+    /// Beam search keeps `slots` sequences in the KV cache, each in `context / slots` positions
+    /// of it (slot 0 is the cache as a single sequence uses it): the positions a slot holds.
+    pub fn slot_capacity(&self, slots: usize) -> usize {
+        self.context / slots.max(1)
+    }
+
+    /// The decode step of `token` at `pos` for the sequence in `slot` (of `slots`), its logits
+    /// read into `out`.
+    pub async fn slot_step(
+        &mut self,
+        slot: usize,
+        slots: usize,
+        token: u32,
+        pos: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let capacity = self.slot_capacity(slots);
+        if slot >= slots || pos >= capacity {
+            return Err(Error::ContextOverflow { prompt_tokens: pos + 1, max_tokens: 0, context_length: capacity });
+        }
+        self.gpu.check()?;
+        self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::bytes_of(&token));
+        let kv_base = (slot * capacity * self.config.kv_dim()) as u32;
+        let mut enc = self.encode_in(1, pos, kv_base);
+        let (b, bytes) = (&self.buf, self.config.vocab_size as u64 * 4);
+        enc.copy_buffer_to_buffer(&b.logits, 0, &b.staging_logits, 0, bytes);
+        self.gpu.submit(enc);
+        self.gpu.read_mapped(&b.staging_logits, bytes, |v| out.copy_from_slice(bytemuck::cast_slice(v))).await
+    }
+
+    /// New sequence i gets the first `len` positions of the sequence in slot `from[i]` (of
+    /// `from.len()` slots) as they were before; returns the slot each new sequence is in. The
+    /// first to take a source keeps its slot; the others are copied on the GPU into slots no new
+    /// sequence comes from, so no copy overwrites a source.
+    pub fn reorder_slots(&mut self, from: &[usize], len: usize) -> Result<Vec<usize>> {
+        let slots = from.len();
+        let capacity = self.slot_capacity(slots);
+        if len > capacity || from.iter().any(|&f| f >= slots) {
+            return Err(Error::ContextOverflow { prompt_tokens: len, max_tokens: 0, context_length: capacity });
+        }
+        let mut claimed = vec![false; slots];
+        let mut dest = vec![usize::MAX; slots];
+        for (i, &f) in from.iter().enumerate() {
+            if !claimed[f] {
+                claimed[f] = true;
+                dest[i] = f;
+            }
+        }
+        let mut free = (0..slots).filter(|&s| !from.contains(&s));
+        let row = (self.config.kv_dim() as u64) * self.gpu.kv_bytes();
+        let (slot_bytes, bytes) = (capacity as u64 * row, len as u64 * row);
+        if self.slot_scratch.as_ref().is_none_or(|b| b.size() < slot_bytes) {
+            self.slot_scratch = Some(self.gpu.storage("slot_scratch", slot_bytes)?);
+        }
+        let scratch = self.slot_scratch.as_ref().expect("made above");
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        for (i, &f) in from.iter().enumerate() {
+            if dest[i] == usize::MAX {
+                dest[i] = free.next().expect("as many free slots as beams that share a source");
+                for cache in self.buf.k_cache.iter().chain(&self.buf.v_cache) {
+                    enc.copy_buffer_to_buffer(cache, f as u64 * slot_bytes, scratch, 0, bytes);
+                    enc.copy_buffer_to_buffer(scratch, 0, cache, dest[i] as u64 * slot_bytes, bytes);
+                }
+            }
+        }
+        self.gpu.submit(enc);
+        self.gpu.check()?;
+        Ok(dest)
     }
 
     /// Runs `tokens` at positions `start..` (one pass: at most PREFILL_CHUNK tokens), writing

@@ -68,24 +68,28 @@ pub fn assemble(gpu: &Gpu, kernel: &str, needs: Needs, consts: &[(&str, u32)]) -
 }
 
 /// The KV cache's element type and accessors, for kernels that bind `k_cache` and `v_cache`:
-/// `k_at(i)`, `v_at(i)` read value i; with `write`, `store_k(i, a, b)` and `store_v` write values
-/// i and i + 1 (i even: a packed word holds the pair).
+/// `k_at(i)`, `v_at(i)` read value i of the pass's sequence; with `write`, `store_k(i, a, b)` and
+/// `store_v` write values i and i + 1 (i even: a packed word holds the pair). A sequence's values
+/// start at element `params.kv_base` of the cache (its slot: 0 but for beam search).
 fn kv_prelude(kv: super::KvStore, write: bool) -> String {
     use super::KvStore::*;
     let (ty, load, store) = match kv {
         F32 | F16 => {
-            (if kv == F16 { "f16" } else { "f32" }, "f32(CACHE[i])", "CACHE[i] = kv_t(a); CACHE[i + 1u] = kv_t(b);")
+            (if kv == F16 { "f16" } else { "f32" }, "f32(CACHE[j])", "CACHE[j] = kv_t(a); CACHE[j + 1u] = kv_t(b);")
         }
         PackedF16 => {
-            ("u32", "unpack2x16float(CACHE[i >> 1u])[i & 1u]", "CACHE[i >> 1u] = pack2x16float(vec2<f32>(a, b));")
+            ("u32", "unpack2x16float(CACHE[j >> 1u])[j & 1u]", "CACHE[j >> 1u] = pack2x16float(vec2<f32>(a, b));")
         }
     };
     let mut src = format!("alias kv_t = {ty};\n");
     for (name, cache) in [("k", "k_cache"), ("v", "v_cache")] {
-        src.push_str(&format!("fn {name}_at(i: u32) -> f32 {{ return {}; }}\n", load.replace("CACHE", cache)));
+        let load = load.replace("CACHE", cache);
+        src.push_str(&format!("fn {name}_at(i: u32) -> f32 {{ let j = params.kv_base + i; return {load}; }}\n"));
         if write {
             let body = store.replace("CACHE", cache);
-            src.push_str(&format!("fn store_{name}(i: u32, a: f32, b: f32) {{ {body} }}\n"));
+            src.push_str(&format!(
+                "fn store_{name}(i: u32, a: f32, b: f32) {{ let j = params.kv_base + i; {body} }}\n"
+            ));
         }
     }
     src

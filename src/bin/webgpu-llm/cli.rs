@@ -5,6 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
+use webgpu_llm::beam::{BeamOptions, EarlyStopping};
 use webgpu_llm::chat::Message;
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats};
 use webgpu_llm::gguf::{ByteSource, FileSource, SplitSource};
@@ -115,9 +116,21 @@ struct GenerateArgs {
     /// Keep generating past the end-of-sequence token.
     #[arg(long)]
     ignore_eos: bool,
-    /// One JSON object per token on stdout ({"id", "text"}), then {"stats": {...}}.
+    /// One JSON object per token on stdout ({"id", "text"}), then {"stats": {...}}; with
+    /// --beams one line {"beams": [{"ids", "text", "score"}, ...]}, best first.
     #[arg(long)]
     json: bool,
+    /// Beam search with N beams (transformers' semantics; deterministic: the sampling flags do
+    /// not apply) instead of sampling; prints the N best hypotheses when the search ends.
+    #[arg(long, value_parser = at_least_one)]
+    beams: Option<usize>,
+    /// Beam search: a hypothesis scores its summed log-probability / length^P.
+    #[arg(long, default_value_t = 1.0, requires = "beams")]
+    length_penalty: f64,
+    /// Beam search: when to stop (false: no running beam can beat the worst finished one;
+    /// true: N hypotheses finished; never: as false, scoring running beams at --max-tokens).
+    #[arg(long, default_value = "false", value_parser = ["false", "true", "never"], requires = "beams")]
+    early_stopping: String,
 }
 
 /// A count flag: a whole number of at least 1.
@@ -273,8 +286,22 @@ async fn generate(args: GenerateArgs) -> Result<(), Error> {
         ignore_eos: args.ignore_eos,
         top_candidates: 0,
     };
+    let beam_options = args.beams.map(|beams| BeamOptions {
+        beams,
+        max_tokens: args.max_tokens,
+        stop_ids: Vec::new(),
+        length_penalty: args.length_penalty,
+        early_stopping: match args.early_stopping.as_str() {
+            "true" => EarlyStopping::Done,
+            "never" => EarlyStopping::Never,
+            _ => EarlyStopping::Heuristic,
+        },
+    });
     // Flags first: a typo should not cost a model load.
     options.validate()?;
+    if let Some(beam) = &beam_options {
+        beam.validate()?;
+    }
     if let Some(context) = args.model.context_length {
         if args.max_tokens >= context {
             return Err(Error::ContextOverflow {
@@ -292,6 +319,26 @@ async fn generate(args: GenerateArgs) -> Result<(), Error> {
     } else {
         Prompt::Text(args.prompt)
     };
+
+    if let Some(mut options) = beam_options {
+        if !args.ignore_eos {
+            options.stop_ids = engine.tokenizer.stop_ids.clone();
+        }
+        let found = engine.beam_search(&prompt, &options).await?;
+        let mut stdout = std::io::stdout().lock();
+        if args.json {
+            let beams: Vec<_> = found
+                .iter()
+                .map(|(h, text)| serde_json::json!({ "ids": h.ids, "text": text, "score": h.score }))
+                .collect();
+            let _ = writeln!(stdout, "{}", serde_json::json!({ "beams": beams }));
+        } else {
+            for (i, (h, text)) in found.iter().enumerate() {
+                let _ = writeln!(stdout, "# beam {} (score {:.4}, {} tokens)\n{text}", i + 1, h.score, h.ids.len());
+            }
+        }
+        return Ok(());
+    }
 
     let json = args.json;
     let mut stdout = std::io::stdout().lock();

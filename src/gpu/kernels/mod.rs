@@ -28,13 +28,19 @@ pub struct Params {
     pub start_pos: u32,
     /// start_pos + n_tokens: keys attention reads.
     pub seq_len: u32,
-    pub pad: u32,
+    /// Element offset of the pass's sequence in the KV cache: 0, or a beam's slot.
+    pub kv_base: u32,
 }
 
 impl Params {
     /// A pass of `n_tokens` tokens at positions `start_pos ..`.
     pub fn at(start_pos: usize, n_tokens: usize) -> Self {
-        Self { n_tokens: n_tokens as u32, start_pos: start_pos as u32, seq_len: (start_pos + n_tokens) as u32, pad: 0 }
+        Self {
+            n_tokens: n_tokens as u32,
+            start_pos: start_pos as u32,
+            seq_len: (start_pos + n_tokens) as u32,
+            kv_base: 0,
+        }
     }
 }
 
