@@ -33,7 +33,18 @@ fn main(@builtin(local_invocation_index) li: u32) {
         bi = li;
         bad = is_non_finite(bv);
     }
-    for (var i = li + WG; i < N; i += WG) {
+    // Eight loads in flight per invocation (one workgroup walks the whole vocabulary, so the
+    // loads' latency, not their bytes, sets its time), taken in index order.
+    var i = li + WG;
+    for (; i + 7u * WG < N; i += 8u * WG) {
+        var v: array<f32, 8>;
+        for (var u = 0u; u < 8u; u++) { v[u] = logits[i + u * WG]; }
+        for (var u = 0u; u < 8u; u++) {
+            bad = bad || is_non_finite(v[u]);
+            if (v[u] > bv) { bv = v[u]; bi = i + u * WG; }
+        }
+    }
+    for (; i < N; i += WG) {
         let v = logits[i];
         bad = bad || is_non_finite(v);
         if (v > bv) { bv = v; bi = i; }

@@ -1,18 +1,37 @@
 // Decode attention, pass 2 of 2: merges the chunks attention_decode.wgsl wrote for each query
 // head. With M the largest chunk max, out = sum_c exp(m_c - M) mix_c / sum_c exp(m_c - M) l_c.
+// The chunks are spread over the invocations (M and the denominator by tree reductions; each
+// output dimension summed by CS invocations over a CS-th of the chunks each), so no invocation
+// walks every chunk alone.
 // Bindings: 0 params, 1 partials, 2 out (Q_DIM). Dispatch: (N_HEADS, 1, 1). HEAD_DIM, CHUNK and
-// WG come from the host.
+// THREADS (a power of two) come from the host.
 
 struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
 
 override MAX_CHUNKS: u32;
 override WINDOW: u32 = 0u;
+const CS = max(THREADS / HEAD_DIM, 1u);
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> partials: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 
-@compute @workgroup_size(WG)
+var<workgroup> red: array<f32, THREADS>;
+
+// The workgroup's max (is_max) or sum of v, in every invocation.
+fn reduce(v: f32, t: u32, is_max: bool) -> f32 {
+    red[t] = v;
+    workgroupBarrier();
+    for (var s = THREADS / 2u; s > 0u; s >>= 1u) {
+        if (t < s) { red[t] = select(red[t] + red[t + s], max(red[t], red[t + s]), is_max); }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let h = wg.x;
     let seq = params.seq_len;
@@ -23,18 +42,35 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let c1 = (seq - 1u) / CHUNK;
     let base = h * MAX_CHUNKS * (HEAD_DIM + 2u);
     var m = -3.0e38;
-    for (var c = c0; c <= c1; c++) { m = max(m, partials[base + c * (HEAD_DIM + 2u) + HEAD_DIM]); }
+    for (var c = c0 + t; c <= c1; c += THREADS) { m = max(m, partials[base + c * (HEAD_DIM + 2u) + HEAD_DIM]); }
+    m = reduce(m, t, true);
     var l = 0.0;
-    for (var c = c0; c <= c1; c++) {
+    for (var c = c0 + t; c <= c1; c += THREADS) {
         let rec = base + c * (HEAD_DIM + 2u);
         l += exp(partials[rec + HEAD_DIM] - m) * partials[rec + HEAD_DIM + 1u];
     }
-    for (var d = t; d < HEAD_DIM; d += WG) {
-        var o = 0.0;
-        for (var c = c0; c <= c1; c++) {
-            let rec = base + c * (HEAD_DIM + 2u);
-            o += exp(partials[rec + HEAD_DIM] - m) * partials[rec + d];
+    l = reduce(l, t, false);
+    // Dimension t % HEAD_DIM (and every THREADS-th after it when the head is wider) over chunks
+    // c0 + t / HEAD_DIM, stepping by CS.
+    let split = t / HEAD_DIM;
+    var o = 0.0;
+    if (split < CS) {
+        for (var d = t % HEAD_DIM; d < HEAD_DIM; d += THREADS) {
+            o = 0.0;
+            for (var c = c0 + split; c <= c1; c += CS) {
+                let rec = base + c * (HEAD_DIM + 2u);
+                o += exp(partials[rec + HEAD_DIM] - m) * partials[rec + d];
+            }
+            if (CS == 1u) { out[h * HEAD_DIM + d] = o / l; }
         }
-        out[h * HEAD_DIM + d] = o / l;
+    }
+    if (CS > 1u) {
+        red[t] = o;
+        workgroupBarrier();
+        if (t < HEAD_DIM) {
+            var sum = 0.0;
+            for (var sp = 0u; sp < CS; sp++) { sum += red[sp * HEAD_DIM + t]; }
+            out[h * HEAD_DIM + t] = sum / l;
+        }
     }
 }

@@ -7,7 +7,11 @@
 // With WINDOW > 0 the query at seq_len - 1 sees only the last WINDOW keys (a sliding-window layer).
 // Bindings: 0 params, 1 qkv (q = first Q_DIM values), 2 k_cache, 3 v_cache,
 // 4 partials (N_HEADS x MAX_CHUNKS records of HEAD_DIM + 2). Dispatch: (MAX_CHUNKS, N_KV_HEADS):
-// chunks outside the keys seen exit at once. HEAD_DIM, CHUNK, HB and `kv_t` come from the host.
+// chunks outside the keys seen exit at once. HEAD_DIM, CHUNK, HB, THREADS and `kv_t` come from
+// the host. THREADS = CHUNK on CPU adapters: an invocation per key, no partial sums. GPUs use
+// more, so that no invocation walks a long chain of loads alone: SLICES invocations share a key's
+// score (every SLICES-th dimension each), and KS share a value dimension (a KS-th of the keys each),
+// their partial sums added through workgroup memory.
 
 struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
 
@@ -17,6 +21,9 @@ override MAX_CHUNKS: u32;
 override SCALE: f32;
 override WINDOW: u32 = 0u;
 const NEG: f32 = -3.0e38;
+const SLICES = THREADS / CHUNK;
+const KS = max(THREADS / HEAD_DIM, 1u);
+const KEYS_PER_SPLIT = (CHUNK + KS - 1u) / KS;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
@@ -28,69 +35,113 @@ const NEG: f32 = -3.0e38;
 var<workgroup> q: array<f32, HB * HEAD_DIM>;
 var<workgroup> p: array<f32, HB * CHUNK>;
 var<workgroup> head_max: array<f32, HB>;
+// Partial sums: of the scores [head][key][slice], then of the value mix [head][split][dim].
+var<workgroup> part: array<f32, HB * THREADS>;
 
-@compute @workgroup_size(CHUNK)
+@compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let chunk = wg.x;
     let kvh = wg.y;
     let seq = params.seq_len;
     var first = 0u;
     if (WINDOW > 0u && seq > WINDOW) { first = seq - WINDOW; }
-    let lo = max(chunk * CHUNK, first);
-    let hi = min(chunk * CHUNK + CHUNK, seq);
+    let c0 = chunk * CHUNK;
+    let lo = max(c0, first);
+    let hi = min(c0 + CHUNK, seq);
     if (lo >= hi) { return; }
-    let key = chunk * CHUNK + t;
-    let valid = key >= lo && key < hi;
+    // The key this invocation scores (a slice of it), and whether the query sees it.
+    let kk = t / SLICES;
+    let slice = t % SLICES;
+    let valid = c0 + kk >= lo && c0 + kk < hi;
     let kv = kvh * HEAD_DIM;
 
     for (var h0 = 0u; h0 < GROUP; h0 += HB) {
         let nb = min(HB, GROUP - h0);
+        // GPUs loop over every head of a full batch (a constant count: the loops unroll and the
+        // private arrays stay in registers), a short last batch's extra sums never stored; CPU
+        // adapters (LLVM keeps the arrays cheaply) over the batch's heads alone.
+        let hn = select(nb, HB, SLICES > 1u);
         let head0 = kvh * GROUP + h0;
-        for (var i = t; i < nb * HEAD_DIM; i += CHUNK) { q[i] = qkv[head0 * HEAD_DIM + i] * SCALE; }
+        for (var i = t; i < nb * HEAD_DIM; i += THREADS) { q[i] = qkv[head0 * HEAD_DIM + i] * SCALE; }
         workgroupBarrier();
 
-        // Scores: invocation t takes key t of the chunk against the batch's heads.
-        // Zeroed by hand: a `var` in a loop body is fresh each iteration by the spec, but
-        // SwiftShader's WebGPU keeps the last iteration's values.
+        // Scores of the batch's heads. Zeroed by hand: a `var` in a loop body is fresh each
+        // iteration by the spec, but SwiftShader's WebGPU keeps the last iteration's values.
         var acc: array<f32, HB>;
         for (var j = 0u; j < HB; j++) { acc[j] = 0.0; }
         if (valid) {
-            let kb = key * KV_DIM + kv;
-            for (var d = 0u; d < HEAD_DIM; d++) {
+            let kb = (c0 + kk) * KV_DIM + kv;
+            for (var d = slice; d < HEAD_DIM; d += SLICES) {
                 let k = k_at(kb + d);
-                for (var j = 0u; j < nb; j++) { acc[j] += q[j * HEAD_DIM + d] * k; }
+                for (var j = 0u; j < hn; j++) { acc[j] += q[j * HEAD_DIM + d] * k; }
             }
         }
-        for (var j = 0u; j < nb; j++) { p[j * CHUNK + t] = select(NEG, acc[j], valid); }
+        if (SLICES == 1u) {
+            for (var j = 0u; j < hn; j++) {
+                if (j < nb) { p[j * CHUNK + kk] = select(NEG, acc[j], valid); }
+            }
+        } else {
+            for (var j = 0u; j < hn; j++) {
+                if (j < nb) { part[(j * CHUNK + kk) * SLICES + slice] = acc[j]; }
+            }
+            workgroupBarrier();
+            for (var i = t; i < nb * CHUNK; i += THREADS) {
+                var sum = 0.0;
+                for (var sl = 0u; sl < SLICES; sl++) { sum += part[i * SLICES + sl]; }
+                let key = c0 + i % CHUNK;
+                p[i] = select(NEG, sum, key >= lo && key < hi);
+            }
+        }
         workgroupBarrier();
         if (t < nb) {
             var m = NEG;
-            for (var k = lo - chunk * CHUNK; k < hi - chunk * CHUNK; k++) { m = max(m, p[t * CHUNK + k]); }
+            for (var k = lo - c0; k < hi - c0; k++) { m = max(m, p[t * CHUNK + k]); }
             head_max[t] = m;
         }
         workgroupBarrier();
-        for (var j = 0u; j < nb; j++) {
-            p[j * CHUNK + t] = select(0.0, exp(p[j * CHUNK + t] - head_max[j]), valid);
+        for (var i = t; i < nb * CHUNK; i += THREADS) {
+            let key = c0 + i % CHUNK;
+            p[i] = select(0.0, exp(p[i] - head_max[i / CHUNK]), key >= lo && key < hi);
         }
         workgroupBarrier();
 
-        // Value mix: invocation t takes dimensions t, t + CHUNK, ... of every head in the batch,
-        // each value read once for all of them.
-        for (var d = t; d < HEAD_DIM; d += CHUNK) {
-            var mix: array<f32, HB>;
-            for (var j = 0u; j < HB; j++) { mix[j] = 0.0; }
-            for (var s = lo; s < hi; s++) {
-                let v = v_at(s * KV_DIM + kv + d);
-                let k = s - chunk * CHUNK;
-                for (var j = 0u; j < nb; j++) { mix[j] += p[j * CHUNK + k] * v; }
+        // Value mix: invocation t takes dimension t % HEAD_DIM (and every THREADS-th after it
+        // when the head is wider) over split t / HEAD_DIM of the keys, for every head in the
+        // batch: each value read once for all of them.
+        let split = t / HEAD_DIM;
+        if (split < KS) {
+            let s0 = max(lo, c0 + split * KEYS_PER_SPLIT);
+            let s1 = min(hi, c0 + (split + 1u) * KEYS_PER_SPLIT);
+            for (var d = t % HEAD_DIM; d < HEAD_DIM; d += THREADS) {
+                var mix: array<f32, HB>;
+                for (var j = 0u; j < HB; j++) { mix[j] = 0.0; }
+                for (var s = s0; s < s1; s++) {
+                    let v = v_at(s * KV_DIM + kv + d);
+                    for (var j = 0u; j < hn; j++) { mix[j] += p[j * CHUNK + s - c0] * v; }
+                }
+                for (var j = 0u; j < hn; j++) {
+                    if (j >= nb) { break; }
+                    if (KS == 1u) {
+                        partials[((head0 + j) * MAX_CHUNKS + chunk) * (HEAD_DIM + 2u) + d] = mix[j];
+                    } else {
+                        part[(j * KS + split) * HEAD_DIM + d] = mix[j];
+                    }
+                }
             }
-            for (var j = 0u; j < nb; j++) {
-                partials[((head0 + j) * MAX_CHUNKS + chunk) * (HEAD_DIM + 2u) + d] = mix[j];
+        }
+        if (KS > 1u) {
+            workgroupBarrier();
+            for (var i = t; i < nb * HEAD_DIM; i += THREADS) {
+                let j = i / HEAD_DIM;
+                let d = i % HEAD_DIM;
+                var sum = 0.0;
+                for (var sp = 0u; sp < KS; sp++) { sum += part[(j * KS + sp) * HEAD_DIM + d]; }
+                partials[((head0 + j) * MAX_CHUNKS + chunk) * (HEAD_DIM + 2u) + d] = sum;
             }
         }
         if (t < nb) {
             var l = 0.0;
-            for (var k = lo - chunk * CHUNK; k < hi - chunk * CHUNK; k++) { l += p[t * CHUNK + k]; }
+            for (var k = lo - c0; k < hi - c0; k++) { l += p[t * CHUNK + k]; }
             let rec = ((head0 + t) * MAX_CHUNKS + chunk) * (HEAD_DIM + 2u);
             partials[rec + HEAD_DIM] = head_max[t];
             partials[rec + HEAD_DIM + 1u] = l;

@@ -228,6 +228,21 @@ impl SyntheticSource {
     }
 }
 
+impl SyntheticSource {
+    /// Writes the whole file to `out` in 16 MiB pieces (so other engines can run the same model).
+    pub fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        let mut piece = vec![0; 16 << 20];
+        let mut offset = 0;
+        while offset < self.len {
+            let n = (self.len - offset).min(piece.len() as u64) as usize;
+            self.fill(offset, &mut piece[..n]);
+            out.write_all(&piece[..n])?;
+            offset += n as u64;
+        }
+        Ok(())
+    }
+}
+
 impl ByteSource for SyntheticSource {
     fn len(&self) -> u64 {
         self.len

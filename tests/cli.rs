@@ -176,6 +176,8 @@ fn bad_flag_values_are_refused_before_loading_with_exit_code_2() {
         (&["generate", "--prompt", "x", "--beams", "2", "--length-penalty", "NaN"], "length penalty"),
         (&["generate", "--prompt", "x", "--length-penalty", "2"], "--beams"),
         (&["bench", "--prompt-tokens", "0"], "--prompt-tokens"),
+        (&["bench", "--synthetic", "3b"], "--synthetic"),
+        (&["synthetic", "70b", "--out", "/tmp/never-written.gguf"], "1b (Llama 3.2 1B's shape) or 8b"),
         (
             &["bench", "--context-length", "64", "--prompt-tokens", "18446744073709551610"],
             "--prompt-tokens + --gen-tokens",

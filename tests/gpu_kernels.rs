@@ -619,11 +619,18 @@ gpu_test! {
     }
 }
 
+fn other(style: KernelStyle) -> KernelStyle {
+    match style {
+        KernelStyle::Cpu => KernelStyle::Gpu,
+        KernelStyle::Gpu => KernelStyle::Cpu,
+    }
+}
+
 gpu_test! {
     async fn attention_matches_the_cpu_reference_at_every_length_group_ratio_and_head_size() {
         let mut rng = Rng::new(10);
-        // Decode attention has one kernel for both styles: the KV storage is what differs.
         for mut h in Harness::kv_paths().await {
+            let own = h.gpu.style;
             // The browser twin (SwiftShader) takes the corners; natively, every combination.
             let (head_dims, groups, lengths): (&[usize], &[usize], &[usize]) = if cfg!(target_arch = "wasm32") {
                 (&[64, 256], &[1, 8], &[1, 257, 4096])
@@ -641,19 +648,27 @@ gpu_test! {
                         ..small_config()
                     };
                     let scale = 1.0 / (head_dim as f32).sqrt();
-                    for &keys in lengths {
-                        check_attention_with(&mut h, &c, keys, scale, 1, keys - 1, None, &mut rng).await;
-                    }
-                    // Sliding windows that start inside a chunk, far from the first key.
-                    for (keys, window) in [(1000, 300), (16384, 4096)] {
-                        check_attention_with(&mut h, &c, keys, scale, 1, keys - 1, Some(window), &mut rng).await;
+                    // Decode: an invocation per key (CPU adapters) and several sharing each key
+                    // and each value dimension (GPUs), every KV storage.
+                    // Chunks are independent and merged by one kernel, so the second style takes
+                    // the lengths up to a few chunks (natively: the browser twin keeps to its own).
+                    let decode_styles: &[KernelStyle] = if cfg!(target_arch = "wasm32") { &[own] } else { &[own, other(own)] };
+                    for &style in decode_styles {
+                        h.gpu.style = style;
+                        let short = |&&k: &&usize| style == own || k <= 1000;
+                        for &keys in lengths.iter().filter(short) {
+                            check_attention_with(&mut h, &c, keys, scale, 1, keys - 1, None, &mut rng).await;
+                        }
+                        // Sliding windows that start inside a chunk, far from the first key.
+                        for (keys, window) in [(1000, 300), (16384, 4096)].iter().filter(|(k, _)| short(&k)) {
+                            check_attention_with(&mut h, &c, *keys, scale, 1, keys - 1, Some(*window), &mut rng).await;
+                        }
                     }
                     // Prefill at this head size too, one query per invocation and (on one KV
                     // storage: a pipeline each costs lavapipe seconds) tiled, whose key tile's
                     // rows are padded.
                     let styles: &[KernelStyle] =
-                        if h.gpu.kv == KvStore::F32 { &[KernelStyle::Gpu, KernelStyle::Cpu] } else { &[h.gpu.style] };
-                    let own = h.gpu.style;
+                        if h.gpu.kv == KvStore::F32 { &[KernelStyle::Gpu, KernelStyle::Cpu] } else { &[own] };
                     for &style in styles {
                         h.gpu.style = style;
                         check_attention_with(&mut h, &c, 256, scale, 40, 200, None, &mut rng).await;
@@ -706,6 +721,8 @@ gpu_test! {
                 (300, Some((299, f32::NEG_INFINITY)), u32::MAX),
                 // The most negative finite value is a value like any other.
                 (2, Some((1, f32::MIN)), 0),
+                // A tie in one invocation's block of eight loads (3333 + 2 x 256): the lower index.
+                (5000, Some((3845, 50.0)), 3333),
             ];
             for (n, put, want) in cases {
                 let mut logits = random(&mut rng, n, 10.0);

@@ -15,13 +15,20 @@ fn field4(v: u32, shift: u32, mask: u32) -> vec4<u32> {
     return (vec4<u32>(v) >> (BYTE_SHIFTS + vec4<u32>(shift))) & vec4<u32>(mask);
 }
 
-fn nibbles(v: u32, shift: u32) -> vec4<f32> {
-    return vec4<f32>(field4(v, shift, 15u));
+// Unsigned integers below 2^23 as floats, exactly, without conversion instructions (a quarter of
+// the arithmetic rate on NVIDIA GPUs, and four per four weights): 2^23 + n, built in the bits,
+// minus 2^23.
+fn u2f4(v: vec4<u32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(v | vec4<u32>(0x4B000000u)) - vec4<f32>(8388608.0);
 }
 
+fn nibbles(v: u32, shift: u32) -> vec4<f32> {
+    return u2f4(field4(v, shift, 15u));
+}
+
+// Four signed bytes: with the sign bits flipped they are n + 128 in 0 .. 255 (u2f4's way).
 fn bytes_i8(v: u32) -> vec4<f32> {
-    let s = i32(v);
-    return vec4<f32>(f32(extractBits(s, 0u, 8u)), f32(extractBits(s, 8u, 8u)), f32(extractBits(s, 16u, 8u)), f32(extractBits(s, 24u, 8u)));
+    return bitcast<vec4<f32>>(field4(v ^ 0x80808080u, 0u, 255u) | vec4<u32>(0x4B000000u)) - vec4<f32>(8388736.0);
 }
 
 // Byte `offset` of the block starting at word bw.

@@ -19,7 +19,7 @@ fn dq8_q2_k(base: u32, g: u32) -> Dq8 {
     let ml = dm.y * f32(sc >> 4u);
     let qw = bw + 4u + (gg / 16u) * 8u + (gg % 4u) * 2u;
     let shift = 2u * ((gg / 4u) % 4u);
-    return Dq8(vec4<f32>(field4(w[qw], shift, 3u)) * dl - ml, vec4<f32>(field4(w[qw + 1u], shift, 3u)) * dl - ml);
+    return Dq8(u2f4(field4(w[qw], shift, 3u)) * dl - ml, u2f4(field4(w[qw + 1u], shift, 3u)) * dl - ml);
 }
 
 // Q3_K: 2 low bits as Q2_K (qs at byte 32); high bit v / 32 of hmask[v % 32], clear meaning -4;
@@ -35,8 +35,8 @@ fn dq8_q3_k(base: u32, g: u32) -> Dq8 {
     let qw = bw + 8u + (gg / 16u) * 8u + (gg % 4u) * 2u;
     let shift = 2u * ((gg / 4u) % 4u);
     let hw = bw + (gg % 4u) * 2u;
-    let qa = vec4<f32>(field4(w[qw], shift, 3u)) - 4.0 + 4.0 * vec4<f32>(field4(w[hw], gg / 4u, 1u));
-    let qb = vec4<f32>(field4(w[qw + 1u], shift, 3u)) - 4.0 + 4.0 * vec4<f32>(field4(w[hw + 1u], gg / 4u, 1u));
+    let qa = u2f4(field4(w[qw], shift, 3u)) - 4.0 + 4.0 * u2f4(field4(w[hw], gg / 4u, 1u));
+    let qb = u2f4(field4(w[qw + 1u], shift, 3u)) - 4.0 + 4.0 * u2f4(field4(w[hw + 1u], gg / 4u, 1u));
     return Dq8(qa * scale, qb * scale);
 }
 
@@ -78,8 +78,8 @@ fn dq8_q5_k(base: u32, g: u32) -> Dq8 {
     let s = k_scale_min(bw, gg);
     let q = k_nibbles(bw + 12u, gg);
     let hw = bw + 4u + (gg % 4u) * 2u;
-    let qa = q.a + 16.0 * vec4<f32>(field4(w[hw], gg / 4u, 1u));
-    let qb = q.b + 16.0 * vec4<f32>(field4(w[hw + 1u], gg / 4u, 1u));
+    let qa = q.a + 16.0 * u2f4(field4(w[hw], gg / 4u, 1u));
+    let qb = q.b + 16.0 * u2f4(field4(w[hw + 1u], gg / 4u, 1u));
     return Dq8(qa * s.x - s.y, qb * s.x - s.y);
 }
 
@@ -96,8 +96,8 @@ fn dq8_q6_k(base: u32, g: u32) -> Dq8 {
     let hw = bw + 32u + h * 8u + (u % 32u) / 4u;
     let hshift = 2u * (u / 32u);
     let scale = d * f32(extractBits(i32(byte_at(bw, 192u + gg / 2u)), 0u, 8u));
-    let qa = nibbles(w[lw], lshift) + 16.0 * vec4<f32>(field4(w[hw], hshift, 3u)) - 32.0;
-    let qb = nibbles(w[lw + 1u], lshift) + 16.0 * vec4<f32>(field4(w[hw + 1u], hshift, 3u)) - 32.0;
+    let qa = nibbles(w[lw], lshift) + 16.0 * u2f4(field4(w[hw], hshift, 3u)) - 32.0;
+    let qb = nibbles(w[lw + 1u], lshift) + 16.0 * u2f4(field4(w[hw + 1u], hshift, 3u)) - 32.0;
     return Dq8(qa * scale, qb * scale);
 }
 

@@ -17,8 +17,8 @@ fn q4_group(qs: u32, j: u32) -> Dq8 {
 
 fn q5_high(qh: u32, j: u32) -> Dq8 {
     let s = vec4<u32>(8u * j) + vec4<u32>(0u, 1u, 2u, 3u);
-    return Dq8(vec4<f32>((vec4<u32>(qh) >> s) & vec4<u32>(1u)) * 16.0,
-               vec4<f32>((vec4<u32>(qh) >> (s + vec4<u32>(4u))) & vec4<u32>(1u)) * 16.0);
+    return Dq8(u2f4((vec4<u32>(qh) >> s) & vec4<u32>(1u)) * 16.0,
+               u2f4((vec4<u32>(qh) >> (s + vec4<u32>(4u))) & vec4<u32>(1u)) * 16.0);
 }
 
 fn dq8_q4_0(base: u32, g: u32) -> Dq8 {

@@ -18,6 +18,18 @@ pub const KERNELS_ENV: &str = "WEBGPU_LLM_KERNELS";
 /// Lanes per row of the matrix-vector kernel on GPUs.
 const GPU_LANES: u32 = 32;
 
+/// Environment variable overriding GPU_LANES (32, 64 or 128), for A/B measurements.
+pub const GEMV_LANES_ENV: &str = "WEBGPU_LLM_GEMV_LANES";
+
+/// Environment variable setting the groups of 8 values each gemv lane takes per loop iteration
+/// (1, 2 or 4), for A/B measurements.
+pub const GEMV_UNROLL_ENV: &str = "WEBGPU_LLM_GEMV_UNROLL";
+
+/// Environment variable (`1`) compiling the kernels natively without naga's runtime checks
+/// (loop bounding, division guards, bounds checks where the driver lacks its own), for A/B
+/// measurements of what they cost.
+pub const UNCHECKED_ENV: &str = "WEBGPU_LLM_UNCHECKED";
+
 /// How kernels spread work: GPUs want many invocations cooperating through workgroup memory;
 /// CPU adapters (lavapipe, SwiftShader) run faster with one invocation per output block and no
 /// barriers.
@@ -108,6 +120,9 @@ pub struct Gpu {
     pub kv: KvStore,
     /// Subgroup operations are enabled (their width is at most GPU_LANES, as the reductions need).
     pub subgroups: bool,
+    /// Timestamp queries are enabled (natively, where the adapter has them): `bench --profile`
+    /// then times each dispatch on the GPU's clock.
+    pub timestamps: bool,
     pub counters: Counters,
     /// Chosen from the adapter's type; tests set it to check both variants on one adapter.
     pub style: KernelStyle,
@@ -175,6 +190,10 @@ impl Gpu {
         if subgroups {
             features |= wgpu::Features::SUBGROUP;
         }
+        let timestamps = cfg!(not(target_arch = "wasm32")) && available.contains(wgpu::Features::TIMESTAMP_QUERY);
+        if timestamps {
+            features |= wgpu::Features::TIMESTAMP_QUERY;
+        }
         // WebGPU's defaults, raised to the adapter's where a model needs more (big weight
         // bindings, workgroup memory for the attention tiles, many rows per dispatch).
         let a = adapter.limits();
@@ -231,6 +250,7 @@ impl Gpu {
                 KvStore::PackedF16
             },
             subgroups,
+            timestamps,
             counters: Counters::default(),
             style,
             failure,
@@ -243,7 +263,18 @@ impl Gpu {
     pub fn gemv_lanes(&self) -> u32 {
         match self.style {
             KernelStyle::Cpu => 1,
-            KernelStyle::Gpu => GPU_LANES,
+            KernelStyle::Gpu => match std::env::var(GEMV_LANES_ENV).ok().and_then(|v| v.parse().ok()) {
+                Some(n @ (32 | 64 | 128)) => n,
+                _ => GPU_LANES,
+            },
+        }
+    }
+
+    /// Groups of 8 values a gemv lane takes per loop iteration.
+    pub fn gemv_unroll(&self) -> u32 {
+        match std::env::var(GEMV_UNROLL_ENV).ok().and_then(|v| v.parse().ok()) {
+            Some(n @ (1 | 2 | 4)) => n,
+            _ => 1,
         }
     }
 
@@ -388,10 +419,15 @@ impl Gpu {
     /// Compiles `source` (already assembled with its preludes) with override constants.
     pub fn pipeline(&self, label: &str, source: &str, constants: &[(&str, f64)]) -> wgpu::ComputePipeline {
         self.counters.pipelines.fetch_add(1, Ordering::Relaxed);
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(label),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
+        let desc = wgpu::ShaderModuleDescriptor { label: Some(label), source: wgpu::ShaderSource::Wgsl(source.into()) };
+        let module = if cfg!(not(target_arch = "wasm32")) && std::env::var(UNCHECKED_ENV).as_deref() == Ok("1") {
+            // SAFETY: the engine's own kernels, each tested against a CPU reference: their loops
+            // end (bounded by override constants and sizes), no divisor is zero, and every index
+            // stays within its binding.
+            unsafe { self.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+        } else {
+            self.device.create_shader_module(desc)
+        };
         self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(label),
             layout: None,

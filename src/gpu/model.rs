@@ -139,6 +139,14 @@ impl HostClock {
 }
 
 /// A greedy decode step submitted and not yet read (see `GpuModel::submit_greedy`).
+/// `GpuModel::profile`'s answer: milliseconds per kernel family, in the order of first use.
+#[cfg(not(target_arch = "wasm32"))]
+pub struct Profile {
+    pub families: Vec<(&'static str, f64)>,
+    /// Timed by the GPU's timestamps (else by the host's clock around each submission).
+    pub gpu_clock: bool,
+}
+
 pub struct InFlight {
     slot: usize,
     submission: wgpu::SubmissionIndex,
@@ -506,27 +514,72 @@ impl GpuModel {
         PREFILL_CHUNK.min((max / per_token) as usize).max(1)
     }
 
-    /// Time per kernel family for one pass of `n` tokens at `start` (each dispatch submitted and
-    /// waited for alone, so the sum exceeds a real step): where the time of a step goes.
+    /// Time per kernel family for one pass of `n` tokens at `start`: where the time of a step
+    /// goes. With timestamp queries each dispatch is timed on the GPU's clock in one submission
+    /// (the sum is the GPU's busy time; a real step adds the gaps between dispatches); without,
+    /// each dispatch is submitted and waited for alone, so the sum exceeds a real step.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn profile(&self, n: usize, start: usize) -> Result<Vec<(&'static str, f64)>> {
+    pub async fn profile(&self, n: usize, start: usize) -> Result<Profile> {
         let params = Params::at(start, n);
         self.gpu.queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
-        let mut totals: Vec<(&'static str, f64)> = Vec::new();
-        for op in if n == 1 { &self.decode } else { &self.prefill } {
+        let ops = if n == 1 { &self.decode } else { &self.prefill };
+        let mut times = Vec::with_capacity(ops.len());
+        if self.gpu.timestamps {
+            // One pass per dispatch, its start and end stamped, all in one submission.
+            let count = 2 * ops.len() as u32;
+            let set = self.gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count,
+            });
+            let resolved = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("profile"),
+                size: 8 * count as u64,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            let staging = self.gpu.readback("profile", 8 * count as u64);
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            op.encode(&mut enc.begin_compute_pass(&Default::default()), n as u32);
-            let t = std::time::Instant::now();
+            for (i, op) in ops.iter().enumerate() {
+                let writes = wgpu::ComputePassTimestampWrites {
+                    query_set: &set,
+                    beginning_of_pass_write_index: Some(2 * i as u32),
+                    end_of_pass_write_index: Some(2 * i as u32 + 1),
+                };
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(op.label),
+                    timestamp_writes: Some(writes),
+                });
+                op.encode(&mut pass, n as u32);
+            }
+            enc.resolve_query_set(&set, 0..count, &resolved, 0);
+            enc.copy_buffer_to_buffer(&resolved, 0, &staging, 0, 8 * count as u64);
             self.gpu.submit(enc);
-            self.gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::Gpu(e.to_string()))?;
-            let ms = t.elapsed().as_secs_f64() * 1e3;
-            match totals.iter_mut().find(|(l, _)| *l == op.label) {
-                Some(entry) => entry.1 += ms,
-                None => totals.push((op.label, ms)),
+            let ticks: Vec<u64> =
+                self.gpu.read_mapped(&staging, 8 * count as u64, |b| bytemuck::pod_collect_to_vec(b)).await?;
+            let period_ms = self.gpu.queue.get_timestamp_period() as f64 / 1e6;
+            for (op, t) in ops.iter().zip(ticks.chunks_exact(2)) {
+                times.push((op.label, t[1].saturating_sub(t[0]) as f64 * period_ms));
+            }
+        } else {
+            for op in ops {
+                let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+                op.encode(&mut enc.begin_compute_pass(&Default::default()), n as u32);
+                let t = web_time::Instant::now();
+                self.gpu.submit(enc);
+                self.gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::Gpu(e.to_string()))?;
+                times.push((op.label, t.elapsed().as_secs_f64() * 1e3));
             }
         }
         self.gpu.check()?;
-        Ok(totals)
+        let mut families: Vec<(&'static str, f64)> = Vec::new();
+        for (label, ms) in times {
+            match families.iter_mut().find(|(l, _)| *l == label) {
+                Some(entry) => entry.1 += ms,
+                None => families.push((label, ms)),
+            }
+        }
+        Ok(Profile { families, gpu_clock: self.gpu.timestamps })
     }
 
     /// Dispatches in one decode step.

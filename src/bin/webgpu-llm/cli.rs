@@ -30,6 +30,17 @@ enum Command {
     Generate(GenerateArgs),
     /// Measure prefill and decode speed (greedy, EOS ignored) and what a decode step costs.
     Bench(BenchArgs),
+    /// Write bench's random-weight model (--synthetic) to a GGUF file, to run it in another engine.
+    Synthetic(SyntheticArgs),
+}
+
+#[derive(Args)]
+struct SyntheticArgs {
+    /// 1b (Llama 3.2 1B's shape) or 8b (Llama 3 8B's).
+    shape: String,
+    /// The GGUF file to write.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -179,6 +190,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => pollster::block_on(generate(args)),
         Command::Bench(args) => pollster::block_on(bench(args)),
+        Command::Synthetic(args) => write_synthetic(&args),
     };
     match result {
         Ok(()) if INTERRUPTED.load(Ordering::SeqCst) => ExitCode::from(130),
@@ -189,6 +201,16 @@ pub fn main() -> ExitCode {
             ExitCode::from(if is_usage(&e) { EXIT_USAGE } else { 1 })
         }
     }
+}
+
+fn write_synthetic(args: &SyntheticArgs) -> Result<(), Error> {
+    let source = webgpu_llm::synthetic::SyntheticSource::new(webgpu_llm::synthetic::Shape::named(&args.shape)?);
+    let io = |source| Error::Io { path: args.out.display().to_string(), source };
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&args.out).map_err(io)?);
+    source.write_to(&mut file).map_err(io)?;
+    file.flush().map_err(io)?;
+    eprintln!("wrote {} ({} bytes)", args.out.display(), source.len());
+    Ok(())
 }
 
 fn end_progress_line() {
@@ -452,10 +474,11 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
                 for (what, n, start) in
                     [("prefill", prompt_tokens.min(webgpu_llm::gpu::PREFILL_CHUNK), 0), ("decode", 1, prompt_tokens)]
                 {
-                    let times = m.profile(n, start)?;
-                    let total: f64 = times.iter().map(|t| t.1).sum();
-                    let parts: Vec<String> = times.iter().map(|(l, ms)| format!("{l} {ms:.1} ms")).collect();
-                    println!("profile {what} ({n} tokens): {total:.1} ms = {}", parts.join(", "));
+                    let p = m.profile(n, start).await?;
+                    let total: f64 = p.families.iter().map(|t| t.1).sum();
+                    let parts: Vec<String> = p.families.iter().map(|(l, ms)| format!("{l} {ms:.3} ms")).collect();
+                    let clock = if p.gpu_clock { "GPU timestamps" } else { "host clock, a submission each" };
+                    println!("profile {what} ({n} tokens, {clock}): {total:.3} ms = {}", parts.join(", "));
                 }
             }
         }

@@ -9,10 +9,20 @@ use crate::model::ModelConfig;
 /// Queries per prefill workgroup.
 const BQ: u32 = 8;
 
-/// Keys per decode-attention workgroup (its invocations: one key each for the scores).
+/// Keys per decode-attention workgroup.
 pub const DECODE_CHUNK: usize = 64;
 /// Query heads one decode-attention workgroup scores at a time (its registers per invocation).
 const DECODE_HEAD_BATCH: usize = 8;
+
+/// Invocations of a decode-attention workgroup (both passes): one per key on CPU adapters; on GPUs
+/// four, so that each walks a quarter of a key's dimensions (a fraction of the keys for the
+/// values, of the chunks when merging).
+fn decode_threads(gpu: &Gpu) -> u32 {
+    match gpu.style {
+        KernelStyle::Cpu => DECODE_CHUNK as u32,
+        KernelStyle::Gpu => 4 * DECODE_CHUNK as u32,
+    }
+}
 
 /// The chunk records decode attention passes from its first kernel to its second: floats
 /// for a context of `context` keys.
@@ -43,7 +53,7 @@ pub fn attention_decode(
         ("HEAD_DIM", c.head_dim as u32),
         ("CHUNK", DECODE_CHUNK as u32),
         ("HB", group.min(DECODE_HEAD_BATCH) as u32),
-        ("WG", 64),
+        ("THREADS", decode_threads(gpu)),
     ];
     let window = ("WINDOW", kind.window.unwrap_or(0) as f64);
     let overrides = [
