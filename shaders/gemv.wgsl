@@ -18,7 +18,6 @@ override ROW_COUNT: u32;
 override OUT: u32 = 0u;
 override EPILOGUE: u32 = 0u;
 override LANES: u32 = 32u;
-override UNROLL: u32 = 1u;
 override NORM: bool = false;
 override EPS: f32 = 0.0;
 
@@ -47,24 +46,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     var b = 0.0;
     if (r < ROW_COUNT) {
         let base = r * ROW_WORDS;
-        // UNROLL groups per lane per iteration, so that more loads are in flight.
-        for (var g0 = k; g0 < COLS / 8u; g0 += LANES * UNROLL) {
-            for (var i = 0u; i < UNROLL; i++) {
-                let g = g0 + i * LANES;
-                if (g < COLS / 8u) {
-                    var xa = x[g * 2u];
-                    var xb = x[g * 2u + 1u];
-                    if (NORM) {
-                        xa *= nw[g * 2u];
-                        xb *= nw[g * 2u + 1u];
-                    }
-                    let v = dq8(base, g);
-                    a += dot(v.a, xa) + dot(v.b, xb);
-                    if (EPILOGUE == 2u) {
-                        let u = dq8(base + ROW_COUNT * ROW_WORDS, g);
-                        b += dot(u.a, xa) + dot(u.b, xb);
-                    }
-                }
+        for (var g = k; g < COLS / 8u; g += LANES) {
+            var xa = x[g * 2u];
+            var xb = x[g * 2u + 1u];
+            if (NORM) {
+                xa *= nw[g * 2u];
+                xb *= nw[g * 2u + 1u];
+            }
+            let v = dq8(base, g);
+            a += dot(v.a, xa) + dot(v.b, xb);
+            if (EPILOGUE == 2u) {
+                let u = dq8(base + ROW_COUNT * ROW_WORDS, g);
+                b += dot(u.a, xa) + dot(u.b, xb);
             }
         }
     }

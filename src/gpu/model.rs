@@ -556,7 +556,7 @@ impl GpuModel {
             enc.copy_buffer_to_buffer(&resolved, 0, &staging, 0, 8 * count as u64);
             self.gpu.submit(enc);
             let ticks: Vec<u64> =
-                self.gpu.read_mapped(&staging, 8 * count as u64, |b| bytemuck::pod_collect_to_vec(b)).await?;
+                self.gpu.read_mapped(&staging, 8 * count as u64, bytemuck::pod_collect_to_vec).await?;
             let period_ms = self.gpu.queue.get_timestamp_period() as f64 / 1e6;
             for (op, t) in ops.iter().zip(ticks.chunks_exact(2)) {
                 times.push((op.label, t[1].saturating_sub(t[0]) as f64 * period_ms));

@@ -79,7 +79,6 @@ fn gemv_with(
                 ("OUT", p.out as f64),
                 ("EPILOGUE", mode as f64),
                 ("LANES", gpu.gemv_lanes() as f64),
-                ("UNROLL", gpu.gemv_unroll() as f64),
                 ("NORM", norm.is_some() as u32 as f64),
                 ("EPS", norm.map_or(0.0, |n| n.1 as f64)),
             ];
