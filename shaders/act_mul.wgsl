@@ -1,8 +1,6 @@
 // Gated activation for prefill: h[t][i] = act(gu[t][i]) * gu[t][FFN + i], gu rows of 2 FFN.
 // Bindings: 0 params, 1 gu, 2 h. Dispatch: (ceil(FFN / 64), n_tokens, 1). `act` comes from the host.
 
-struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
-
 override FFN: u32;
 
 @group(0) @binding(0) var<uniform> params: Params;

@@ -6,8 +6,6 @@
 // Bindings: 0 params, 1 partials, 2 out (Q_DIM). Dispatch: (N_HEADS, 1, 1). HEAD_DIM, CHUNK and
 // THREADS (a power of two) come from the host.
 
-struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
-
 override MAX_CHUNKS: u32;
 override WINDOW: u32 = 0u;
 const CS = max(THREADS / HEAD_DIM, 1u);

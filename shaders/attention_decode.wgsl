@@ -13,8 +13,6 @@
 // score (every SLICES-th dimension each), and KS share a value dimension (a KS-th of the keys each),
 // their partial sums added through workgroup memory.
 
-struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
-
 override KV_DIM: u32;
 override GROUP: u32;
 override MAX_CHUNKS: u32;

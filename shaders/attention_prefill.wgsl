@@ -5,8 +5,6 @@
 // Bindings: 0 params, 1 qkv (rows of Q_DIM + 2 KV_DIM), 2 k_cache, 3 v_cache, 4 out (rows of Q_DIM).
 // Dispatch: (ceil(n_tokens / BQ), N_HEADS, 1). HD, BQ, BK and `kv_t` come from the host.
 
-struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
-
 override Q_DIM: u32;
 override KV_DIM: u32;
 override GROUP: u32;

@@ -8,8 +8,6 @@
 // Bindings as attention_prefill. Dispatch: (ceil(n_tokens / 64), N_HEADS, 1). HD and `kv_t` come
 // from the host.
 
-struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
-
 override Q_DIM: u32;
 override KV_DIM: u32;
 override GROUP: u32;

@@ -2,8 +2,6 @@
 // Bindings: 0 params (uniform), 1 w (table rows ROW_START.. of this part), 2 tokens, 3 x (out).
 // Dispatch: (ceil(COLS / 8 / WG), n_tokens, 1); one invocation writes 8 values.
 
-struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
-
 override COLS: u32;
 override ROW_WORDS: u32;
 override ROW_START: u32 = 0u;

@@ -11,8 +11,6 @@
 // EPILOGUE 0: store. 1: add (residual).
 // Bindings: 0 params, 1 w, 2 x (vec4), 3 y. Dispatch: (ceil(ROW_COUNT / 64), ceil(n_tokens / 64), 1).
 
-struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
-
 override COLS: u32;
 override ROW_WORDS: u32;
 override ROW_COUNT: u32;
@@ -38,6 +36,15 @@ var<workgroup> ws: array<vec4<f32>, 512>;  // [TK][TN / 4]
 
 // Invocations: 256, or 128 with DIRECT.
 override WG: u32 = 256u;
+
+// Output (token t, row r) of this part: its column (a gated pair's second half after
+// PAIR_OFFSET) and the epilogue.
+fn store(t: u32, r: u32, v: f32) {
+    var col = OUT + r;
+    if (PAIR && r >= HALF) { col = PAIR_OFFSET + OUT + r - HALF; }
+    let o = t * Y_STRIDE + col;
+    if (EPILOGUE == 1u) { y[o] = y[o] + v; } else { y[o] = v; }
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -80,10 +87,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             for (var j = 0u; j < 4u; j++) {
                 let r = row0 + tx * 4u + j;
                 if (r >= ROW_COUNT) { break; }
-                var col = OUT + r;
-                if (PAIR && r >= HALF) { col = PAIR_OFFSET + OUT + r - HALF; }
-                let o = t * Y_STRIDE + col;
-                if (EPILOGUE == 1u) { y[o] = y[o] + acc8[i][j]; } else { y[o] = acc8[i][j]; }
+                store(t, r, acc8[i][j]);
             }
         }
         return;
@@ -118,10 +122,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var j = 0u; j < 4u; j++) {
             let r = row0 + tx * 4u + j;
             if (r >= ROW_COUNT) { break; }
-            var col = OUT + r;
-            if (PAIR && r >= HALF) { col = PAIR_OFFSET + OUT + r - HALF; }
-            let o = t * Y_STRIDE + col;
-            if (EPILOGUE == 1u) { y[o] = y[o] + acc[i][j]; } else { y[o] = acc[i][j]; }
+            store(t, r, acc[i][j]);
         }
     }
 }

@@ -5,8 +5,6 @@
 // Bindings, after gemv's: 4 params, 5 rope (vec2 cos,sin per [pos][pair]), 6 k_cache,
 // 7 v_cache. HD, ROPE_DIM, Q_DIM, KV_DIM, `kv_t` and the cache's accessors come from the host.
 
-struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
-
 @group(0) @binding(4) var<uniform> params: Params;
 @group(0) @binding(5) var<storage, read> rope: array<vec2<f32>>;
 @group(0) @binding(6) var<storage, read_write> k_cache: array<kv_t>;

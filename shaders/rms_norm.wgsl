@@ -3,8 +3,6 @@
 // With ADD, the result is added to out (a post-norm before the residual add, Gemma).
 // Bindings: 0 params, 1 x, 2 weight, 3 out. Dispatch: (n_tokens or 1, 1, 1).
 
-struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
-
 override COLS: u32;
 override EPS: f32;
 override LAST_ONLY: bool = false;

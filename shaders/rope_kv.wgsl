@@ -11,8 +11,6 @@
 // and `rope_rotate` (shaders/rope.wgsl) come from the host. Decode folds this pass into the qkv
 // projection where it can (gemv_rope_kv.wgsl).
 
-struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }
-
 override ROPE_DIM: u32;
 override N_Q_HEADS: u32;
 override N_KV_HEADS: u32;

@@ -1,5 +1,5 @@
-//! Assembles WGSL modules from shaders/: enable directives for the device's features, the KV
-//! element type, host constants that size workgroup arrays, the weight block decoding of src/quant
+//! Assembles WGSL modules from shaders/: enable directives for the device's features, the pass
+//! parameters' struct, the KV element type, host constants that size workgroup arrays, the weight block decoding of src/quant
 //! and row reduction, then the kernel itself. Pipelines are cached by source and constants.
 
 use super::Gpu;
@@ -38,6 +38,7 @@ pub fn assemble(gpu: &Gpu, kernel: &str, needs: Needs, consts: &[(&str, u32)]) -
     if gpu.subgroups && needs.reduce && cfg!(target_arch = "wasm32") {
         src.push_str("enable subgroups;\n");
     }
+    src.push_str(super::kernels::PARAMS_WGSL);
     if needs.kv || needs.kv_write {
         src.push_str(&kv_prelude(gpu.kv, needs.kv_write));
     }

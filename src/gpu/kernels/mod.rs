@@ -20,7 +20,11 @@ pub use norm::{rms_norm, NormOut};
 pub use rope::{rope_kv, rope_table, QkvExtras, RopeKvFold};
 pub use top_k::{top_k, MAX_TOP_K, TOP_K_WORDS};
 
-/// The uniform every per-token kernel reads, written once per forward pass.
+/// `Params` in WGSL, field for field: `shader::assemble` prepends it to every kernel.
+pub const PARAMS_WGSL: &str = "struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }\n";
+
+/// The uniform every per-token kernel reads, written once per forward pass (declared for the
+/// kernels by PARAMS_WGSL).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Params {
