@@ -72,6 +72,21 @@ function stalledError(message) {
   return e;
 }
 
+/** `promise`, or what `late()` returns (or throws) when it has not settled in `ms`. */
+function within(promise, ms, late) {
+  let timer;
+  const expiry = new Promise((resolve, reject) => {
+    timer = setTimeout(() => {
+      try {
+        resolve(late());
+      } catch (e) {
+        reject(e);
+      }
+    }, ms);
+  });
+  return Promise.race([promise, expiry]).finally(() => clearTimeout(timer));
+}
+
 /**
  * `attempt(signal)`, tried once more when it has not settled in `ms` (`signal` is aborted then,
  * so the attempt can let go of what it holds), else an Error with code "stalled".
@@ -79,14 +94,8 @@ function stalledError(message) {
 async function patiently(what, attempt, ms = STALL_MS) {
   for (let tries = 1; ; tries++) {
     const giveUp = new AbortController();
-    let timer;
-    const late = new Promise((resolve) => (timer = setTimeout(() => resolve(giveUp), ms)));
-    try {
-      const result = await Promise.race([attempt(giveUp.signal), late]);
-      if (result !== giveUp) return result;
-    } finally {
-      clearTimeout(timer);
-    }
+    const result = await within(attempt(giveUp.signal), ms, () => giveUp);
+    if (result !== giveUp) return result;
     giveUp.abort();
     if (tries === 2) throw stalledError(`the browser did not finish ${what} within ${ms / 1000} s, twice: try again, and if it stays stuck restart the browser`);
     console.warn(`webgpu-llm: ${what} did not finish in ${ms / 1000} s; trying once more`);
@@ -176,11 +185,10 @@ async function readChunks(stream, size, chunk, counted, { buffer = new ArrayBuff
   const cancel = () => reader.cancel().catch(() => {});
   signal?.addEventListener("abort", cancel);
   // Each read races a timer: a stream that stops without ending (a server that hangs) fails.
-  const read = (view) => {
-    let timer;
-    const idle = new Promise((_, reject) => (timer = setTimeout(() => reject(stalledError(`no bytes of the model came for ${ms / 1000} s: the server or the disk stopped sending`)), ms)));
-    return Promise.race([view ? byob.read(view) : reader.read(), idle]).finally(() => clearTimeout(timer));
-  };
+  const read = (view) =>
+    within(view ? byob.read(view) : reader.read(), ms, () => {
+      throw stalledError(`no bytes of the model came for ${ms / 1000} s: the server or the disk stopped sending`);
+    });
   let pending = null;
   try {
     for (;;) {
