@@ -176,8 +176,6 @@ fn bad_flag_values_are_refused_before_loading_with_exit_code_2() {
         (&["generate", "--prompt", "x", "--beams", "2", "--length-penalty", "NaN"], "length penalty"),
         (&["generate", "--prompt", "x", "--length-penalty", "2"], "--beams"),
         (&["bench", "--prompt-tokens", "0"], "--prompt-tokens"),
-        (&["bench", "--synthetic", "3b"], "--synthetic"),
-        (&["synthetic", "70b", "--out", "/tmp/never-written.gguf"], "1b (Llama 3.2 1B's shape) or 8b"),
         (
             &["bench", "--context-length", "64", "--prompt-tokens", "18446744073709551610"],
             "--prompt-tokens + --gen-tokens",
@@ -192,6 +190,21 @@ fn bad_flag_values_are_refused_before_loading_with_exit_code_2() {
         assert!(!err.contains("loading") && !err.contains("panicked"), "{args:?}: {err}");
         assert!(start.elapsed().as_secs_f64() < 5.0, "{args:?} took {:?}", start.elapsed());
     }
+}
+
+#[test]
+fn an_unknown_synthetic_shape_is_refused_with_the_shapes_there_are() {
+    let out_file = std::env::temp_dir().join(format!("webgpu-llm-never-written-{}.gguf", std::process::id()));
+    let cases: &[&[&str]] =
+        &[&["bench", "--synthetic", "3b"], &["synthetic", "70b", "--out", out_file.to_str().expect("a UTF-8 path")]];
+    for args in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_webgpu-llm")).args(*args).output().expect("the CLI runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("1b (Llama 3.2 1B's shape) or 8b (Llama 3 8B's)"), "{args:?}: {err}");
+        assert!(!err.contains("making") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+    assert!(!out_file.exists(), "nothing is written for an unknown shape");
 }
 
 /// Checks that need the model's own context: still exit code 2, the error on a line of its own
