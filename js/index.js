@@ -72,8 +72,12 @@ function stalledError(message) {
   return e;
 }
 
-/** `promise`, or what `late()` returns (or throws) when it has not settled in `ms`. */
-function within(promise, ms, late) {
+/**
+ * What `start()` settles with, or what `late()` returns (or throws) when that takes over `ms`.
+ * The deadline is set before `start` runs, so it fires before any deadline `start` sets for the
+ * same `ms` (a file read's own idle deadline, inside a retried read).
+ */
+function within(ms, late, start) {
   let timer;
   const expiry = new Promise((resolve, reject) => {
     timer = setTimeout(() => {
@@ -84,7 +88,7 @@ function within(promise, ms, late) {
       }
     }, ms);
   });
-  return Promise.race([promise, expiry]).finally(() => clearTimeout(timer));
+  return Promise.race([new Promise((resolve) => resolve(start())), expiry]).finally(() => clearTimeout(timer));
 }
 
 /**
@@ -94,7 +98,7 @@ function within(promise, ms, late) {
 async function patiently(what, attempt, ms = STALL_MS) {
   for (let tries = 1; ; tries++) {
     const giveUp = new AbortController();
-    const result = await within(attempt(giveUp.signal), ms, () => giveUp);
+    const result = await within(ms, () => giveUp, () => attempt(giveUp.signal));
     if (result !== giveUp) return result;
     giveUp.abort();
     if (tries === 2) throw stalledError(`the browser did not finish ${what} within ${ms / 1000} s, twice: try again, and if it stays stuck restart the browser`);
@@ -186,9 +190,13 @@ async function readChunks(stream, size, chunk, counted, { buffer = new ArrayBuff
   signal?.addEventListener("abort", cancel);
   // Each read races a timer: a stream that stops without ending (a server that hangs) fails.
   const read = (view) =>
-    within(view ? byob.read(view) : reader.read(), ms, () => {
-      throw stalledError(`no bytes of the model came for ${ms / 1000} s: the server or the disk stopped sending`);
-    });
+    within(
+      ms,
+      () => {
+        throw stalledError(`no bytes of the model came for ${ms / 1000} s: the server or the disk stopped sending`);
+      },
+      () => (view ? byob.read(view) : reader.read()),
+    );
   let pending = null;
   try {
     for (;;) {
