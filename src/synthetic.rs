@@ -185,6 +185,19 @@ impl SyntheticSource {
         Self { header, regions, run, len }
     }
 
+    /// Writes the whole file to `out` in 16 MiB pieces (so other engines can run the same model).
+    pub fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        let mut piece = vec![0; 16 << 20];
+        let mut offset = 0;
+        while offset < self.len {
+            let n = (self.len - offset).min(piece.len() as u64) as usize;
+            self.fill(offset, &mut piece[..n]);
+            out.write_all(&piece[..n])?;
+            offset += n as u64;
+        }
+        Ok(())
+    }
+
     /// Writes the file's bytes from `offset` into `out`.
     fn fill(&self, mut offset: u64, mut out: &mut [u8]) {
         const ONE: [u8; 4] = 1f32.to_le_bytes();
@@ -225,21 +238,6 @@ impl SyntheticSource {
             offset += n as u64;
             out = &mut out[n..];
         }
-    }
-}
-
-impl SyntheticSource {
-    /// Writes the whole file to `out` in 16 MiB pieces (so other engines can run the same model).
-    pub fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
-        let mut piece = vec![0; 16 << 20];
-        let mut offset = 0;
-        while offset < self.len {
-            let n = (self.len - offset).min(piece.len() as u64) as usize;
-            self.fill(offset, &mut piece[..n]);
-            out.write_all(&piece[..n])?;
-            offset += n as u64;
-        }
-        Ok(())
     }
 }
 

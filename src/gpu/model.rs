@@ -138,7 +138,6 @@ impl HostClock {
     }
 }
 
-/// A greedy decode step submitted and not yet read (see `GpuModel::submit_greedy`).
 /// `GpuModel::profile`'s answer: milliseconds per kernel family, in the order of first use.
 #[cfg(not(target_arch = "wasm32"))]
 pub struct Profile {
@@ -147,6 +146,7 @@ pub struct Profile {
     pub gpu_clock: bool,
 }
 
+/// A greedy decode step submitted and not yet read (see `GpuModel::submit_greedy`).
 pub struct InFlight {
     slot: usize,
     submission: wgpu::SubmissionIndex,

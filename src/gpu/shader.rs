@@ -1,6 +1,7 @@
 //! Assembles WGSL modules from shaders/: enable directives for the device's features, the pass
-//! parameters' struct, the KV element type, host constants that size workgroup arrays, the weight block decoding of src/quant
-//! and row reduction, then the kernel itself. Pipelines are cached by source and constants.
+//! parameters' struct, the KV element type, host constants that size workgroup arrays, the weight
+//! block decoding of src/quant and row reduction, then the kernel itself. Pipelines are cached by
+//! source and constants.
 
 use super::Gpu;
 use crate::arch::Activation;
