@@ -1,7 +1,8 @@
-// Greedy pick on the GPU: out[0] = index of the largest of the N logits (lowest index on ties),
-// so decode reads back 4 bytes instead of the vocabulary's logits; 0xffffffff when any logit is
-// NaN or infinite (the model broke down: the host reports it and emits nothing).
-// Bindings: 0 logits, 1 out. Dispatch: (1, 1, 1).
+// Greedy pick on the GPU: out[r] = index of the largest of row r's N logits (lowest index on
+// ties), for each of the pass's `params.rows` rows, so decode reads back 4 bytes a sequence
+// instead of the vocabulary's logits; 0xffffffff when any logit is NaN or infinite (the model
+// broke down: the host reports it and emits nothing).
+// Bindings: 0 logits (rows of N), 1 out, 2 params. Dispatch: (1, MAX_ROWS): rows past the pass's exit.
 
 override N: u32;
 const WG: u32 = 256u;
@@ -9,6 +10,7 @@ const NONE: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@group(0) @binding(2) var<uniform> params: Params;
 
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
@@ -20,7 +22,10 @@ fn is_non_finite(v: f32) -> bool {
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_index) li: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let row = wg.y;
+    if (row >= params.rows) { return; }
+    let base = row * N;
     if (li == 0u) { atomicStore(&non_finite, 0u); }
     workgroupBarrier();
     // Each thread starts from its first value (a sentinel value would have to be -inf, which
@@ -29,7 +34,7 @@ fn main(@builtin(local_invocation_index) li: u32) {
     var bi = NONE;
     var bad = false;
     if (li < N) {
-        bv = logits[li];
+        bv = logits[base + li];
         bi = li;
         bad = is_non_finite(bv);
     }
@@ -38,14 +43,14 @@ fn main(@builtin(local_invocation_index) li: u32) {
     var i = li + WG;
     for (; i + 7u * WG < N; i += 8u * WG) {
         var v: array<f32, 8>;
-        for (var u = 0u; u < 8u; u++) { v[u] = logits[i + u * WG]; }
+        for (var u = 0u; u < 8u; u++) { v[u] = logits[base + i + u * WG]; }
         for (var u = 0u; u < 8u; u++) {
             bad = bad || is_non_finite(v[u]);
             if (v[u] > bv) { bv = v[u]; bi = i + u * WG; }
         }
     }
     for (; i < N; i += WG) {
-        let v = logits[i];
+        let v = logits[base + i];
         bad = bad || is_non_finite(v);
         if (v > bv) { bv = v; bi = i; }
     }
@@ -65,5 +70,5 @@ fn main(@builtin(local_invocation_index) li: u32) {
         }
         workgroupBarrier();
     }
-    if (li == 0u) { out[0] = select(best_i[0], NONE, atomicLoad(&non_finite) != 0u); }
+    if (li == 0u) { out[row] = select(best_i[0], NONE, atomicLoad(&non_finite) != 0u); }
 }

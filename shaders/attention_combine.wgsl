@@ -3,16 +3,16 @@
 // The chunks are spread over the invocations (M and the denominator by tree reductions; each
 // output dimension summed by CS invocations over a CS-th of the chunks each), so no invocation
 // walks every chunk alone.
-// Bindings: 0 params, 1 partials, 2 out (Q_DIM). Dispatch: (N_HEADS, 1, 1). HEAD_DIM, CHUNK and
-// THREADS (a power of two) come from the host.
+// Bindings: 0 partials, 1 out (rows of Q_DIM), 2 batch. Dispatch: (N_HEADS, rows, 1).
+// HEAD_DIM, CHUNK, THREADS (a power of two) and the batch's accessors come from the host.
 
 override MAX_CHUNKS: u32;
 override WINDOW: u32 = 0u;
 const CS = max(THREADS / HEAD_DIM, 1u);
 
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> partials: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read> partials: array<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<storage, read> batch: array<u32>;
 
 var<workgroup> red: array<f32, THREADS>;
 
@@ -30,9 +30,12 @@ fn reduce(v: f32, t: u32, is_max: bool) -> f32 {
 }
 
 @compute @workgroup_size(THREADS)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let h = wg.x;
-    let seq = params.seq_len;
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) t: u32) {
+    let row = wg.y;
+    // Head h of all the rows' heads: its records, and its output (rows of N_HEADS heads).
+    let h = row * nwg.x + wg.x;
+    let seq = row_pos(row) + 1u;
     var first = 0u;
     if (WINDOW > 0u && seq > WINDOW) { first = seq - WINDOW; }
     // The chunks pass 1 wrote: those holding keys first .. seq - 1.

@@ -4,11 +4,12 @@
 // instead of one workgroup per head walking all of it. Per (query head, chunk) it writes the
 // chunk's largest score m, the sum l of exp(score - m) and the unnormalized value mix
 // sum exp(score - m) v; attention_combine.wgsl merges the chunks (online softmax).
-// With WINDOW > 0 the query at seq_len - 1 sees only the last WINDOW keys (a sliding-window layer).
-// Bindings: 0 params, 1 qkv (q = first Q_DIM values), 2 k_cache, 3 v_cache,
-// 4 partials (N_HEADS x MAX_CHUNKS records of HEAD_DIM + 2). Dispatch: (MAX_CHUNKS, N_KV_HEADS):
-// chunks outside the keys seen exit at once. HEAD_DIM, CHUNK, HB, THREADS and `kv_t` come from
-// the host. THREADS = CHUNK on CPU adapters: an invocation per key, no partial sums. GPUs use
+// Each batch row (z) is one sequence's query at its position p, over keys 0..=p read through its
+// block table. With WINDOW > 0 the query sees only the last WINDOW keys (a sliding-window layer).
+// Bindings: 0 qkv (rows of QKV_STRIDE; q = a row's first Q_DIM values), 1 k_cache, 2 v_cache,
+// 3 partials (per row, N_HEADS x MAX_CHUNKS records of HEAD_DIM + 2), 4 batch.
+// Dispatch: (MAX_CHUNKS, N_KV_HEADS, rows): chunks outside the keys seen exit at once. HEAD_DIM,
+// CHUNK, HB, THREADS, `kv_t` and the cache's and batch's accessors come from the host. THREADS = CHUNK on CPU adapters: an invocation per key, no partial sums. GPUs use
 // more, so that no invocation walks a long chain of loads alone: SLICES invocations share a key's
 // score (every SLICES-th dimension each), and KS share a value dimension (a KS-th of the keys each),
 // their partial sums added through workgroup memory.
@@ -16,6 +17,7 @@
 override KV_DIM: u32;
 override GROUP: u32;
 override MAX_CHUNKS: u32;
+override QKV_STRIDE: u32;
 override SCALE: f32;
 override WINDOW: u32 = 0u;
 const NEG: f32 = -3.0e38;
@@ -23,11 +25,11 @@ const SLICES = THREADS / CHUNK;
 const KS = max(THREADS / HEAD_DIM, 1u);
 const KEYS_PER_SPLIT = (CHUNK + KS - 1u) / KS;
 
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read> k_cache: array<kv_t>;
-@group(0) @binding(3) var<storage, read> v_cache: array<kv_t>;
-@group(0) @binding(4) var<storage, read_write> partials: array<f32>;
+@group(0) @binding(0) var<storage, read> qkv: array<f32>;
+@group(0) @binding(1) var<storage, read> k_cache: array<kv_t>;
+@group(0) @binding(2) var<storage, read> v_cache: array<kv_t>;
+@group(0) @binding(3) var<storage, read_write> partials: array<f32>;
+@group(0) @binding(4) var<storage, read> batch: array<u32>;
 
 // A batch of HB query heads at a time (all of a group unless it has more).
 var<workgroup> q: array<f32, HB * HEAD_DIM>;
@@ -35,12 +37,20 @@ var<workgroup> p: array<f32, HB * CHUNK>;
 var<workgroup> head_max: array<f32, HB>;
 // Partial sums: of the scores [head][key][slice], then of the value mix [head][split][dim].
 var<workgroup> part: array<f32, HB * THREADS>;
+// Where each key of the chunk starts in the cache (its block's row), looked up once.
+var<workgroup> key_row: array<u32, CHUNK>;
 
 @compute @workgroup_size(THREADS)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) t: u32) {
     let chunk = wg.x;
     let kvh = wg.y;
-    let seq = params.seq_len;
+    let row = wg.z;
+    let seq = row_pos(row) + 1u;
+    let table = row_table(row);
+    // This row's records and q.
+    let rec0 = row * nwg.y * GROUP * MAX_CHUNKS;
+    let q0 = row * QKV_STRIDE;
     var first = 0u;
     if (WINDOW > 0u && seq > WINDOW) { first = seq - WINDOW; }
     let c0 = chunk * CHUNK;
@@ -52,6 +62,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let slice = t % SLICES;
     let valid = c0 + kk >= lo && c0 + kk < hi;
     let kv = kvh * HEAD_DIM;
+    for (var i = t; i < CHUNK; i += THREADS) { key_row[i] = kv_slot(table, min(c0 + i, hi - 1u)) * KV_DIM + kv; }
 
     for (var h0 = 0u; h0 < GROUP; h0 += HB) {
         let nb = min(HB, GROUP - h0);
@@ -60,7 +71,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         // adapters (LLVM keeps the arrays cheaply) over the batch's heads alone.
         let hn = select(nb, HB, SLICES > 1u);
         let head0 = kvh * GROUP + h0;
-        for (var i = t; i < nb * HEAD_DIM; i += THREADS) { q[i] = qkv[head0 * HEAD_DIM + i] * SCALE; }
+        for (var i = t; i < nb * HEAD_DIM; i += THREADS) { q[i] = qkv[q0 + head0 * HEAD_DIM + i] * SCALE; }
         workgroupBarrier();
 
         // Scores of the batch's heads. Zeroed by hand: a `var` in a loop body is fresh each
@@ -68,7 +79,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         var acc: array<f32, HB>;
         for (var j = 0u; j < HB; j++) { acc[j] = 0.0; }
         if (valid) {
-            let kb = (c0 + kk) * KV_DIM + kv;
+            let kb = key_row[kk];
             for (var d = slice; d < HEAD_DIM; d += SLICES) {
                 let k = k_at(kb + d);
                 for (var j = 0u; j < hn; j++) { acc[j] += q[j * HEAD_DIM + d] * k; }
@@ -114,13 +125,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
                 var mix: array<f32, HB>;
                 for (var j = 0u; j < HB; j++) { mix[j] = 0.0; }
                 for (var s = s0; s < s1; s++) {
-                    let v = v_at(s * KV_DIM + kv + d);
+                    let v = v_at(key_row[s - c0] + d);
                     for (var j = 0u; j < hn; j++) { mix[j] += p[j * CHUNK + s - c0] * v; }
                 }
                 for (var j = 0u; j < hn; j++) {
                     if (j >= nb) { break; }
                     if (KS == 1u) {
-                        partials[((head0 + j) * MAX_CHUNKS + chunk) * (HEAD_DIM + 2u) + d] = mix[j];
+                        partials[(rec0 + (head0 + j) * MAX_CHUNKS + chunk) * (HEAD_DIM + 2u) + d] = mix[j];
                     } else {
                         part[(j * KS + split) * HEAD_DIM + d] = mix[j];
                     }
@@ -134,13 +145,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
                 let d = i % HEAD_DIM;
                 var sum = 0.0;
                 for (var sp = 0u; sp < KS; sp++) { sum += part[(j * KS + sp) * HEAD_DIM + d]; }
-                partials[((head0 + j) * MAX_CHUNKS + chunk) * (HEAD_DIM + 2u) + d] = sum;
+                partials[(rec0 + (head0 + j) * MAX_CHUNKS + chunk) * (HEAD_DIM + 2u) + d] = sum;
             }
         }
         if (t < nb) {
             var l = 0.0;
             for (var k = lo - c0; k < hi - c0; k++) { l += p[t * CHUNK + k]; }
-            let rec = ((head0 + t) * MAX_CHUNKS + chunk) * (HEAD_DIM + 2u);
+            let rec = (rec0 + (head0 + t) * MAX_CHUNKS + chunk) * (HEAD_DIM + 2u);
             partials[rec + HEAD_DIM] = head_max[t];
             partials[rec + HEAD_DIM + 1u] = l;
         }

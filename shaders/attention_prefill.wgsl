@@ -2,8 +2,10 @@
 // queries of one head and walks the causal key range in blocks of BK, keeping a running max and
 // sum per query (online softmax); invocation d owns output dimension d of the BQ queries.
 // With WINDOW > 0 a query at p sees keys p - WINDOW + 1 .. p (a sliding-window layer).
-// Bindings: 0 params, 1 qkv (rows of Q_DIM + 2 KV_DIM), 2 k_cache, 3 v_cache, 4 out (rows of Q_DIM).
-// Dispatch: (ceil(n_tokens / BQ), N_HEADS, 1). HD, BQ, BK and `kv_t` come from the host.
+// The pass's tokens are consecutive positions of one sequence (row 0's position and block table).
+// Bindings: 0 params, 1 qkv (rows of Q_DIM + 2 KV_DIM), 2 k_cache, 3 v_cache, 4 out (rows of Q_DIM),
+// 5 batch. Dispatch: (ceil(n_tokens / BQ), N_HEADS, 1). HD, BQ, BK, `kv_t` and the cache's and
+// batch's accessors come from the host.
 
 override Q_DIM: u32;
 override KV_DIM: u32;
@@ -16,6 +18,7 @@ override WINDOW: u32 = 0u;
 @group(0) @binding(2) var<storage, read> k_cache: array<kv_t>;
 @group(0) @binding(3) var<storage, read> v_cache: array<kv_t>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> batch: array<u32>;
 
 // Rows of the key and score tiles are padded by one word: the invocations of a warp read keys
 // j, j + 1, ... at the same dimension, which with a row stride of HD words (a multiple of the 32
@@ -34,7 +37,8 @@ var<workgroup> row_scale: array<f32, BQ>;
 @compute @workgroup_size(HD)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d: u32) {
     let n = params.n_tokens;
-    let start = params.start_pos;
+    let start = row_pos(0u);
+    let table = row_table(0u);
     let q0 = wg.x * BQ;
     let h = wg.y;
     let kv = (h / GROUP) * HD;
@@ -55,7 +59,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
     for (var k0 = k_first; k0 < n_keys; k0 += BK) {
         for (var j = 0u; j < BK; j++) {
             let s = k0 + j;
-            let c = s * KV_DIM + kv + d;
+            // A key past the last is read at the last (and masked): its block may not exist.
+            let c = kv_slot(table, min(s, n_keys - 1u)) * KV_DIM + kv + d;
             kt[j * KS + d] = select(0.0, k_at(c), s < n_keys);
             vt[j * HD + d] = select(0.0, v_at(c), s < n_keys);
         }

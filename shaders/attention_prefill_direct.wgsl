@@ -5,8 +5,8 @@
 // read is one address for all of them (one load), where the tiled kernel's (attention_prefill)
 // K-tile reads gather across lanes and its barriers split the shader on a CPU.
 // With WINDOW > 0 a query at p sees keys p - WINDOW + 1 .. p (a sliding-window layer).
-// Bindings as attention_prefill. Dispatch: (ceil(n_tokens / 64), N_HEADS, 1). HD and `kv_t` come
-// from the host.
+// Bindings as attention_prefill. Dispatch: (ceil(n_tokens / 64), N_HEADS, 1). HD, `kv_t` and the
+// cache's and batch's accessors come from the host.
 
 override Q_DIM: u32;
 override KV_DIM: u32;
@@ -19,11 +19,13 @@ override WINDOW: u32 = 0u;
 @group(0) @binding(2) var<storage, read> k_cache: array<kv_t>;
 @group(0) @binding(3) var<storage, read> v_cache: array<kv_t>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> batch: array<u32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let n = params.n_tokens;
-    let start = params.start_pos;
+    let start = row_pos(0u);
+    let table = row_table(0u);
     let t = wg.x * 64u + li;
     // Lanes past the last query repeat it, in step with the others, and store nothing.
     let tq = min(t, n - 1u);
@@ -51,10 +53,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var m = -1.0e30;
     var sum = 0.0;
     for (var s0 = k_first; s0 <= p; s0 += 4u) {
+        // The 4 keys' rows in the cache (a key past the query read at the query's own row).
+        var rows: vec4<u32>;
+        for (var j = 0u; j < 4u; j++) { rows[j] = kv_slot(table, min(s0 + j, p)) * KV_DIM + kv; }
         var score = vec4<f32>(0.0);
         for (var d = 0u; d < HD / 4u; d++) {
             for (var j = 0u; j < 4u; j++) {
-                let c = min(s0 + j, p) * KV_DIM + kv + 4u * d;
+                let c = rows[j] + 4u * d;
                 score[j] += dot(q[d], vec4<f32>(k_at(c), k_at(c + 1u), k_at(c + 2u), k_at(c + 3u)));
             }
         }
@@ -68,7 +73,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var d = 0u; d < HD / 4u; d++) {
             var acc = o[d] * rescale;
             for (var j = 0u; j < 4u; j++) {
-                let c = min(s0 + j, p) * KV_DIM + kv + 4u * d;
+                let c = rows[j] + 4u * d;
                 acc += w[j] * vec4<f32>(v_at(c), v_at(c + 1u), v_at(c + 2u), v_at(c + 3u));
             }
             o[d] = acc;

@@ -3,12 +3,12 @@
 // q_norm then k_norm), RoPE of the first ROPE_DIM values of each q and k head — adjacent pairs
 // (x[2i], x[2i+1]) or, with NEOX, halves (x[i], x[i + ROPE_DIM/2]) — by angle pos * inv_freq[i]
 // from a cos/sin table computed in f64 at load; then q is written back in place and k, v go to
-// the cache at position start_pos + t.
+// the cache at row t's position, in its sequence's block.
 // One workgroup per (head of q, k or v; token); invocation i owns value i of the head.
 // Bindings: 0 params, 1 qkv, 2 rope (vec2 cos,sin per [pos][pair]), 3 k_cache, 4 v_cache,
-// 5 bias (Q_DIM + 2 KV_DIM), 6 qk_norm (2 HD) — 5 and 6 any buffer when unused.
+// 5 bias (Q_DIM + 2 KV_DIM), 6 qk_norm (2 HD) — 5 and 6 any buffer when unused, 7 batch.
 // Dispatch: (N_Q_HEADS + 2 N_KV_HEADS, n_tokens, 1). HD, HD_POW2, `kv_t`, the cache's accessors
-// and `rope_rotate` (shaders/rope.wgsl) come from the host. Decode folds this pass into the qkv
+// the batch's accessors and `rope_rotate` (shaders/rope.wgsl) come from the host. Decode folds this pass into the qkv
 // projection where it can (gemv_rope_kv.wgsl).
 
 override ROPE_DIM: u32;
@@ -26,6 +26,7 @@ override EPS: f32 = 0.0;
 @group(0) @binding(4) var<storage, read_write> v_cache: array<kv_t>;
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
 @group(0) @binding(6) var<storage, read> qk_norm: array<f32>;
+@group(0) @binding(7) var<storage, read> batch: array<u32>;
 
 var<workgroup> vals: array<f32, HD>;
 var<workgroup> red: array<f32, HD>;
@@ -54,7 +55,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) i
     }
     vals[i] = v;
     workgroupBarrier();
-    let pos = params.start_pos + t;
+    let pos = row_pos(t);
     if (!is_v && i < ROPE_DIM) {
         let half = ROPE_DIM / 2u;
         var pair = i / 2u;
@@ -76,10 +77,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) i
     vals[i] = v;
     workgroupBarrier();
     if (head >= N_Q_HEADS && i % 2u == 0u) {
+        let row = kv_slot(row_table(t), pos) * kv_dim;
         if (!is_v) {
-            store_k(pos * kv_dim + e - q_dim, vals[i], vals[i + 1u]);
+            store_k(row + e - q_dim, vals[i], vals[i + 1u]);
         } else {
-            store_v(pos * kv_dim + e - q_dim - kv_dim, vals[i], vals[i + 1u]);
+            store_v(row + e - q_dim - kv_dim, vals[i], vals[i + 1u]);
         }
     }
 }

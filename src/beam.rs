@@ -6,8 +6,9 @@
 //! can beat the worst finished one; true: when N are finished; never: with a positive length
 //! penalty, scored at the token limit). Returns the N best finished hypotheses, best first.
 //!
-//! The model side is `BeamModel`: KV-cache slots, one per running beam; after each step slot i
-//! becomes a copy of the slot its new beam came from (`reorder`), on the device for the GPU.
+//! The model side is `BeamModel`: a KV-cache sequence per running beam; after each step beam i
+//! continues the sequence its new beam came from (`reorder`: on the GPU a fork of the pool's
+//! block tables, shared blocks copied only when written), and all beams run as one batch.
 
 use crate::error::{Error, Result};
 
@@ -37,8 +38,8 @@ pub struct BeamOptions {
     pub early_stopping: EarlyStopping,
 }
 
-/// The most beams a search keeps: each is a KV-cache slot and a forward pass per step.
-pub const MAX_BEAMS: usize = 32;
+/// The most beams a search keeps: each is a KV-cache sequence and a row of every decode step.
+pub const MAX_BEAMS: usize = crate::gpu::kernels::MAX_BATCH;
 
 impl BeamOptions {
     pub fn validate(&self) -> Result<()> {
@@ -80,13 +81,15 @@ pub struct Hypothesis {
 #[allow(async_fn_in_trait)]
 pub trait BeamModel {
     fn vocab_size(&self) -> usize;
-    /// Makes `slots` KV-cache slots and runs the prompt in slot 0; the last position's logits.
-    async fn prefill(&mut self, prompt: &[u32], slots: usize, logits: &mut [f32]) -> Result<()>;
-    /// Slot i becomes a copy of the first `len` positions of slot `from[i]` as they were before
-    /// this call (a slot may be the source of several).
+    /// Runs the prompt as beam 0's sequence; the last position's logits.
+    async fn prefill(&mut self, prompt: &[u32], logits: &mut [f32]) -> Result<()>;
+    /// Beam i's sequence becomes the first `len` positions of beam `from[i]`'s as they were
+    /// before this call (a beam may be the source of several).
     async fn reorder(&mut self, from: &[usize], len: usize) -> Result<()>;
-    /// Runs `token` at position `pos` in `slot`; its logits.
-    async fn step(&mut self, slot: usize, token: u32, pos: usize, logits: &mut [f32]) -> Result<()>;
+    /// Runs `tokens[i]` at position `pos` in beam i's sequence, for every beam; their logits.
+    async fn step(&mut self, tokens: &[u32], pos: usize, logits: &mut [Vec<f32>]) -> Result<()>;
+    /// Frees what the search held (its sequences but the prompt's).
+    fn finish(&mut self);
 }
 
 /// A score that can never win (transformers' -1e9).
@@ -124,10 +127,22 @@ fn top_log_probs(logits: &[f32], k: usize, position: usize) -> Result<Vec<(f64, 
 pub async fn search(model: &mut impl BeamModel, prompt: &[u32], options: &BeamOptions) -> Result<Vec<Hypothesis>> {
     options.validate()?;
     let n = options.beams;
-    let keep = 2usize.max(1 + options.stop_ids.len()) * n;
     let vocab = model.vocab_size();
     let mut logits = vec![vec![0f32; vocab]; n];
-    model.prefill(prompt, n, &mut logits[0]).await?;
+    let found = run(model, prompt, options, &mut logits).await;
+    model.finish();
+    found
+}
+
+async fn run(
+    model: &mut impl BeamModel,
+    prompt: &[u32],
+    options: &BeamOptions,
+    logits: &mut [Vec<f32>],
+) -> Result<Vec<Hypothesis>> {
+    let n = options.beams;
+    let keep = 2usize.max(1 + options.stop_ids.len()) * n;
+    model.prefill(prompt, &mut logits[0]).await?;
     // transformers starts from N copies of the prompt scored 0, -1e9, ...: only the first is
     // expanded at the first step.
     let mut running = vec![Running { ids: Vec::new(), score: 0.0 }];
@@ -192,9 +207,8 @@ pub async fn search(model: &mut impl BeamModel, prompt: &[u32], options: &BeamOp
         let from: Vec<usize> = next.iter().map(|c| c.1).collect();
         let pos = prompt.len() + generated;
         model.reorder(&from, pos).await?;
-        for (slot, beam) in running.iter().enumerate() {
-            model.step(slot, *beam.ids.last().expect("one token per step"), pos, &mut logits[slot]).await?;
-        }
+        let tokens: Vec<u32> = running.iter().map(|beam| *beam.ids.last().expect("one token per step")).collect();
+        model.step(&tokens, pos, &mut logits[..tokens.len()]).await?;
     }
     Ok(finished)
 }

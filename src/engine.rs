@@ -6,7 +6,8 @@ use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::ByteSource;
 use crate::gpu::kernels::MAX_TOP_K;
-use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, InFlight, KvStore, Readback, Selection};
+use crate::gpu::{BatchReadback, CounterSnapshot, Gpu, GpuModel, GpuOptions, InFlight, KvStore, Readback, Selection};
+use crate::kv_pool::SeqId;
 use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
 use crate::sampling::{all_finite, argmax, Candidate, Sampler, SamplingParams, Tail};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -239,6 +240,13 @@ impl Engine {
     /// The GPU model, when running on the GPU (benchmarks and tests look at its counters).
     pub fn gpu_model(&self) -> Option<&GpuModel> {
         match &self.backend {
+            Backend::Gpu(m) => Some(m),
+            Backend::Cpu { .. } => None,
+        }
+    }
+
+    pub fn gpu_model_mut(&mut self) -> Option<&mut GpuModel> {
+        match &mut self.backend {
             Backend::Gpu(m) => Some(m),
             Backend::Cpu { .. } => None,
         }
@@ -484,6 +492,57 @@ impl Engine {
         Ok(id)
     }
 
+    /// Generates continuations of several prompts at once, each with its own options (sampling,
+    /// seed, stops, penalties); `on_token(i, event)` gets sequence i's tokens and returns false to
+    /// end that sequence. On the GPU every decode step runs all unfinished sequences as one batch
+    /// (each weight read once for all of them), each in its own KV-pool sequence; greedy output
+    /// is what each prompt alone gives. The conversation's cache is cleared (its blocks serve the
+    /// batch). Returns each sequence's stats, in the order of the prompts.
+    pub async fn generate_batch(
+        &mut self,
+        requests: &[(Prompt, GenerateOptions)],
+        on_token: &mut dyn FnMut(usize, &TokenEvent) -> bool,
+    ) -> Result<Vec<Stats>> {
+        let max = match &self.backend {
+            Backend::Gpu(m) => m.max_batch(),
+            Backend::Cpu { .. } => crate::gpu::kernels::MAX_BATCH,
+        };
+        if requests.is_empty() || requests.len() > max {
+            return Err(Error::InvalidOption {
+                name: "batch",
+                value: requests.len().to_string(),
+                expected: format!("from 1 to {max} prompts at once"),
+            });
+        }
+        let mut seqs = Vec::with_capacity(requests.len());
+        for (prompt, options) in requests {
+            options.validate()?;
+            let tokens = self.checked_prompt(prompt, options.max_tokens)?;
+            let mut sampler = Sampler::new(options.sampling.clone(), self.config.vocab_size)?;
+            tokens.iter().for_each(|&id| sampler.accept(id));
+            seqs.push(BatchSeq::new(tokens, sampler, options));
+        }
+        self.truncate_cache(0);
+        // The pool must hold every sequence at its longest: refused before any work.
+        if let Backend::Gpu(m) = &self.backend {
+            let pool = m.pool();
+            let bt = pool.block_tokens();
+            let needed: usize = seqs.iter().map(|s| (s.tokens.len() + s.options.max_tokens).div_ceil(bt)).sum();
+            if needed > pool.free_blocks() {
+                return Err(Error::KvPoolFull {
+                    needed_tokens: needed * bt,
+                    free_tokens: pool.free_blocks() * bt,
+                    capacity_tokens: pool.blocks() * bt,
+                });
+            }
+        }
+        let mut batch = BatchBackend::new(&mut self.backend, seqs.len())?;
+        let result = run_batch(&mut batch, &mut seqs, &self.tokenizer, self.config.vocab_size, on_token).await;
+        batch.finish();
+        result?;
+        Ok(seqs.into_iter().map(BatchSeq::stats).collect())
+    }
+
     /// Beam search from `prompt` (transformers' semantics: `beam::search`): the N best
     /// hypotheses, best first, each with its text. The conversation's KV cache is left as it was.
     pub async fn beam_search(&mut self, prompt: &Prompt, options: &BeamOptions) -> Result<Vec<(Hypothesis, String)>> {
@@ -494,18 +553,11 @@ impl Engine {
                 beam::search(&mut CpuBeams { model, slots: Vec::new() }, &tokens, options).await?
             }
             Backend::Gpu(model) => {
-                // Each beam holds its sequence in a share of the KV cache.
-                let capacity = model.slot_capacity(options.beams);
-                if tokens.len() + options.max_tokens > capacity {
-                    return Err(Error::ContextOverflow {
-                        prompt_tokens: tokens.len(),
-                        max_tokens: options.max_tokens,
-                        context_length: capacity,
-                    });
-                }
-                // Slot 0's cache keeps the prompt: the next generation reuses it.
+                // The conversation's sequence keeps the prompt (the next generation reuses it);
+                // the beams are forks of it in the pool.
                 self.cached.clear();
-                let found = beam::search(&mut GpuBeams { model, slot: Vec::new() }, &tokens, options).await?;
+                let mut beams = GpuBeams { model, beams: Vec::new(), flat: Vec::new() };
+                let found = beam::search(&mut beams, &tokens, options).await?;
                 self.cached = tokens;
                 found
             }
@@ -521,10 +573,238 @@ impl Engine {
 
     fn truncate_cache(&mut self, len: usize) {
         self.cached.truncate(len);
-        // The GPU cache needs no truncation: positions from `len` on are overwritten before
-        // attention reads them (it reads only up to the current sequence length).
-        if let Backend::Cpu { cache, .. } = &mut self.backend {
-            cache.truncate(len, self.config.kv_dim());
+        match &mut self.backend {
+            Backend::Cpu { cache, .. } => cache.truncate(len, self.config.kv_dim()),
+            Backend::Gpu(model) => {
+                let main = model.main_sequence();
+                model.truncate_sequence(main, len);
+            }
+        }
+    }
+}
+
+/// One sequence of `generate_batch`: what `generate` keeps in locals.
+struct BatchSeq<'a> {
+    prompt_len: usize,
+    /// The prompt, then every token fed back.
+    tokens: Vec<u32>,
+    sampler: Sampler,
+    options: &'a GenerateOptions,
+    stream: StreamDecoder,
+    stops: StopMatcher<'a>,
+    /// The token to emit next (sampled, not yet fed back).
+    next: u32,
+    generated: usize,
+    decode_steps: usize,
+    stop: Option<StopReason>,
+    start: Instant,
+    ttft: f64,
+    decode_start: Instant,
+}
+
+impl<'a> BatchSeq<'a> {
+    fn new(tokens: Vec<u32>, sampler: Sampler, options: &'a GenerateOptions) -> Self {
+        let now = Instant::now();
+        Self {
+            prompt_len: tokens.len(),
+            tokens,
+            sampler,
+            options,
+            stream: StreamDecoder::new(),
+            stops: StopMatcher::new(&options.stop),
+            next: 0,
+            generated: 0,
+            decode_steps: 0,
+            stop: None,
+            start: now,
+            ttft: 0.0,
+            decode_start: now,
+        }
+    }
+
+    /// Emits `self.next` as `generate` does (end of sequence, stop strings, the token limit);
+    /// sets `stop` when the sequence ends.
+    fn emit(&mut self, tok: &Tokenizer, i: usize, on_token: &mut dyn FnMut(usize, &TokenEvent) -> bool) -> Result<()> {
+        let next = self.next;
+        let position = self.tokens.len() + 1;
+        if !self.options.ignore_eos && tok.stop_ids.contains(&next) {
+            let (tail, _) = self.stops.finish(&self.stream.finish(tok)?);
+            if !tail.is_empty() {
+                on_token(i, &TokenEvent { id: next, text: tail, position: position - 1, candidates: Vec::new() });
+            }
+            self.stop = Some(StopReason::Eos);
+            return Ok(());
+        }
+        self.generated += 1;
+        let last = self.generated >= self.options.max_tokens;
+        let mut piece = self.stream.push(tok, next)?;
+        if last {
+            piece.push_str(&self.stream.finish(tok)?);
+        }
+        let (text, hit) = if last { self.stops.finish(&piece) } else { self.stops.push(&piece) };
+        if !on_token(i, &TokenEvent { id: next, text, position, candidates: Vec::new() }) {
+            self.stop = Some(StopReason::Aborted);
+        } else if hit {
+            self.stop = Some(StopReason::StopString);
+        } else if last {
+            self.stop = Some(StopReason::MaxTokens);
+        } else {
+            self.sampler.accept(next);
+        }
+        Ok(())
+    }
+
+    fn stats(self) -> Stats {
+        let decode_secs = self.decode_start.elapsed().as_secs_f64();
+        Stats {
+            prompt_tokens: self.prompt_len,
+            prefilled_tokens: self.prompt_len,
+            generated_tokens: self.generated,
+            ttft_ms: self.ttft * 1e3,
+            prefill_tok_s: self.prompt_len as f64 / self.ttft.max(1e-9),
+            decode_tok_s: self.decode_steps as f64 / decode_secs.max(1e-9),
+            stop_reason: self.stop.unwrap_or(StopReason::MaxTokens),
+            decode_steps: self.decode_steps,
+            decode_counters: None,
+        }
+    }
+}
+
+/// Where a batch's sequences live: a KV-pool sequence each on the GPU, a cache each on the CPU.
+enum BatchBackend<'a> {
+    Cpu { model: &'a CpuModel, caches: Vec<CpuKvCache> },
+    Gpu { model: &'a mut GpuModel, seqs: Vec<SeqId>, argmax: Vec<u32> },
+}
+
+impl<'a> BatchBackend<'a> {
+    fn new(backend: &'a mut Backend, n: usize) -> Result<Self> {
+        Ok(match backend {
+            Backend::Cpu { model, .. } => BatchBackend::Cpu { caches: vec![model.new_cache(); n], model },
+            Backend::Gpu(model) => {
+                let mut seqs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    match model.new_sequence() {
+                        Ok(seq) => seqs.push(seq),
+                        Err(e) => {
+                            seqs.into_iter().for_each(|s| model.free_sequence(s));
+                            return Err(e);
+                        }
+                    }
+                }
+                BatchBackend::Gpu { model, seqs, argmax: vec![0; n] }
+            }
+        })
+    }
+
+    /// Runs sequence i's prompt; its last position's logits into `logits`.
+    async fn prefill(&mut self, i: usize, tokens: &[u32], logits: &mut [f32]) -> Result<()> {
+        match self {
+            BatchBackend::Cpu { model, caches } => {
+                logits.copy_from_slice(&model.forward(&mut caches[i], tokens, Logits::Last)?);
+            }
+            BatchBackend::Gpu { model, seqs, .. } => {
+                let chunks = tokens.chunks(PREFILL_CHUNK).count();
+                for (c, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+                    let readback = if c + 1 == chunks { Readback::Logits(&mut *logits) } else { Readback::None };
+                    model.step_in(seqs[i], chunk, c * PREFILL_CHUNK, readback).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One decode step of the rows (sequence, token, position): with `logits`, every row's logits
+    /// into it (row after row); else each row's argmax into `ids`.
+    async fn step(&mut self, rows: &[(usize, u32, usize)], logits: Option<&mut [f32]>, ids: &mut [u32]) -> Result<()> {
+        match self {
+            BatchBackend::Cpu { model, caches } => {
+                let vocab = model.config.vocab_size;
+                let mut logits = logits;
+                for (r, &(i, token, _)) in rows.iter().enumerate() {
+                    let out = model.forward(&mut caches[i], &[token], Logits::Last)?;
+                    match logits.as_deref_mut() {
+                        Some(all) => all[r * vocab..][..vocab].copy_from_slice(&out),
+                        None => ids[r] = argmax(&out),
+                    }
+                }
+            }
+            BatchBackend::Gpu { model, seqs, argmax } => {
+                let rows: Vec<(SeqId, u32, usize)> = rows.iter().map(|&(i, t, p)| (seqs[i], t, p)).collect();
+                match logits {
+                    Some(all) => model.decode_batch(&rows, BatchReadback::Logits(all)).await?,
+                    None => {
+                        model.decode_batch(&rows, BatchReadback::Argmax(argmax)).await?;
+                        ids[..rows.len()].copy_from_slice(&argmax[..rows.len()]);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self) {
+        if let BatchBackend::Gpu { model, seqs, .. } = self {
+            seqs.into_iter().for_each(|s| model.free_sequence(s));
+        }
+    }
+}
+
+/// `generate_batch`'s loop: every prompt's prefill and first token, then decode steps of all
+/// unfinished sequences until none is left.
+async fn run_batch(
+    batch: &mut BatchBackend<'_>,
+    seqs: &mut [BatchSeq<'_>],
+    tok: &Tokenizer,
+    vocab: usize,
+    on_token: &mut dyn FnMut(usize, &TokenEvent) -> bool,
+) -> Result<()> {
+    let mut logits = vec![0f32; vocab];
+    for (i, s) in seqs.iter_mut().enumerate() {
+        s.start = Instant::now();
+        batch.prefill(i, &s.tokens, &mut logits).await?;
+        if !all_finite(&logits) {
+            return Err(Error::NonFiniteLogits { position: s.tokens.len() });
+        }
+        s.next = s.sampler.sample(&mut logits);
+        s.ttft = s.start.elapsed().as_secs_f64();
+        s.decode_start = Instant::now();
+        s.emit(tok, i, on_token)?;
+    }
+    let mut rows = Vec::with_capacity(seqs.len());
+    let mut ids = vec![0u32; seqs.len()];
+    let mut all_logits = Vec::new();
+    loop {
+        rows.clear();
+        for (i, s) in seqs.iter_mut().enumerate().filter(|(_, s)| s.stop.is_none()) {
+            rows.push((i, s.next, s.tokens.len()));
+            s.tokens.push(s.next);
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let want_logits = rows.iter().any(|r| seqs[r.0].sampler.needs_logits());
+        if want_logits {
+            all_logits.resize(rows.len() * vocab, 0.0);
+            batch.step(&rows, Some(&mut all_logits), &mut ids).await?;
+        } else {
+            batch.step(&rows, None, &mut ids).await?;
+        }
+        for (r, &(i, _, pos)) in rows.iter().enumerate() {
+            let s = &mut seqs[i];
+            s.next = if want_logits {
+                let row = &mut all_logits[r * vocab..][..vocab];
+                if !all_finite(row) {
+                    return Err(Error::NonFiniteLogits { position: pos + 1 });
+                }
+                s.sampler.sample(row)
+            } else {
+                ids[r]
+            };
+            if s.next as usize >= vocab {
+                return Err(Error::TokenOutOfRange { id: s.next, vocab_size: vocab });
+            }
+            s.decode_steps += 1;
+            s.emit(tok, i, on_token)?;
         }
     }
 }
@@ -539,8 +819,8 @@ impl BeamModel for CpuBeams<'_> {
     fn vocab_size(&self) -> usize {
         self.model.config.vocab_size
     }
-    async fn prefill(&mut self, prompt: &[u32], slots: usize, logits: &mut [f32]) -> Result<()> {
-        self.slots = vec![self.model.new_cache(); slots];
+    async fn prefill(&mut self, prompt: &[u32], logits: &mut [f32]) -> Result<()> {
+        self.slots = vec![self.model.new_cache()];
         logits.copy_from_slice(&self.model.forward(&mut self.slots[0], prompt, Logits::Last)?);
         Ok(())
     }
@@ -551,27 +831,35 @@ impl BeamModel for CpuBeams<'_> {
         self.slots.iter_mut().for_each(|s| s.truncate(len, kv_dim));
         Ok(())
     }
-    async fn step(&mut self, slot: usize, token: u32, pos: usize, logits: &mut [f32]) -> Result<()> {
-        debug_assert_eq!(self.slots[slot].len(), pos);
-        logits.copy_from_slice(&self.model.forward(&mut self.slots[slot], &[token], Logits::Last)?);
+    async fn step(&mut self, tokens: &[u32], pos: usize, logits: &mut [Vec<f32>]) -> Result<()> {
+        for ((cache, &token), out) in self.slots.iter_mut().zip(tokens).zip(logits) {
+            debug_assert_eq!(cache.len(), pos);
+            out.copy_from_slice(&self.model.forward(cache, &[token], Logits::Last)?);
+        }
         Ok(())
+    }
+    fn finish(&mut self) {
+        self.slots.clear();
     }
 }
 
-/// Beam search on the GPU: the KV cache split into a slot per beam (`GpuModel::slot_step`);
-/// beams are reordered by copies on the GPU, never through the host.
+/// Beam search on the GPU: each beam a sequence of the KV pool, forked from the one it continues
+/// (block tables shared, a block copied on the GPU only when written), all beams one batched
+/// decode step.
 struct GpuBeams<'a> {
     model: &'a mut GpuModel,
-    /// The slot each beam's sequence is in.
-    slot: Vec<usize>,
+    beams: Vec<SeqId>,
+    /// The beams' logits, row after row, as read back.
+    flat: Vec<f32>,
 }
 
 impl BeamModel for GpuBeams<'_> {
     fn vocab_size(&self) -> usize {
         self.model.config.vocab_size
     }
-    async fn prefill(&mut self, prompt: &[u32], slots: usize, logits: &mut [f32]) -> Result<()> {
-        self.slot = (0..slots).collect();
+    async fn prefill(&mut self, prompt: &[u32], logits: &mut [f32]) -> Result<()> {
+        let main = self.model.main_sequence();
+        self.model.truncate_sequence(main, 0);
         let chunk = crate::gpu::PREFILL_CHUNK;
         for (i, part) in prompt.chunks(chunk).enumerate() {
             let last = (i + 1) * chunk >= prompt.len();
@@ -581,15 +869,39 @@ impl BeamModel for GpuBeams<'_> {
                 break;
             }
         }
+        self.beams = vec![self.model.fork_sequence(main, prompt.len())?];
         Ok(())
     }
     async fn reorder(&mut self, from: &[usize], len: usize) -> Result<()> {
-        let sources: Vec<usize> = from.iter().map(|&f| self.slot[f]).collect();
-        self.slot = self.model.reorder_slots(&sources, len)?;
+        let mut next = Vec::with_capacity(from.len());
+        for &f in from {
+            match self.model.fork_sequence(self.beams[f], len) {
+                Ok(seq) => next.push(seq),
+                Err(e) => {
+                    next.into_iter().for_each(|seq| self.model.free_sequence(seq));
+                    return Err(e);
+                }
+            }
+        }
+        for seq in std::mem::replace(&mut self.beams, next) {
+            self.model.free_sequence(seq);
+        }
         Ok(())
     }
-    async fn step(&mut self, slot: usize, token: u32, pos: usize, logits: &mut [f32]) -> Result<()> {
-        self.model.slot_step(self.slot[slot], self.slot.len(), token, pos, logits).await
+    async fn step(&mut self, tokens: &[u32], pos: usize, logits: &mut [Vec<f32>]) -> Result<()> {
+        let vocab = self.model.config.vocab_size;
+        let rows: Vec<(SeqId, u32, usize)> = self.beams.iter().zip(tokens).map(|(&s, &t)| (s, t, pos)).collect();
+        self.flat.resize(rows.len() * vocab, 0.0);
+        self.model.decode_batch(&rows, BatchReadback::Logits(&mut self.flat)).await?;
+        for (out, row) in logits.iter_mut().zip(self.flat.chunks_exact(vocab)) {
+            out.copy_from_slice(row);
+        }
+        Ok(())
+    }
+    fn finish(&mut self) {
+        for seq in self.beams.drain(..) {
+            self.model.free_sequence(seq);
+        }
     }
 }
 

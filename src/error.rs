@@ -32,6 +32,11 @@ pub enum Error {
     InvalidSamplingParameter { name: &'static str, value: String, expected: &'static str },
     #[error("the prompt has {prompt_tokens} tokens and asks for {max_tokens} more, but the context holds {context_length}; shorten the prompt, lower max_tokens or load with a longer context")]
     ContextOverflow { prompt_tokens: usize, max_tokens: usize, context_length: usize },
+    /// Token counts are whole KV blocks: what the pool lacks is blocks.
+    #[error("the KV cache pool is full: {needed_tokens} more tokens needed, {free_tokens} free of {capacity_tokens}; finish or free other sequences, or load with a longer context")]
+    KvPoolFull { needed_tokens: usize, free_tokens: usize, capacity_tokens: usize },
+    #[error("all {max} sequence slots are in use: finish or free a sequence first, or load with more sequences")]
+    TooManySequences { max: usize },
     #[error("invalid {name} = {value}: {expected}")]
     InvalidOption { name: &'static str, value: String, expected: String },
     #[error("the model produced non-finite values (NaN or infinity) in its logits after {position} tokens: its weights or metadata are corrupt, or it overflows in this precision; nothing was sampled from them")]
@@ -76,6 +81,8 @@ impl Error {
             Error::ChatTemplate(_) | Error::NoChatTemplate => "chat-template",
             Error::InvalidSamplingParameter { .. } | Error::InvalidOption { .. } => "invalid-option",
             Error::ContextOverflow { .. } => "context-overflow",
+            Error::KvPoolFull { .. } => "kv-pool-full",
+            Error::TooManySequences { .. } => "too-many-sequences",
             Error::NonFiniteLogits { .. } => "non-finite",
             Error::EmptyPrompt | Error::TokenOutOfRange { .. } => "invalid-prompt",
             Error::NoAdapter(_) | Error::DeviceRequest(_) => "no-gpu",

@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod gguf;
 pub mod gpu;
+pub mod kv_pool;
 pub mod model;
 pub mod quant;
 pub mod sampling;

@@ -24,7 +24,9 @@ macro_rules! gpu_test {
 use half::f16;
 use webgpu_llm::arch::{Activation, Rope, RopeStyle};
 use webgpu_llm::gguf::{GgmlType, TensorInfo};
-use webgpu_llm::gpu::kernels::{self, Dispatch, Epilogue, NormOut, Params, QkvExtras};
+use webgpu_llm::gpu::kernels::{
+    self, BatchLayout, Dispatch, Epilogue, GemvBatch, NormOut, Params, QkvExtras, KV_BLOCK,
+};
 use webgpu_llm::gpu::shader::PipelineCache;
 use webgpu_llm::gpu::weights::{Linear, Rows};
 use webgpu_llm::gpu::{Gpu, GpuOptions, KernelStyle, KvStore};
@@ -38,7 +40,40 @@ struct Harness {
     gpu: Gpu,
     cache: PipelineCache,
     params: wgpu::Buffer,
+    /// The rows' positions and block tables (`kernels::BatchLayout`).
+    batch: wgpu::Buffer,
 }
+
+/// Block tables of the tests' caches: sequence s of a cache of `blocks` blocks holds its block
+/// i in block (blocks - 1 - i + s * 7) % blocks — reversed and shifted, so that a kernel reading
+/// positions instead of blocks fails (sequences do not share blocks when the test says so).
+#[derive(Clone, Copy)]
+struct Paging {
+    blocks: usize,
+}
+
+impl Paging {
+    fn for_keys(keys: usize) -> Self {
+        Self { blocks: keys.div_ceil(KV_BLOCK) }
+    }
+    /// Cache rows the tests' buffers hold: whole blocks.
+    fn rows(&self) -> usize {
+        self.blocks * KV_BLOCK
+    }
+    fn block(&self, seq: usize, i: usize) -> usize {
+        (self.blocks - 1 - i + seq * 7) % self.blocks
+    }
+    /// The cache row of position `pos` of sequence `seq`.
+    fn row(&self, seq: usize, pos: usize) -> usize {
+        self.block(seq, pos / KV_BLOCK) * KV_BLOCK + pos % KV_BLOCK
+    }
+    /// A cache's values (rows of `width`) in sequence `seq`'s position order.
+    fn gather(&self, seq: usize, values: &[f32], width: usize, positions: usize) -> Vec<f32> {
+        (0..positions).flat_map(|p| values[self.row(seq, p) * width..][..width].to_vec()).collect()
+    }
+}
+
+const LAYOUT: BatchLayout = BatchLayout { max_blocks: 1024, max_seqs: 8 };
 
 impl Harness {
     async fn new(force_f32: bool) -> Self {
@@ -47,7 +82,10 @@ impl Harness {
     async fn with(options: GpuOptions) -> Self {
         let gpu = Gpu::new(options).await.expect("a GPU adapter (lavapipe in CI, WebGPU in the browser)");
         let params = gpu.uniform("params", 16);
-        Self { gpu, cache: PipelineCache::default(), params }
+        let batch = gpu.storage("batch", LAYOUT.words() as u64 * 4).unwrap();
+        let h = Self { gpu, cache: PipelineCache::default(), params, batch };
+        h.set(1, 0, 16);
+        h
     }
     /// The forced-f32 path and the adapter's own, each with both kernel styles.
     async fn paths() -> Vec<Self> {
@@ -61,9 +99,27 @@ impl Harness {
         }
         all
     }
-    fn set(&self, n_tokens: usize, start: usize) {
-        let p = Params::at(start, n_tokens);
+    /// A pass of `n_tokens` at positions `start..` of sequence 0 in a cache of `keys` positions
+    /// (paged as `Paging::for_keys(keys)` says).
+    fn set(&self, n_tokens: usize, start: usize, keys: usize) -> Paging {
+        let rows: Vec<(usize, usize)> = (0..n_tokens).map(|t| (0, start + t)).collect();
+        self.set_rows(&rows, 1, keys)
+    }
+    /// A pass whose row i is position `rows[i].1` of sequence `rows[i].0`; matrix-vector
+    /// products take `gemv_rows` rows.
+    fn set_rows(&self, rows: &[(usize, usize)], gemv_rows: usize, keys: usize) -> Paging {
+        let paging = Paging::for_keys(keys);
+        let p = Params::new(rows.len(), gemv_rows);
         self.gpu.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
+        let mut words: Vec<u32> = rows.iter().flat_map(|&(seq, pos)| [pos as u32, LAYOUT.table(seq) as u32]).collect();
+        words.resize(LAYOUT.table(0), 0);
+        for seq in 0..LAYOUT.max_seqs {
+            words.extend(
+                (0..LAYOUT.max_blocks).map(|i| if i < paging.blocks { paging.block(seq, i) as u32 } else { 0 }),
+            );
+        }
+        self.gpu.queue.write_buffer(&self.batch, 0, bytemuck::cast_slice(&words));
+        paging
     }
     fn buf(&self, values: &[f32]) -> wgpu::Buffer {
         self.gpu.storage_init("test", bytemuck::cast_slice(values)).unwrap()
@@ -221,11 +277,11 @@ gpu_test! {
                 let xb = h.buf(&x);
                 let y0 = random(&mut rng, rows, 1.0);
                 let yb = h.buf(&y0);
-                let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Activation::Silu, Epilogue::Store, None, &xb, &yb);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1 }, &lin, Activation::Silu, Epilogue::Store, None, &xb, &yb, rows);
                 h.run(&ops, 1);
                 assert_close(&format!("gemv {ty:?} store, {}", h.path()), &h.read(&yb, rows).await, &want, &scale, MATMUL_REL);
                 let yb = h.buf(&y0);
-                let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Activation::Silu, Epilogue::Add, None, &xb, &yb);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1 }, &lin, Activation::Silu, Epilogue::Add, None, &xb, &yb, rows);
                 h.run(&ops, 1);
                 let added: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
                 assert_close(&format!("gemv {ty:?} add, {}", h.path()), &h.read(&yb, rows).await, &added, &scale, MATMUL_REL);
@@ -255,7 +311,7 @@ gpu_test! {
                 let scale: Vec<f64> =
                     gs.iter().zip(&us).zip(&u).zip(&g).map(|(((a, b), u), g)| a * u.abs() + b * g.abs() + a * b).collect();
                 let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; rows]));
-                let ops = kernels::gemv(&h.gpu, &mut h.cache, &pair, act, Epilogue::Store, None, &xb, &yb);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1 }, &pair, act, Epilogue::Store, None, &xb, &yb, rows);
                 h.run(&ops, 1);
                 let what = format!("gated gemv {ty:?} {act:?}, {}", h.path());
                 assert_close(&what, &h.read(&yb, rows).await, &want, &scale, 1e-5);
@@ -271,7 +327,7 @@ gpu_test! {
         // Every type on rows of 256 values; and rows that end inside a K tile of 32 values.
         let cases: Vec<(GgmlType, usize)> = types().map(|t| (t, 256)).chain([(GgmlType::F16, 200), (GgmlType::F32, 40)]).collect();
         for mut h in Harness::paths().await {
-            h.set(n, 0);
+            h.set(n, 0, 16);
             for &(ty, cols) in &cases {
                 let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
                 let w = dequantize(&info, &bytes).unwrap();
@@ -295,7 +351,7 @@ gpu_test! {
         let mut rng = Rng::new(4);
         let (n, rows, cols) = (9, 40, 64);
         for mut h in Harness::paths().await {
-            h.set(n, 0);
+            h.set(n, 0, 16);
             let (gi, gb) = random_tensor(&mut rng, GgmlType::Q4_0, rows, cols);
             let (ui, ub) = random_tensor(&mut rng, GgmlType::Q4_0, rows, cols);
             let (up_info, file) = after(&gi, &gb, &ui, &ub);
@@ -330,7 +386,7 @@ gpu_test! {
         let (vocab, d, scale) = (300, 256, 2.5f32);
         let tokens = [0u32, 299, 17, 17, 150];
         for mut h in Harness::paths().await {
-            h.set(tokens.len(), 0);
+            h.set(tokens.len(), 0, 16);
             for ty in types() {
                 let (info, bytes) = random_tensor(&mut rng, ty, vocab, d);
                 let table = dequantize(&info, &bytes).unwrap();
@@ -354,7 +410,7 @@ gpu_test! {
         let mut rng = Rng::new(6);
         let (n, d, eps) = (5, 576, 1e-5);
         for mut h in Harness::paths().await {
-            h.set(n, 0);
+            h.set(n, 0, 16);
             let x = random(&mut rng, n * d, 3.0);
             let w = random(&mut rng, d, 1.0);
             let mut want = vec![0f32; n * d];
@@ -438,21 +494,23 @@ gpu_test! {
             (RopeStyle::NeoX, hd / 2, false, false, (0..hd / 4).map(|i| 1.0 + i as f32).collect()),
         ];
         for mut h in Harness::kv_paths().await {
-            h.set(n, start);
+            let paging = h.set(n, start, ctx);
             for (style, dim, with_bias, with_norm, freq_factors) in cases.clone() {
                 let rope = Rope { base: 10000.0, dim, style, freq_factors };
                 let qkv = random(&mut rng, n * row, 2.0);
                 let bias = random(&mut rng, row, 0.5);
                 let norm = random(&mut rng, 2 * hd, 1.5);
                 let table = h.buf(&kernels::rope_table(&rope, ctx));
-                let (kc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
-                let (vc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
+                let (kc, _) = h.kv_buf(&vec![0.0; paging.rows() * kv]);
+                let (vc, _) = h.kv_buf(&vec![0.0; paging.rows() * kv]);
                 let (qb, bb, nb) = (h.buf(&qkv), h.buf(&bias), h.buf(&norm));
                 let extras = QkvExtras { bias: with_bias.then_some(&bb), qk_norm: with_norm.then_some((&nb, eps)) };
-                let op = kernels::rope_kv(&h.gpu, &mut h.cache, &h.params, &c, &rope, extras, &qb, &table, &kc, &vc);
+                let op =
+                    kernels::rope_kv(&h.gpu, &mut h.cache, &h.params, &c, &rope, extras, &qb, &table, &kc, &vc, &h.batch);
                 h.run(&[op], n);
                 let got_q = h.read(&qb, n * row).await;
-                let (got_k, got_v) = (h.read_kv(&kc, ctx * kv).await, h.read_kv(&vc, ctx * kv).await);
+                let rows = paging.rows() * kv;
+                let (got_k, got_v) = (h.read_kv(&kc, rows).await, h.read_kv(&vc, rows).await);
                 // f16 storage keeps 11 significant bits.
                 let kv_tol = if h.gpu.kv_bytes() == 2 { 1e-3 } else { 1e-6 };
                 let what = format!("{style:?} dim {dim} bias {with_bias} norm {with_norm}, {}", h.path());
@@ -471,7 +529,8 @@ gpu_test! {
                     for i in 0..q {
                         assert!((got_q[t * row + i] - wq[i]).abs() < 1e-5, "q[{t}][{i}], {what}");
                     }
-                    let p = (start + t) * kv;
+                    // The position's row of its block.
+                    let p = paging.row(0, start + t) * kv;
                     for i in 0..kv {
                         assert!((got_k[p + i] - wk[i]).abs() <= kv_tol * wk[i].abs().max(1.0), "k cache[{t}][{i}], {what}");
                         assert!((got_v[p + i] - wv[i]).abs() <= kv_tol * wv[i].abs().max(1.0), "v cache[{t}][{i}], {what}");
@@ -492,7 +551,7 @@ gpu_test! {
         let mut harnesses = Harness::paths().await;
         harnesses.push(Harness::with(GpuOptions { force_f32: true, packed_kv: true, ..Default::default() }).await);
         for mut h in harnesses {
-            h.set(1, start);
+            let paging = h.set(1, start, ctx);
             // llama (the whole head), and partial rotary with llama 3 style frequency factors; a
             // matrix in one binding and split into parts of 64 rows.
             for (ty, dim, factors, part_rows) in [
@@ -512,16 +571,18 @@ gpu_test! {
                 let x = random(&mut rng, cols, 1.0);
                 let (want, _) = reference_matmul(&w, &x, cols);
                 let table = h.buf(&kernels::rope_table(&rope, ctx));
-                let (kc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
-                let (vc, _) = h.kv_buf(&vec![0.0; ctx * kv]);
+                let (kc, _) = h.kv_buf(&vec![0.0; paging.rows() * kv]);
+                let (vc, _) = h.kv_buf(&vec![0.0; paging.rows() * kv]);
                 let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; rows]));
-                let fold = kernels::RopeKvFold { config: &c, rope: &rope, params: &h.params, table: &table, k_cache: &kc, v_cache: &vc };
+                let fold = kernels::RopeKvFold { config: &c, rope: &rope, batch: &h.batch, table: &table, k_cache: &kc, v_cache: &vc };
                 let none = QkvExtras { bias: None, qk_norm: None };
                 assert!(fold.applies(&none, &lin));
-                let ops = kernels::gemv_rope_kv(&h.gpu, &mut h.cache, &lin, &fold, None, &xb, &yb);
+                let gb = GemvBatch { params: &h.params, mb: 1 };
+                let ops = kernels::gemv_rope_kv(&h.gpu, &mut h.cache, gb, &lin, &fold, None, &xb, &yb, rows);
                 h.run(&ops, 1);
                 let got_q = h.read(&yb, q).await;
-                let (got_k, got_v) = (h.read_kv(&kc, ctx * kv).await, h.read_kv(&vc, ctx * kv).await);
+                let cache_rows = paging.rows() * kv;
+                let (got_k, got_v) = (h.read_kv(&kc, cache_rows).await, h.read_kv(&vc, cache_rows).await);
                 let want: Vec<f32> = want.iter().map(|&v| v as f32).collect();
                 let (mut wq, mut wk, wv) = (want[..q].to_vec(), want[q..q + kv].to_vec(), want[q + kv..].to_vec());
                 rope_f64(&mut wq, start, hd, &rope);
@@ -531,7 +592,7 @@ gpu_test! {
                 for i in 0..q {
                     assert!((got_q[i] - wq[i]).abs() <= 1e-4 * wq[i].abs().max(1.0), "q[{i}]: {} vs {}, {what}", got_q[i], wq[i]);
                 }
-                let p = start * kv;
+                let p = paging.row(0, start) * kv;
                 for i in 0..kv {
                     assert!((got_k[p + i] - wk[i]).abs() <= kv_tol * wk[i].abs().max(1.0), "k[{i}]: {} vs {}, {what}", got_k[p + i], wk[i]);
                     assert!((got_v[p + i] - wv[i]).abs() <= kv_tol * wv[i].abs().max(1.0), "v[{i}]: {} vs {}, {what}", got_v[p + i], wv[i]);
@@ -547,7 +608,7 @@ gpu_test! {
             h.gpu.limits.max_storage_buffer_binding_size = 1 << 27;
             let whole = linear(&h, &info, &bytes).await;
             let b = h.buf(&[0.0; 4]);
-            let fold = kernels::RopeKvFold { config: &c, rope: &rope, params: &h.params, table: &b, k_cache: &b, v_cache: &b };
+            let fold = kernels::RopeKvFold { config: &c, rope: &rope, batch: &b, table: &b, k_cache: &b, v_cache: &b };
             let none = QkvExtras { bias: None, qk_norm: None };
             assert!(!fold.applies(&none, &odd));
             assert!(!fold.applies(&QkvExtras { bias: Some(&b), qk_norm: None }, &whole));
@@ -580,16 +641,19 @@ async fn check_attention_with(
     let kind = AttentionKind { scale, window };
     let (q, kv) = (c.q_dim(), c.kv_dim());
     let row = q + 2 * kv;
-    h.set(n, start);
+    let paging = h.set(n, start, ctx);
     let qkv = random(rng, n * row, 1.0);
-    let (kc, k_seen) = h.kv_buf(&random(rng, ctx * kv, 2.0));
-    let (vc, v_seen) = h.kv_buf(&random(rng, ctx * kv, 1.0));
+    // The cache in blocks; the reference reads it in position order.
+    let (kc, k_rows) = h.kv_buf(&random(rng, paging.rows() * kv, 2.0));
+    let (vc, v_rows) = h.kv_buf(&random(rng, paging.rows() * kv, 1.0));
+    let (k_seen, v_seen) = (paging.gather(0, &k_rows, kv, ctx), paging.gather(0, &v_rows, kv, ctx));
     let (qb, out) = (h.buf(&qkv), h.buf(&vec![0.0; n * q]));
     let ops = if n == 1 {
         let partials = h.buf(&vec![0.0; kernels::decode_partials_len(&c, ctx)]);
-        kernels::attention_decode(&h.gpu, &mut h.cache, &h.params, &c, kind, ctx, &qb, &kc, &vc, &partials, &out).into()
+        let (cache, batch) = (&mut h.cache, &h.batch);
+        kernels::attention_decode(&h.gpu, cache, &c, kind, ctx, &qb, &kc, &vc, &partials, &out, batch).into()
     } else {
-        vec![kernels::attention_prefill(&h.gpu, &mut h.cache, &h.params, &c, kind, &qb, &kc, &vc, &out)]
+        vec![kernels::attention_prefill(&h.gpu, &mut h.cache, &h.params, &c, kind, &qb, &kc, &vc, &out, &h.batch)]
     };
     h.run(&ops, n);
     let got = h.read(&out, n * q).await;
@@ -681,6 +745,55 @@ gpu_test! {
 }
 
 gpu_test! {
+    async fn batched_decode_attention_reads_each_sequence_through_its_own_block_table() {
+        let mut rng = Rng::new(22);
+        let c = small_config();
+        let (q, kv) = (c.q_dim(), c.kv_dim());
+        let row = q + 2 * kv;
+        let ctx = 300;
+        // (sequence, position): long and short sequences, one at its first key, in one step.
+        let rows = [(0, 299), (1, 40), (2, 150), (3, 0), (5, 64)];
+        let n = rows.len();
+        for mut h in Harness::kv_paths().await {
+            let own = h.gpu.style;
+            for style in [own, other(own)] {
+                h.gpu.style = style;
+                for window in [None, Some(100)] {
+                    let kind = AttentionKind { scale: 0.3, window };
+                    let paging = h.set_rows(&rows, n, ctx);
+                    let qkv = random(&mut rng, n * row, 1.0);
+                    let (kc, k_rows) = h.kv_buf(&random(&mut rng, paging.rows() * kv, 2.0));
+                    let (vc, v_rows) = h.kv_buf(&random(&mut rng, paging.rows() * kv, 1.0));
+                    let (qb, out) = (h.buf(&qkv), h.buf(&vec![0.0; n * q]));
+                    let partials = h.buf(&vec![0.0; n * kernels::decode_partials_len(&c, ctx)]);
+                    let (cache, batch) = (&mut h.cache, &h.batch);
+                    let ops: Vec<Dispatch> = kernels::attention_decode(
+                        &h.gpu, cache, &c, kind, ctx, &qb, &kc, &vc, &partials, &out, batch,
+                    )
+                    .into();
+                    h.run(&ops, n);
+                    let got = h.read(&out, n * q).await;
+                    for (i, &(seq, pos)) in rows.iter().enumerate() {
+                        let (k_seen, v_seen) =
+                            (paging.gather(seq, &k_rows, kv, pos + 1), paging.gather(seq, &v_rows, kv, pos + 1));
+                        let mut want = vec![0f32; q];
+                        reference::attention(&c, kind, &mut want, &qkv[i * row..][..q], &k_seen, &v_seen, pos);
+                        for (d, (g, w)) in got[i * q..][..q].iter().zip(&want).enumerate() {
+                            assert!(
+                                (g - w).abs() < 1e-4,
+                                "row {i} (sequence {seq} at {pos}) window {window:?} [{d}]: got {g}, want {w}, {}",
+                                h.path()
+                            );
+                        }
+                    }
+                }
+            }
+            h.gpu.style = own;
+        }
+    }
+}
+
+gpu_test! {
     async fn prefill_attention_matches_the_cpu_reference_across_query_and_key_blocks_and_windows() {
         let mut rng = Rng::new(9);
         for mut h in Harness::kv_paths().await {
@@ -735,7 +848,7 @@ gpu_test! {
                     logits[at] = v;
                 }
                 let (lb, ob) = (h.buf(&logits), h.u32_buf(&[7]));
-                let op = kernels::argmax(&h.gpu, &mut h.cache, n, &lb, &ob);
+                let op = kernels::argmax(&h.gpu, &mut h.cache, &h.params, n, &lb, &ob);
                 h.run(&[op], 1);
                 let got = h.gpu.read_buffer(&ob, 4).await.unwrap();
                 assert_eq!(u32::from_le_bytes(got[..4].try_into().unwrap()), want, "n = {n}, {put:?}, {}", h.path());
@@ -810,7 +923,7 @@ gpu_test! {
         let mut rng = Rng::new(11);
         let (n, rows, cols) = (5, 100, 64);
         for mut h in Harness::paths().await {
-            h.set(n, 0);
+            h.set(n, 0, 16);
             let (a, ab) = random_tensor(&mut rng, GgmlType::Q8_0, rows, cols);
             let (b, bb) = random_tensor(&mut rng, GgmlType::Q4_1, 30, cols);
             // 1 KiB bindings: a's 100 rows of 72 bytes need 8 parts; b (another type) its own parts.
@@ -825,7 +938,7 @@ gpu_test! {
             let (want, scale) = reference_matmul(&w, &x, cols);
             let total = rows + 30;
             let (x1, y1) = (h.buf(&x[..cols]), h.buf(&vec![0.0; total]));
-            let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Activation::Silu, Epilogue::Store, None, &x1, &y1);
+            let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1 }, &lin, Activation::Silu, Epilogue::Store, None, &x1, &y1, total);
             h.run(&ops, 1);
             assert_close("split gemv", &h.read(&y1, total).await, &want[..total], &scale[..total], MATMUL_REL);
             let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; n * total]));
@@ -847,6 +960,62 @@ gpu_test! {
 }
 
 gpu_test! {
+    async fn batched_gemv_takes_every_row_of_x_with_its_own_norm_and_epilogue() {
+        let mut rng = Rng::new(21);
+        let (rows, cols, eps, batch) = (70, 256, 1e-5, 11);
+        for mut h in Harness::paths().await {
+            let (info, bytes) = random_tensor(&mut rng, GgmlType::Q4_1, rows, cols);
+            let w = dequantize(&info, &bytes).unwrap();
+            let lin = linear(&h, &info, &bytes).await;
+            let (gi, gbytes) = random_tensor(&mut rng, GgmlType::Q8_0, rows, cols);
+            let (ui, ubytes) = random_tensor(&mut rng, GgmlType::Q8_0, rows, cols);
+            let (up_info, file) = after(&gi, &gbytes, &ui, &ubytes);
+            let (gate, up) = (Rows::of(&gi).unwrap(), Rows::of(&up_info).unwrap());
+            let pair = Linear::gated_pair(&h.gpu, "gate_up", gate, up, &file[..]).await.unwrap().expect("same types");
+            let (wg, wu) = (dequantize(&gi, &gbytes).unwrap(), dequantize(&ui, &ubytes).unwrap());
+            let x = random(&mut rng, batch * cols, 3.0);
+            let nw = random(&mut rng, cols, 1.0);
+            let y0 = random(&mut rng, batch * rows, 1.0);
+            // Each row alone, in f64: the product, the product of the normalized row, the gated pair.
+            let (mut plain, mut normed, mut gated, mut scale) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for r in 0..batch {
+                let xr = &x[r * cols..][..cols];
+                let (p, sc) = reference_matmul(&w, xr, cols);
+                plain.extend(p.iter().zip(&y0[r * rows..]).map(|(a, &b)| a + b as f64));
+                scale.extend(sc);
+                let mut xn = vec![0f32; cols];
+                reference::rms_norm(&mut xn, xr, &nw, eps);
+                normed.extend(reference_matmul(&w, &xn, cols).0);
+                let (g, u) = (reference_matmul(&wg, xr, cols).0, reference_matmul(&wu, xr, cols).0);
+                gated.extend(g.iter().zip(&u).map(|(&a, &b)| act64(Activation::Silu, a) * b));
+            }
+            let loose: Vec<f64> = normed.iter().chain(&gated).map(|v| v.abs().max(1.0) * 8.0).collect();
+            // A pass over the weights per row, per 8 rows, and per 4 (the last pass partial).
+            for mb in [1, 4, 8] {
+                let rows_at: Vec<(usize, usize)> = (0..batch).map(|r| (r % LAYOUT.max_seqs, r)).collect();
+                h.set_rows(&rows_at, batch, 16);
+                let gb = GemvBatch { params: &h.params, mb };
+                let what = format!("batched gemv, {batch} rows, MB {mb}, {}", h.path());
+                let (xb, nb, yb) = (h.buf(&x), h.buf(&nw), h.buf(&y0));
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, gb, &lin, Activation::Silu, Epilogue::Add, None, &xb, &yb, rows);
+                h.run(&ops, batch);
+                assert_close(&format!("{what}, add"), &h.read(&yb, batch * rows).await, &plain, &scale, MATMUL_REL);
+                let yb = h.buf(&vec![0.0; batch * rows]);
+                let norm = Some((&nb, eps));
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, gb, &lin, Activation::Silu, Epilogue::Store, norm, &xb, &yb, rows);
+                h.run(&ops, batch);
+                assert_close(&format!("{what}, fused norm"), &h.read(&yb, batch * rows).await, &normed, &loose, 1e-5);
+                let yb = h.buf(&vec![0.0; batch * rows]);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, gb, &pair, Activation::Silu, Epilogue::Store, None, &xb, &yb, rows);
+                h.run(&ops, batch);
+                assert_close(&format!("{what}, gated"), &h.read(&yb, batch * rows).await, &gated, &loose[normed.len()..], 1e-5);
+            }
+            h.set(1, 0, 16);
+        }
+    }
+}
+
+gpu_test! {
     async fn gemv_with_a_fused_rms_norm_matches_norm_then_product() {
         let mut rng = Rng::new(12);
         let (rows, cols, eps) = (77, 576, 1e-5);
@@ -860,7 +1029,7 @@ gpu_test! {
             reference::rms_norm(&mut normed, &x, &nw, eps);
             let (want, scale) = reference_matmul(&w, &normed, cols);
             let (xb, nb, yb) = (h.buf(&x), h.buf(&nw), h.buf(&vec![0.0; rows]));
-            let ops = kernels::gemv(&h.gpu, &mut h.cache, &lin, Activation::Silu, Epilogue::Store, Some((&nb, eps)), &xb, &yb);
+            let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1 }, &lin, Activation::Silu, Epilogue::Store, Some((&nb, eps)), &xb, &yb, rows);
             h.run(&ops, 1);
             assert_close(&format!("gemv + rms_norm, {}", h.path()), &h.read(&yb, rows).await, &want, &scale, 1e-5);
         }

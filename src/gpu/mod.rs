@@ -7,4 +7,4 @@ pub mod shader;
 pub mod weights;
 
 pub use device::{CounterSnapshot, Gpu, GpuOptions, KernelStyle, KvStore, FORCE_F32_ENV};
-pub use model::{GpuModel, InFlight, Readback, Selection, PREFILL_CHUNK};
+pub use model::{BatchReadback, GpuModel, InFlight, Readback, Selection, MAX_SEQS, PREFILL_CHUNK};

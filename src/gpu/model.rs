@@ -4,13 +4,17 @@
 //! token ids, encodes the recorded dispatches in one compute pass, submits once, and reads back
 //! 4 bytes (greedy), the largest logits (sampling on the GPU's selection) or all of them.
 
-use super::kernels::{self, Dispatch, Epilogue, Ledger, NormOut, Params, QkvExtras, RopeKvFold};
+use super::kernels::{
+    self, BatchLayout, Dispatch, Epilogue, GemvBatch, Ledger, NormOut, Params, QkvExtras, RopeKvFold, KV_BLOCK,
+    MAX_BATCH,
+};
 use super::shader::PipelineCache;
 use super::weights::{Linear, Rows};
 use super::{Gpu, KernelStyle};
 use crate::arch::{GateUp, Plan, Qkv, ROPE_FREQS};
 use crate::error::{Error, Result};
 use crate::gguf::{ByteSource, Gguf, TensorInfo};
+use crate::kv_pool::{KvPool, SeqId};
 use crate::model::reference::AttentionKind;
 use crate::model::ModelConfig;
 use crate::sampling::Tail;
@@ -30,7 +34,14 @@ async fn fetch<'g>(
 }
 
 /// Tokens per prefill pass; longer prompts run in several passes.
-pub const PREFILL_CHUNK: usize = 256;
+pub const PREFILL_CHUNK: usize = kernels::MAX_ROWS;
+
+/// Sequences the pool holds at once: a full batch, and as many again for beam search's forks
+/// (made before the beams they replace are freed), and the engine's conversation.
+pub const MAX_SEQS: usize = 2 * MAX_BATCH + 1;
+
+/// Batch rows per pass over the weights in a batched decode step (gemv.wgsl's MB).
+const BATCH_MB: u32 = 8;
 
 /// What a step reads back.
 #[derive(Debug, PartialEq)]
@@ -58,7 +69,10 @@ pub struct Selection<'a> {
 
 #[derive(Clone, Copy, PartialEq)]
 enum Pass<'a> {
-    Decode,
+    /// One token for each of the step's rows (sequences), MB rows per pass over the weights.
+    Decode {
+        mb: u32,
+    },
     Prefill,
     /// Prefill that writes every position's logits into the given buffer.
     AllLogits(&'a wgpu::Buffer),
@@ -82,8 +96,8 @@ struct LayerWeights {
 
 struct Buffers {
     params: wgpu::Buffer,
-    /// Decode's `params` for every position (16 bytes each), copied into `params` per step.
-    decode_params: wgpu::Buffer,
+    /// The rows' positions and block tables (`kernels::BatchLayout`).
+    batch: wgpu::Buffer,
     tokens: wgpu::Buffer,
     x: wgpu::Buffer,
     xn: wgpu::Buffer,
@@ -95,7 +109,9 @@ struct Buffers {
     proj: wgpu::Buffer,
     /// Decode attention's per-chunk records (see `kernels::decode_partials_len`).
     partials: wgpu::Buffer,
+    /// A row of logits per batch row.
     logits: wgpu::Buffer,
+    /// An argmax per batch row.
     argmax: wgpu::Buffer,
     /// One cos/sin table per RoPE of the plan.
     rope: Vec<wgpu::Buffer>,
@@ -146,6 +162,14 @@ pub struct Profile {
     pub gpu_clock: bool,
 }
 
+/// What a batched decode step reads back (`GpuModel::decode_batch`).
+pub enum BatchReadback<'a> {
+    /// Each row's argmax.
+    Argmax(&'a mut [u32]),
+    /// Each row's logits, row after row (rows * vocab).
+    Logits(&'a mut [f32]),
+}
+
 /// A greedy decode step submitted and not yet read (see `GpuModel::submit_greedy`).
 pub struct InFlight {
     slot: usize,
@@ -163,16 +187,33 @@ pub struct GpuModel {
     lm_head: Option<Linear>,
     layers: Vec<LayerWeights>,
     buf: Buffers,
+    /// A single sequence's decode step (MB 1).
     decode: Vec<Dispatch>,
+    /// A batched decode step; made on first use.
+    decode_batch: Option<Vec<Dispatch>>,
     prefill: Vec<Dispatch>,
     /// The top-k selection that follows a pass when a sampler asks for it: without and with
     /// the tail.
     select: Vec<Dispatch>,
     /// Prefill that keeps every position's logits (perplexity, tests); made on first use.
     all_logits: Option<(Vec<Dispatch>, wgpu::Buffer)>,
-    /// A layer's K or V of one beam slot on its way to another (WebGPU copies nothing within a
-    /// buffer): made at the first reorder.
-    slot_scratch: Option<wgpu::Buffer>,
+    /// The KV cache's blocks and the sequences' block tables.
+    pool: KvPool,
+    layout: BatchLayout,
+    /// The sequence `step` and `submit_greedy` run (the engine's conversation).
+    main: SeqId,
+    /// Sequences whose block tables changed since they were last uploaded.
+    dirty: Vec<bool>,
+    /// Reused per step: the pool's copy-on-write block copies, the rows' batch words.
+    copies: Vec<(u32, u32)>,
+    row_words: Vec<u32>,
+    /// The params last written (a step writes them only when they change).
+    params_now: Params,
+    /// Decode rows one step takes at most (decode attention's records fit one binding).
+    max_batch: usize,
+    /// One layer's K or V block on its way to another block (WebGPU copies nothing within a
+    /// buffer): made at the first copy-on-write.
+    block_scratch: Option<wgpu::Buffer>,
     pipelines: PipelineCache,
     /// Weight bytes of the file one decode token needs: every tensor once, one embedding row
     /// (the whole table when it is also the output).
@@ -278,7 +319,13 @@ impl GpuModel {
             if plan.output == plan.token_embd { None } else { Some(linear("output", &[&plan.output]).await?) };
         progress(total, total);
 
-        let buf = Self::buffers(&gpu, &plan, context)?;
+        let blocks = context.div_ceil(KV_BLOCK);
+        let layout = BatchLayout { max_blocks: blocks, max_seqs: MAX_SEQS };
+        let per_row = kernels::decode_partials_len(&c, blocks * KV_BLOCK) as u64 * 4;
+        let max_batch = MAX_BATCH.min((gpu.max_binding() / per_row.max(1)) as usize).max(1);
+        let buf = Self::buffers(&gpu, &plan, blocks * KV_BLOCK, layout, max_batch)?;
+        let mut pool = KvPool::new(blocks * KV_BLOCK, KV_BLOCK, MAX_SEQS);
+        let main = pool.create()?;
         let all: u64 = gguf.tensors.iter().filter(|t| t.name != ROPE_FREQS).map(|t| t.byte_size).sum();
         let file_weight_bytes = if plan.output == plan.token_embd {
             all
@@ -296,16 +343,25 @@ impl GpuModel {
             layers,
             buf,
             decode: Vec::new(),
+            decode_batch: None,
             prefill: Vec::new(),
             select: Vec::new(),
             all_logits: None,
-            slot_scratch: None,
+            pool,
+            layout,
+            main,
+            dirty: vec![false; MAX_SEQS],
+            copies: Vec::new(),
+            row_words: Vec::with_capacity(2 * PREFILL_CHUNK),
+            params_now: Params::default(),
+            max_batch,
+            block_scratch: None,
             file_weight_bytes,
             next_slot: 0,
             pipelines: PipelineCache::default(),
             gpu,
         };
-        model.decode = model.record(Pass::Decode);
+        model.decode = model.record(Pass::Decode { mb: 1 });
         model.prefill = model.record(Pass::Prefill);
         let b = &model.buf;
         let vocab = model.config.vocab_size;
@@ -325,24 +381,24 @@ impl GpuModel {
         let c = &plan.config;
         let per_token = [c.kv_dim() * gpu.kv_bytes() as usize, c.rope_dim * 4];
         let max = gpu.max_binding() as usize;
-        let fits = per_token.iter().map(|&b| max / b.max(1)).min().unwrap_or(0);
+        // The cache is whole blocks.
+        let fits = per_token.iter().map(|&b| max / b.max(1)).min().unwrap_or(0) / KV_BLOCK * KV_BLOCK;
         // One chunk record per head per DECODE_CHUNK keys, one workgroup per chunk along x.
         let chunks = (max / (4 * c.n_heads * (c.head_dim + 2)).max(1))
             .min(gpu.limits.max_compute_workgroups_per_dimension as usize);
         fits.min(chunks.saturating_mul(kernels::DECODE_CHUNK))
     }
 
-    fn buffers(gpu: &Gpu, plan: &Plan, context: usize) -> Result<Buffers> {
+    /// `context`: the cache's positions (whole blocks).
+    fn buffers(gpu: &Gpu, plan: &Plan, context: usize, layout: BatchLayout, max_batch: usize) -> Result<Buffers> {
         let c = &plan.config;
         let n = PREFILL_CHUNK as u64;
         let f = 4u64;
         let kv_bytes = (context * c.kv_dim()) as u64 * gpu.kv_bytes();
+        let batch = MAX_BATCH as u64;
         Ok(Buffers {
             params: gpu.uniform("params", std::mem::size_of::<Params>() as u64),
-            decode_params: {
-                let table: Vec<Params> = (0..context).map(|p| Params::at(p, 1)).collect();
-                gpu.storage_init("decode_params", bytemuck::cast_slice(&table))?
-            },
+            batch: gpu.storage("batch", layout.words() as u64 * 4)?,
             tokens: gpu.storage("tokens", n * 4)?,
             x: gpu.storage("x", n * c.d_model as u64 * f)?,
             xn: gpu.storage("xn", n * c.d_model as u64 * f)?,
@@ -351,9 +407,10 @@ impl GpuModel {
             gu: gpu.storage("gate_up", n * 2 * c.ffn_dim as u64 * f)?,
             h: gpu.storage("ffn_hidden", n * c.ffn_dim as u64 * f)?,
             proj: gpu.storage("proj", n * c.d_model as u64 * f)?,
-            partials: gpu.storage("attention_partials", kernels::decode_partials_len(c, context) as u64 * f)?,
-            logits: gpu.storage("logits", c.vocab_size as u64 * f)?,
-            argmax: gpu.storage("argmax", 4)?,
+            partials: gpu
+                .storage("attention_partials", (max_batch * kernels::decode_partials_len(c, context)) as u64 * f)?,
+            logits: gpu.storage("logits", batch * c.vocab_size as u64 * f)?,
+            argmax: gpu.storage("argmax", batch * 4)?,
             rope: plan
                 .ropes
                 .iter()
@@ -361,8 +418,8 @@ impl GpuModel {
                 .collect::<Result<_>>()?,
             k_cache: (0..c.n_layers).map(|_| gpu.storage("k_cache", kv_bytes)).collect::<Result<_>>()?,
             v_cache: (0..c.n_layers).map(|_| gpu.storage("v_cache", kv_bytes)).collect::<Result<_>>()?,
-            staging_argmax: [gpu.readback("staging_argmax", 4), gpu.readback("staging_argmax", 4)],
-            staging_logits: gpu.readback("staging_logits", c.vocab_size as u64 * f),
+            staging_argmax: [gpu.readback("staging_argmax", batch * 4), gpu.readback("staging_argmax", batch * 4)],
+            staging_logits: gpu.readback("staging_logits", batch * c.vocab_size as u64 * f),
             top_k_want: gpu.storage("top_k_want", 8)?,
             top_k_out: gpu.storage("top_k_out", kernels::TOP_K_WORDS as u64 * 4)?,
             staging_top_k: gpu.readback("staging_top_k", (1 + kernels::TOP_K_WORDS) as u64 * 4),
@@ -372,9 +429,14 @@ impl GpuModel {
     /// The whole forward pass as dispatches: prefill (tiled gemm, flash attention) or decode
     /// (gemv, single-query attention, fused gated activation).
     fn record(&mut self, pass: Pass<'_>) -> Vec<Dispatch> {
-        let prefill = pass != Pass::Decode;
+        let mb = match pass {
+            Pass::Decode { mb } => mb,
+            _ => 1,
+        };
+        let prefill = !matches!(pass, Pass::Decode { .. });
         let (gpu, c, plan, b, p) = (&self.gpu, &self.config, &self.plan, &self.buf, &mut self.pipelines);
         let (params, eps, act) = (&b.params, c.rms_eps, plan.activation);
+        let gb = GemvBatch { params, mb };
         let embed_scale = plan.embed_scale.unwrap_or(1.0);
         let mut ops = kernels::embed(gpu, p, params, &self.embd, embed_scale, &b.tokens, &b.x);
         let qkv_stride = c.q_dim() + 2 * c.kv_dim();
@@ -397,7 +459,7 @@ impl GpuModel {
                 if prefill {
                     ops.extend(kernels::gemm(gpu, p, params, w, epilogue, x, out, c.d_model));
                 } else {
-                    ops.extend(kernels::gemv(gpu, p, w, act, epilogue, None, x, out));
+                    ops.extend(kernels::gemv(gpu, p, gb, w, act, epilogue, None, x, out, c.d_model));
                 }
                 if let Some(post) = post {
                     ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Add, &b.proj, post, &b.x));
@@ -410,26 +472,27 @@ impl GpuModel {
             // Decode on GPUs hands RoPE and the cache write to the projection's epilogue where it
             // can; CPU adapters keep the separate pass (the epilogue's barrier costs them 13% of
             // a decode step on lavapipe: 4.1-4.4 against 5.0-5.1 tok/s).
-            let fold = RopeKvFold { config: c, rope, params, table: &b.rope[lp.rope], k_cache: kc, v_cache: vc };
+            let fold =
+                RopeKvFold { config: c, rope, batch: &b.batch, table: &b.rope[lp.rope], k_cache: kc, v_cache: vc };
             let folded = fuse && fold.applies(&extras, &l.qkv);
             let norm = fuse.then_some((&l.attn_norm, eps));
             if prefill {
                 ops.extend(kernels::gemm(gpu, p, params, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
             } else if folded {
-                ops.extend(kernels::gemv_rope_kv(gpu, p, &l.qkv, &fold, norm, input, &b.qkv));
+                ops.extend(kernels::gemv_rope_kv(gpu, p, gb, &l.qkv, &fold, norm, input, &b.qkv, qkv_stride));
             } else {
-                ops.extend(kernels::gemv(gpu, p, &l.qkv, act, Epilogue::Store, norm, input, &b.qkv));
+                ops.extend(kernels::gemv(gpu, p, gb, &l.qkv, act, Epilogue::Store, norm, input, &b.qkv, qkv_stride));
             }
             if !folded {
-                ops.push(kernels::rope_kv(gpu, p, params, c, rope, extras, &b.qkv, &b.rope[lp.rope], kc, vc));
+                let table = &b.rope[lp.rope];
+                ops.push(kernels::rope_kv(gpu, p, params, c, rope, extras, &b.qkv, table, kc, vc, &b.batch));
             }
             if prefill {
-                ops.push(kernels::attention_prefill(gpu, p, params, c, kind, &b.qkv, kc, vc, &b.attn));
+                ops.push(kernels::attention_prefill(gpu, p, params, c, kind, &b.qkv, kc, vc, &b.attn, &b.batch));
             } else {
                 ops.extend(kernels::attention_decode(
                     gpu,
                     p,
-                    params,
                     c,
                     kind,
                     self.context,
@@ -438,6 +501,7 @@ impl GpuModel {
                     vc,
                     &b.partials,
                     &b.attn,
+                    &b.batch,
                 ));
             }
             residual(&mut ops, p, &l.wo, &b.attn, &l.post_attn_norm);
@@ -451,8 +515,8 @@ impl GpuModel {
                 ops.push(kernels::act_mul(gpu, p, params, act, c.ffn_dim, &b.gu, &b.h));
             } else {
                 let norm = fuse.then_some((&l.ffn_norm, eps));
-                let out = if pairs { &b.h } else { &b.gu };
-                ops.extend(kernels::gemv(gpu, p, &l.gate_up, act, Epilogue::Store, norm, input, out));
+                let (out, stride) = if pairs { (&b.h, c.ffn_dim) } else { (&b.gu, 2 * c.ffn_dim) };
+                ops.extend(kernels::gemv(gpu, p, gb, &l.gate_up, act, Epilogue::Store, norm, input, out, stride));
                 if !pairs {
                     ops.push(kernels::act_mul(gpu, p, params, act, c.ffn_dim, &b.gu, &b.h));
                 }
@@ -466,13 +530,17 @@ impl GpuModel {
             ops.extend(kernels::gemm(gpu, p, params, head, Epilogue::Store, &b.xn, logits, c.vocab_size));
             return ops;
         }
+        let vocab = c.vocab_size;
         if fuse {
-            ops.extend(kernels::gemv(gpu, p, head, act, Epilogue::Store, Some((output_norm, eps)), &b.x, &b.logits));
+            let norm = Some((output_norm, eps));
+            ops.extend(kernels::gemv(gpu, p, gb, head, act, Epilogue::Store, norm, &b.x, &b.logits, vocab));
         } else {
-            ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::StoreLast, &b.x, output_norm, &b.xn));
-            ops.extend(kernels::gemv(gpu, p, head, act, Epilogue::Store, None, &b.xn, &b.logits));
+            // Prefill takes the last token's row; decode every row of the batch.
+            let out = if prefill { NormOut::StoreLast } else { NormOut::Store };
+            ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, out, &b.x, output_norm, &b.xn));
+            ops.extend(kernels::gemv(gpu, p, gb, head, act, Epilogue::Store, None, &b.xn, &b.logits, vocab));
         }
-        ops.push(kernels::argmax(gpu, p, c.vocab_size, &b.logits, &b.argmax));
+        ops.push(kernels::argmax(gpu, p, params, vocab, &b.logits, &b.argmax));
         ops
     }
 
@@ -493,11 +561,11 @@ impl GpuModel {
             let ops = self.record(Pass::AllLogits(&buffer));
             self.all_logits = Some((ops, buffer));
         }
-        let (ops, buffer) = self.all_logits.as_ref().expect("recorded above");
-        let params = Params::at(start, n);
-        self.gpu.queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
         self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(tokens));
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        let main = self.main;
+        self.prepare(&mut enc, (start..start + n).map(|p| (main, p)), Params::new(n, 1))?;
+        let (ops, buffer) = self.all_logits.as_ref().expect("recorded above");
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
             ops.iter().for_each(|op| op.encode(&mut pass, n as u32));
@@ -519,9 +587,11 @@ impl GpuModel {
     /// (the sum is the GPU's busy time; a real step adds the gaps between dispatches); without,
     /// each dispatch is submitted and waited for alone, so the sum exceeds a real step.
     #[cfg(not(target_arch = "wasm32"))]
-    pub async fn profile(&self, n: usize, start: usize) -> Result<Profile> {
-        let params = Params::at(start, n);
-        self.gpu.queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
+    pub async fn profile(&mut self, n: usize, start: usize) -> Result<Profile> {
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        let main = self.main;
+        self.prepare(&mut enc, (start..start + n).map(|p| (main, p)), Params::new(n, 1))?;
+        self.gpu.submit(enc);
         let ops = if n == 1 { &self.decode } else { &self.prefill };
         let mut times = Vec::with_capacity(ops.len());
         if self.gpu.timestamps {
@@ -609,32 +679,76 @@ impl GpuModel {
         }
     }
 
-    /// The forward pass of `n` tokens at `start` encoded, its params written.
-    fn encode(&self, n: usize, start: usize) -> wgpu::CommandEncoder {
-        self.encode_in(n, start, 0)
-    }
-
-    /// `encode` for the sequence whose KV cache starts at element `kv_base` (a beam's slot).
-    fn encode_in(&self, n: usize, start: usize, kv_base: u32) -> wgpu::CommandEncoder {
-        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
-        // A decode step copies its position's parameters from the table made at load: a queue
-        // write would make a staging buffer every token.
-        let size = std::mem::size_of::<Params>() as u64;
-        if n == 1 && kv_base == 0 {
-            enc.copy_buffer_to_buffer(&self.buf.decode_params, start as u64 * size, &self.buf.params, 0, size);
-        } else {
-            let params = Params { kv_base, ..Params::at(start, n) };
-            self.gpu.queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
-        }
-        {
-            let mut pass =
-                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
-            let ops = if n == 1 { &self.decode } else { &self.prefill };
-            for op in ops {
-                op.encode(&mut pass, n as u32);
+    /// Readies a pass's rows, (sequence, position) each: reserves the positions in the pool
+    /// (copying, in `enc`, a block shared with another sequence before it is written), uploads
+    /// the block tables that changed, the rows' positions and tables, and `params` when they
+    /// changed. Allocates nothing when no block is added (every decode step).
+    fn prepare(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        rows: impl Iterator<Item = (SeqId, usize)> + Clone,
+        params: Params,
+    ) -> Result<()> {
+        self.copies.clear();
+        for (seq, pos) in rows.clone() {
+            if pos >= self.context {
+                return Err(Error::ContextOverflow {
+                    prompt_tokens: pos + 1,
+                    max_tokens: 0,
+                    context_length: self.context,
+                });
+            }
+            if self.pool.reserve(seq, pos + 1, &mut self.copies)? {
+                self.dirty[seq.0] = true;
             }
         }
-        enc
+        if !self.copies.is_empty() {
+            self.copy_blocks(enc)?;
+        }
+        let queue = &self.gpu.queue;
+        for (seq, dirty) in self.dirty.iter_mut().enumerate() {
+            let table = self.pool.table(SeqId(seq));
+            if std::mem::take(dirty) && !table.is_empty() {
+                let at = self.layout.table(seq) as u64 * 4;
+                queue.write_buffer(&self.buf.batch, at, bytemuck::cast_slice(table));
+            }
+        }
+        self.row_words.clear();
+        for (seq, pos) in rows {
+            self.row_words.extend([pos as u32, self.layout.table(seq.0) as u32]);
+        }
+        queue.write_buffer(&self.buf.batch, 0, bytemuck::cast_slice(&self.row_words));
+        if params != self.params_now {
+            queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
+            self.params_now = params;
+        }
+        Ok(())
+    }
+
+    /// The pool's copy-on-write copies (`self.copies`), every layer's K and V block, through a
+    /// scratch block (WebGPU copies nothing within one buffer).
+    fn copy_blocks(&mut self, enc: &mut wgpu::CommandEncoder) -> Result<()> {
+        let bytes = (KV_BLOCK * self.config.kv_dim()) as u64 * self.gpu.kv_bytes();
+        if self.block_scratch.is_none() {
+            self.block_scratch = Some(self.gpu.storage("block_scratch", bytes)?);
+        }
+        let scratch = self.block_scratch.as_ref().expect("made above");
+        for &(from, to) in &self.copies {
+            for cache in self.buf.k_cache.iter().chain(&self.buf.v_cache) {
+                enc.copy_buffer_to_buffer(cache, from as u64 * bytes, scratch, 0, bytes);
+                enc.copy_buffer_to_buffer(scratch, 0, cache, to as u64 * bytes, bytes);
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes `ops` for a pass of `n` rows.
+    fn encode_ops(enc: &mut wgpu::CommandEncoder, ops: &[Dispatch], n: usize) {
+        let mut pass =
+            enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
+        for op in ops {
+            op.encode(&mut pass, n as u32);
+        }
     }
 
     fn count_host_time(&self, since: HostClock) {
@@ -658,7 +772,10 @@ impl GpuModel {
         if let Some(token) = token {
             self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::bytes_of(&token));
         }
-        let mut enc = self.encode(1, position);
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        let main = self.main;
+        self.prepare(&mut enc, std::iter::once((main, position)), Params::new(1, 1))?;
+        Self::encode_ops(&mut enc, &self.decode, 1);
         let (b, slot) = (&self.buf, self.next_slot);
         enc.copy_buffer_to_buffer(&b.argmax, 0, &b.tokens, 0, 4);
         enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4);
@@ -694,79 +811,114 @@ impl GpuModel {
         self.gpu.read_mapped(&b.staging_logits, bytes, |v| out.copy_from_slice(bytemuck::cast_slice(v))).await
     }
 
-    /// Beam search keeps `slots` sequences in the KV cache, each in `context / slots` positions
-    /// of it (slot 0 is the cache as a single sequence uses it): the positions a slot holds.
-    pub fn slot_capacity(&self, slots: usize) -> usize {
-        self.context / slots.max(1)
+    /// The pool's sequences: the engine's conversation (`step`, `submit_greedy`) is `main`;
+    /// batched generation and beam search make, fork and free others.
+    pub fn main_sequence(&self) -> SeqId {
+        self.main
     }
 
-    /// The decode step of `token` at `pos` for the sequence in `slot` (of `slots`), its logits
-    /// read into `out`.
-    pub async fn slot_step(
-        &mut self,
-        slot: usize,
-        slots: usize,
-        token: u32,
-        pos: usize,
-        out: &mut [f32],
-    ) -> Result<()> {
-        let capacity = self.slot_capacity(slots);
-        if slot >= slots || pos >= capacity {
-            return Err(Error::ContextOverflow { prompt_tokens: pos + 1, max_tokens: 0, context_length: capacity });
+    pub fn pool(&self) -> &KvPool {
+        &self.pool
+    }
+
+    /// Decode rows one step takes at most.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    pub fn new_sequence(&mut self) -> Result<SeqId> {
+        let seq = self.pool.create()?;
+        self.dirty[seq.0] = true;
+        Ok(seq)
+    }
+
+    /// A new sequence sharing the first `len` positions of `seq` (no copy until one writes).
+    pub fn fork_sequence(&mut self, seq: SeqId, len: usize) -> Result<SeqId> {
+        let fork = self.pool.fork(seq, len)?;
+        self.dirty[fork.0] = true;
+        Ok(fork)
+    }
+
+    pub fn free_sequence(&mut self, seq: SeqId) {
+        self.pool.free(seq);
+    }
+
+    /// Keeps the first `len` positions of `seq` (the rest of its blocks go back to the pool).
+    pub fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
+        self.pool.truncate(seq, len);
+        self.dirty[seq.0] = true;
+    }
+
+    /// One decode step for several sequences at once: row i runs token `rows[i].1` at position
+    /// `rows[i].2` of sequence `rows[i].0` (each sequence at most once). The projections read
+    /// each weight once for up to MB rows; attention reads each row's own blocks.
+    pub async fn decode_batch(&mut self, rows: &[(SeqId, u32, usize)], readback: BatchReadback<'_>) -> Result<()> {
+        let n = rows.len();
+        if n == 0 || n > self.max_batch {
+            return Err(Error::InvalidOption {
+                name: "batch",
+                value: n.to_string(),
+                expected: format!("from 1 to {} sequences per decode step on this GPU", self.max_batch),
+            });
         }
         self.gpu.check()?;
-        self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::bytes_of(&token));
-        let kv_base = (slot * capacity * self.config.kv_dim()) as u32;
-        let mut enc = self.encode_in(1, pos, kv_base);
-        let (b, bytes) = (&self.buf, self.config.vocab_size as u64 * 4);
-        enc.copy_buffer_to_buffer(&b.logits, 0, &b.staging_logits, 0, bytes);
+        let host = HostClock::now();
+        self.row_words.clear();
+        self.row_words.extend(rows.iter().map(|r| r.1));
+        self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(&self.row_words));
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batch") });
+        self.prepare(&mut enc, rows.iter().map(|r| (r.0, r.2)), Params::new(n, n))?;
+        if n > 1 && self.decode_batch.is_none() {
+            self.decode_batch = Some(self.record(Pass::Decode { mb: BATCH_MB }));
+        }
+        let ops = if n == 1 { &self.decode } else { self.decode_batch.as_ref().expect("recorded above") };
+        Self::encode_ops(&mut enc, ops, n);
+        let b = &self.buf;
+        let (argmax_bytes, logits_bytes) = (4 * n as u64, (n * self.config.vocab_size * 4) as u64);
+        match &readback {
+            BatchReadback::Argmax(_) => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[0], 0, argmax_bytes),
+            BatchReadback::Logits(_) => enc.copy_buffer_to_buffer(&b.logits, 0, &b.staging_logits, 0, logits_bytes),
+        }
         self.gpu.submit(enc);
-        self.gpu.read_mapped(&b.staging_logits, bytes, |v| out.copy_from_slice(bytemuck::cast_slice(v))).await
-    }
-
-    /// New sequence i gets the first `len` positions of the sequence in slot `from[i]` (of
-    /// `from.len()` slots) as they were before; returns the slot each new sequence is in. The
-    /// first to take a source keeps its slot; the others are copied on the GPU into slots no new
-    /// sequence comes from, so no copy overwrites a source.
-    pub fn reorder_slots(&mut self, from: &[usize], len: usize) -> Result<Vec<usize>> {
-        let slots = from.len();
-        let capacity = self.slot_capacity(slots);
-        if len > capacity || from.iter().any(|&f| f >= slots) {
-            return Err(Error::ContextOverflow { prompt_tokens: len, max_tokens: 0, context_length: capacity });
-        }
-        let mut claimed = vec![false; slots];
-        let mut dest = vec![usize::MAX; slots];
-        for (i, &f) in from.iter().enumerate() {
-            if !claimed[f] {
-                claimed[f] = true;
-                dest[i] = f;
-            }
-        }
-        let mut free = (0..slots).filter(|&s| !from.contains(&s));
-        let row = (self.config.kv_dim() as u64) * self.gpu.kv_bytes();
-        let (slot_bytes, bytes) = (capacity as u64 * row, len as u64 * row);
-        if self.slot_scratch.as_ref().is_none_or(|b| b.size() < slot_bytes) {
-            self.slot_scratch = Some(self.gpu.storage("slot_scratch", slot_bytes)?);
-        }
-        let scratch = self.slot_scratch.as_ref().expect("made above");
-        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-        for (i, &f) in from.iter().enumerate() {
-            if dest[i] == usize::MAX {
-                dest[i] = free.next().expect("as many free slots as beams that share a source");
-                for cache in self.buf.k_cache.iter().chain(&self.buf.v_cache) {
-                    enc.copy_buffer_to_buffer(cache, f as u64 * slot_bytes, scratch, 0, bytes);
-                    enc.copy_buffer_to_buffer(scratch, 0, cache, dest[i] as u64 * slot_bytes, bytes);
+        self.count_host_time(host);
+        match readback {
+            BatchReadback::Argmax(out) => {
+                self.gpu
+                    .read_mapped(&b.staging_argmax[0], argmax_bytes, |bytes| {
+                        out[..n].copy_from_slice(bytemuck::cast_slice(bytes))
+                    })
+                    .await?;
+                // The argmax kernel flags NaN or infinite logits with u32::MAX.
+                if let Some(i) = out[..n].iter().position(|&id| id == u32::MAX) {
+                    return Err(Error::NonFiniteLogits { position: rows[i].2 + 1 });
                 }
             }
+            BatchReadback::Logits(out) => {
+                self.gpu
+                    .read_mapped(&b.staging_logits, logits_bytes, |bytes| {
+                        out[..n * self.config.vocab_size].copy_from_slice(bytemuck::cast_slice(bytes))
+                    })
+                    .await?;
+            }
         }
-        self.gpu.submit(enc);
-        self.gpu.check()?;
-        Ok(dest)
+        Ok(())
     }
 
-    /// Runs `tokens` at positions `start..` (one pass: at most PREFILL_CHUNK tokens), writing
-    /// their keys and values into the cache. Returns the argmax when asked for it.
+    /// Runs `tokens` at positions `start..` (one pass: at most PREFILL_CHUNK tokens) of the
+    /// conversation's sequence, writing their keys and values into the cache. Returns the argmax
+    /// when asked for it.
     pub async fn step(&mut self, tokens: &[u32], start: usize, readback: Readback<'_>) -> Result<Option<u32>> {
+        self.step_in(self.main, tokens, start, readback).await
+    }
+
+    /// `step` in sequence `seq`.
+    pub async fn step_in(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        start: usize,
+        readback: Readback<'_>,
+    ) -> Result<Option<u32>> {
         let n = tokens.len();
         if n == 0 || n > PREFILL_CHUNK || start + n > self.context {
             return Err(Error::ContextOverflow {
@@ -788,7 +940,9 @@ impl GpuModel {
             let want = [top_k as u32, temperature.to_bits()];
             self.gpu.queue.write_buffer(&self.buf.top_k_want, 0, bytemuck::cast_slice(&want));
         }
-        let mut enc = self.encode(n, start);
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        self.prepare(&mut enc, (start..start + n).map(|p| (seq, p)), Params::new(n, 1))?;
+        Self::encode_ops(&mut enc, if n == 1 { &self.decode } else { &self.prefill }, n);
         let b = &self.buf;
         let logits_bytes = self.config.vocab_size as u64 * 4;
         let slot = self.next_slot;

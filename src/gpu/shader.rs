@@ -20,8 +20,11 @@ pub struct Needs {
     pub weights: Option<&'static BlockFormat>,
     /// Uses `row_sum` (the kernel declares `LANES`).
     pub reduce: bool,
-    /// Reads the KV cache (`kv_t`, `k_at`, `v_at`).
+    /// Reads the KV cache (`kv_t`, `k_at`, `v_at`); implies `batch`.
     pub kv: bool,
+    /// Reads the batch's rows and block tables (`row_pos`, `row_table`, `kv_slot`; the kernel
+    /// binds `batch`).
+    pub batch: bool,
     /// Writes it (`store_k`, `store_v`: a pair of values at an even index).
     pub kv_write: bool,
     /// Calls `act`, the gated FFN's activation.
@@ -40,6 +43,9 @@ pub fn assemble(gpu: &Gpu, kernel: &str, needs: Needs, consts: &[(&str, u32)]) -
         src.push_str("enable subgroups;\n");
     }
     src.push_str(super::kernels::PARAMS_WGSL);
+    if needs.kv || needs.kv_write || needs.batch {
+        src.push_str(&batch_prelude());
+    }
     if needs.kv || needs.kv_write {
         src.push_str(&kv_prelude(gpu.kv, needs.kv_write));
     }
@@ -69,10 +75,23 @@ pub fn assemble(gpu: &Gpu, kernel: &str, needs: Needs, consts: &[(&str, u32)]) -
     src
 }
 
+/// The batch buffer's accessors (layout: `kernels::BatchLayout`): row r of a pass is the token
+/// at position `row_pos(r)` of the sequence whose block table starts at word `row_table(r)`; its
+/// keys and values live in cache row `kv_slot(table, pos)` (the pool's block of that position).
+fn batch_prelude() -> String {
+    format!(
+        "const KV_BLOCK: u32 = {block}u;\n\
+         fn row_pos(r: u32) -> u32 {{ return batch[2u * r]; }}\n\
+         fn row_table(r: u32) -> u32 {{ return batch[2u * r + 1u]; }}\n\
+         fn kv_slot(table: u32, pos: u32) -> u32 {{ return batch[table + pos / KV_BLOCK] * KV_BLOCK + pos % KV_BLOCK; }}\n",
+        block = super::kernels::KV_BLOCK
+    )
+}
+
 /// The KV cache's element type and accessors, for kernels that bind `k_cache` and `v_cache`:
-/// `k_at(i)`, `v_at(i)` read value i of the pass's sequence; with `write`, `store_k(i, a, b)` and
-/// `store_v` write values i and i + 1 (i even: a packed word holds the pair). A sequence's values
-/// start at element `params.kv_base` of the cache (its slot: 0 but for beam search).
+/// `k_at(i)`, `v_at(i)` read value i of the cache (a position's values start at its
+/// `kv_slot(..) * KV_DIM`); with `write`, `store_k(i, a, b)` and `store_v` write values i and
+/// i + 1 (i even: a packed word holds the pair).
 fn kv_prelude(kv: super::KvStore, write: bool) -> String {
     use super::KvStore::*;
     let (ty, load, store) = match kv {
@@ -86,12 +105,10 @@ fn kv_prelude(kv: super::KvStore, write: bool) -> String {
     let mut src = format!("alias kv_t = {ty};\n");
     for (name, cache) in [("k", "k_cache"), ("v", "v_cache")] {
         let load = load.replace("CACHE", cache);
-        src.push_str(&format!("fn {name}_at(i: u32) -> f32 {{ let j = params.kv_base + i; return {load}; }}\n"));
+        src.push_str(&format!("fn {name}_at(j: u32) -> f32 {{ return {load}; }}\n"));
         if write {
             let body = store.replace("CACHE", cache);
-            src.push_str(&format!(
-                "fn store_{name}(i: u32, a: f32, b: f32) {{ let j = params.kv_base + i; {body} }}\n"
-            ));
+            src.push_str(&format!("fn store_{name}(j: u32, a: f32, b: f32) {{ {body} }}\n"));
         }
     }
     src

@@ -79,6 +79,10 @@ struct BenchArgs {
     /// Also time each kernel family (one dispatch per submission) for a prefill and a decode step.
     #[arg(long)]
     profile: bool,
+    /// Also time batched decode of this many sequences at once (comma-separated, e.g.
+    /// 1,2,4,8,16,32): aggregate and per-sequence decode tok/s, each prompt --prompt-tokens long.
+    #[arg(long, value_delimiter = ',', value_parser = at_least_one)]
+    batch: Vec<usize>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -91,9 +95,10 @@ enum Backend {
 struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// The prompt text.
-    #[arg(long)]
-    prompt: String,
+    /// The prompt text. Given more than once, the prompts run as one batch (every decode step
+    /// takes all of them); --json lines then carry "seq" (the prompt's index, from 0).
+    #[arg(long, required = true)]
+    prompt: Vec<String>,
     /// Wrap the prompt as one user message in the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -333,14 +338,32 @@ async fn generate(args: GenerateArgs) -> Result<(), Error> {
             });
         }
     }
+    if args.prompt.len() > 1 && beam_options.is_some() {
+        return Err(Error::InvalidOption {
+            name: "--beams",
+            value: format!("with {} prompts", args.prompt.len()),
+            expected: "one --prompt: beam search runs one prompt's beams as its batch".into(),
+        });
+    }
     let mut engine = load(&args.model).await?;
-    let prompt = if args.chat {
-        let mut messages: Vec<Message> = args.system.into_iter().map(|s| Message::new("system", s)).collect();
-        messages.push(Message::new("user", args.prompt));
-        Prompt::Chat(messages)
-    } else {
-        Prompt::Text(args.prompt)
-    };
+    let prompts: Vec<Prompt> = args
+        .prompt
+        .into_iter()
+        .map(|text| {
+            if args.chat {
+                let mut messages: Vec<Message> =
+                    args.system.iter().map(|s| Message::new("system", s.clone())).collect();
+                messages.push(Message::new("user", text));
+                Prompt::Chat(messages)
+            } else {
+                Prompt::Text(text)
+            }
+        })
+        .collect();
+    if prompts.len() > 1 {
+        return generate_batch(&mut engine, prompts, options, args.json, seed).await;
+    }
+    let prompt = prompts.into_iter().next().expect("at least one --prompt");
 
     if let Some(mut options) = beam_options {
         if !args.ignore_eos {
@@ -387,6 +410,44 @@ async fn generate(args: GenerateArgs) -> Result<(), Error> {
     Ok(())
 }
 
+/// Several prompts as one batch: --json streams each token as it comes with its "seq"; text
+/// prints each sequence's whole output once all are done.
+async fn generate_batch(
+    engine: &mut Engine,
+    prompts: Vec<Prompt>,
+    options: GenerateOptions,
+    json: bool,
+    seed: u64,
+) -> Result<(), Error> {
+    let requests: Vec<(Prompt, GenerateOptions)> = prompts.into_iter().map(|p| (p, options.clone())).collect();
+    let mut texts = vec![String::new(); requests.len()];
+    let mut stdout = std::io::stdout().lock();
+    GENERATING.store(true, Ordering::SeqCst);
+    let stats = engine
+        .generate_batch(&requests, &mut |seq, ev| {
+            let written = if json {
+                writeln!(stdout, "{}", serde_json::json!({ "seq": seq, "id": ev.id, "text": ev.text }))
+            } else {
+                texts[seq].push_str(&ev.text);
+                Ok(())
+            };
+            written.is_ok() && !INTERRUPTED.load(Ordering::SeqCst)
+        })
+        .await?;
+    for (seq, (s, text)) in stats.iter().zip(&texts).enumerate() {
+        if json {
+            let _ = writeln!(stdout, "{}", serde_json::json!({ "seq": seq, "stats": stats_json(s, seed) }));
+        } else {
+            let _ = writeln!(stdout, "# sequence {seq}\n{text}");
+        }
+        eprintln!(
+            "sequence {seq}: prompt tokens: {}, generated tokens: {}, decode: {:.1} tok/s, stop: {:?}",
+            s.prompt_tokens, s.generated_tokens, s.decode_tok_s, s.stop_reason
+        );
+    }
+    Ok(())
+}
+
 fn stats_json(s: &Stats, seed: u64) -> serde_json::Value {
     serde_json::json!({
         "prompt_tokens": s.prompt_tokens,
@@ -423,11 +484,15 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
     let needed = longest
         .checked_add(args.gen_tokens)
         .ok_or_else(|| bench_overflow(&args, longest, args.model.context_length))?;
+    // --batch B needs B prompts and their tokens in the KV pool at once.
+    let batch_needed = args.batch.iter().max().map_or(0, |&b| b.saturating_mul(args.prompt_tokens + args.gen_tokens));
     match args.model.context_length {
         Some(context) if needed > context => return Err(bench_overflow(&args, longest, Some(context))),
         Some(_) => {}
-        // --context asks for that much: load with room for it.
-        None if !args.context.is_empty() => args.model.context_length = Some(needed),
+        // --context or --batch asks for that much: load with room for it.
+        None if !args.context.is_empty() || batch_needed > 0 => {
+            args.model.context_length = Some(needed.max(batch_needed))
+        }
         None => {}
     }
     let mut engine = match &args.synthetic {
@@ -470,7 +535,7 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
             report.print(&engine, &s);
         }
         if args.profile {
-            if let Some(m) = engine.gpu_model() {
+            if let Some(m) = engine.gpu_model_mut() {
                 for (what, n, start) in
                     [("prefill", prompt_tokens.min(webgpu_llm::gpu::PREFILL_CHUNK), 0), ("decode", 1, prompt_tokens)]
                 {
@@ -481,6 +546,67 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
                     println!("profile {what} ({n} tokens, {clock}): {total:.3} ms = {}", parts.join(", "));
                 }
             }
+        }
+    }
+    if !args.batch.is_empty() {
+        bench_batch(&mut engine, &args, &all_tokens).await?;
+    }
+    Ok(())
+}
+
+/// `bench --batch`: B prompts (each its own first token, so nothing is shared) decoded together;
+/// decode is timed from the moment every sequence has its first token, so prefill is left out.
+async fn bench_batch(engine: &mut Engine, args: &BenchArgs, all_tokens: &[u32]) -> Result<(), Error> {
+    let prompt_tokens = args.prompt_tokens.min(all_tokens.len());
+    let vocab = engine.config.vocab_size as u32;
+    let mut single = None;
+    if !args.json {
+        println!("batched decode ({prompt_tokens}-token prompts, {} tokens each):", args.gen_tokens);
+        println!("{:>6} {:>18} {:>20} {:>8}", "batch", "aggregate tok/s", "per-sequence tok/s", "vs one");
+    }
+    for &b in &args.batch {
+        let requests: Vec<(Prompt, GenerateOptions)> = (0..b)
+            .map(|i| {
+                let mut tokens = all_tokens[..prompt_tokens].to_vec();
+                tokens[0] = (tokens[0] + 2 + i as u32) % vocab;
+                let options = GenerateOptions {
+                    max_tokens: args.gen_tokens,
+                    sampling: SamplingParams::greedy(),
+                    ignore_eos: true,
+                    ..GenerateOptions::default()
+                };
+                (Prompt::Tokens(tokens), options)
+            })
+            .collect();
+        let mut first = vec![false; b];
+        let (mut started, mut decoded) = (None, 0usize);
+        engine
+            .generate_batch(&requests, &mut |seq, _| {
+                if first[seq] {
+                    decoded += 1;
+                } else {
+                    first[seq] = true;
+                    if first.iter().all(|&f| f) {
+                        started = Some(web_time::Instant::now());
+                    }
+                }
+                true
+            })
+            .await?;
+        let secs = started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let aggregate = decoded as f64 / secs.max(1e-9);
+        let base = *single.get_or_insert(aggregate / b as f64);
+        if args.json {
+            let line = serde_json::json!({
+                "batch": b,
+                "aggregate_decode_tok_s": aggregate,
+                "per_sequence_decode_tok_s": aggregate / b as f64,
+                "prompt_tokens": prompt_tokens,
+                "gen_tokens": args.gen_tokens,
+            });
+            println!("{line}");
+        } else {
+            println!("{b:>6} {aggregate:>18.2} {:>20.2} {:>7.2}x", aggregate / b as f64, aggregate / base);
         }
     }
     Ok(())

@@ -1,10 +1,18 @@
 //! Wrapper of shaders/argmax.wgsl (greedy decoding on the GPU).
 
-use super::{Dispatch, Groups, Traffic};
+use super::{Dispatch, Groups, Traffic, MAX_BATCH};
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::Gpu;
 
-pub fn argmax(gpu: &Gpu, cache: &mut PipelineCache, n: usize, logits: &wgpu::Buffer, out: &wgpu::Buffer) -> Dispatch {
+/// The argmax of each of the pass's rows of `n` logits into `out` (a u32 a row).
+pub fn argmax(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    params: &wgpu::Buffer,
+    n: usize,
+    logits: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+) -> Dispatch {
     let pipeline = cache.get(
         gpu,
         "argmax",
@@ -13,7 +21,7 @@ pub fn argmax(gpu: &Gpu, cache: &mut PipelineCache, n: usize, logits: &wgpu::Buf
         &[],
         &[("N", n as f64)],
     );
-    let bind_group = gpu.bind_group("argmax", &pipeline, &[logits, out]);
+    let bind_group = gpu.bind_group("argmax", &pipeline, &[logits, out, params]);
     let traffic = Traffic { activations: n as u64 * 4 + 4, ..Default::default() };
-    Dispatch { label: "argmax", pipeline, bind_group, groups: Groups::fixed(1, 1), traffic }
+    Dispatch { label: "argmax", pipeline, bind_group, groups: Groups::fixed(1, MAX_BATCH as u32), traffic }
 }

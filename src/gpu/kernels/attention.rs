@@ -25,19 +25,19 @@ fn decode_threads(gpu: &Gpu) -> u32 {
 }
 
 /// The chunk records decode attention passes from its first kernel to its second: floats
-/// for a context of `context` keys.
+/// for one sequence's query over a context of `context` keys (a batch takes one such a row).
 pub fn decode_partials_len(c: &ModelConfig, context: usize) -> usize {
     c.n_heads * context.div_ceil(DECODE_CHUNK) * (c.head_dim + 2)
 }
 
 /// Decode attention as two dispatches: every (chunk of keys, KV head) for all the group's query
 /// heads, then the merge of the chunks per head (shaders/attention_decode.wgsl,
-/// shaders/attention_combine.wgsl). `partials` holds `decode_partials_len(c, context)` floats.
+/// shaders/attention_combine.wgsl), for each of the pass's rows (a sequence's query each).
+/// `partials` holds `decode_partials_len(c, context)` floats a row.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode(
     gpu: &Gpu,
     cache: &mut PipelineCache,
-    params: &wgpu::Buffer,
     c: &ModelConfig,
     kind: AttentionKind,
     context: usize,
@@ -46,6 +46,7 @@ pub fn attention_decode(
     v_cache: &wgpu::Buffer,
     partials: &wgpu::Buffer,
     out: &wgpu::Buffer,
+    batch: &wgpu::Buffer,
 ) -> [Dispatch; 2] {
     let group = c.n_heads / c.n_kv_heads;
     let chunks = context.div_ceil(DECODE_CHUNK);
@@ -60,19 +61,20 @@ pub fn attention_decode(
         ("KV_DIM", c.kv_dim() as f64),
         ("GROUP", group as f64),
         ("MAX_CHUNKS", chunks as f64),
+        ("QKV_STRIDE", (c.q_dim() + 2 * c.kv_dim()) as f64),
         ("SCALE", kind.scale as f64),
         window,
     ];
     let needs = Needs { kv: true, ..Default::default() };
     let source = include_str!("../../../shaders/attention_decode.wgsl");
     let pipeline = cache.get(gpu, "attention_decode", source, needs, &consts, &overrides);
-    let bind_group = gpu.bind_group("attention_decode", &pipeline, &[params, qkv, k_cache, v_cache, partials]);
+    let bind_group = gpu.bind_group("attention_decode", &pipeline, &[qkv, k_cache, v_cache, partials, batch]);
     let (q_bytes, records) = (4 * c.q_dim() as u64, 4 * (c.n_heads * (c.head_dim + 2)) as u64);
     let split = Dispatch {
         label: "attention_decode",
         pipeline,
         bind_group,
-        groups: Groups::fixed(chunks as u32, c.n_kv_heads as u32),
+        groups: Groups { fixed: [chunks as u32, c.n_kv_heads as u32, 1], tokens: Some((2, 1)) },
         // q, every key and value attended, the chunk records written.
         traffic: Traffic {
             activations: q_bytes,
@@ -84,13 +86,14 @@ pub fn attention_decode(
     };
     let source = include_str!("../../../shaders/attention_combine.wgsl");
     let overrides = [("MAX_CHUNKS", chunks as f64), window];
-    let pipeline = cache.get(gpu, "attention_combine", source, Needs::default(), &consts, &overrides);
-    let bind_group = gpu.bind_group("attention_combine", &pipeline, &[params, partials, out]);
+    let needs = Needs { batch: true, ..Default::default() };
+    let pipeline = cache.get(gpu, "attention_combine", source, needs, &consts, &overrides);
+    let bind_group = gpu.bind_group("attention_combine", &pipeline, &[partials, out, batch]);
     let combine = Dispatch {
         label: "attention_combine",
         pipeline,
         bind_group,
-        groups: Groups::fixed(c.n_heads as u32, 1),
+        groups: Groups::per_token(c.n_heads as u32, 1, 1),
         // The records read, the output written.
         traffic: Traffic {
             activations: q_bytes,
@@ -122,6 +125,7 @@ pub fn attention_prefill(
     k_cache: &wgpu::Buffer,
     v_cache: &wgpu::Buffer,
     out: &wgpu::Buffer,
+    batch: &wgpu::Buffer,
 ) -> Dispatch {
     let hd = c.head_dim as u32;
     let bk = key_block(hd, gpu.limits.max_compute_workgroup_storage_size);
@@ -140,7 +144,7 @@ pub fn attention_prefill(
         KernelStyle::Cpu => (include_str!("../../../shaders/attention_prefill_direct.wgsl"), 64),
     };
     let pipeline = cache.get(gpu, "attention_prefill", source, needs, &consts, &overrides);
-    let bind_group = gpu.bind_group("attention_prefill", &pipeline, &[params, qkv, k_cache, v_cache, out]);
+    let bind_group = gpu.bind_group("attention_prefill", &pipeline, &[params, qkv, k_cache, v_cache, out, batch]);
     let mut groups = Groups::per_token(1, 0, queries_per_group);
     groups.fixed[1] = c.n_heads as u32;
     // Prefill only: the decode ledger never counts it.

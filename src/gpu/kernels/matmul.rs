@@ -16,43 +16,57 @@ pub enum Epilogue {
     Add,
 }
 
-/// y = W x for one token, or W rms_norm(x) with `norm` = (norm weights, epsilon). Gated-pair
-/// parts write act(gate) * up; others store or add.
+/// What a decode pass's matrix-vector products share: the pass's params (`rows` of x to take)
+/// and MB, the batch rows taken per pass over the weights (1 for a single sequence's step).
+#[derive(Clone, Copy)]
+pub struct GemvBatch<'a> {
+    pub params: &'a wgpu::Buffer,
+    pub mb: u32,
+}
+
+/// y = W x for each of the pass's rows of x (rows of `y_stride` in y), or W rms_norm(x) with
+/// `norm` = (norm weights, epsilon). Gated-pair parts write act(gate) * up; others store or add.
 #[allow(clippy::too_many_arguments)]
 pub fn gemv(
     gpu: &Gpu,
     cache: &mut PipelineCache,
+    batch: GemvBatch,
     w: &Linear,
     act: Activation,
     epilogue: Epilogue,
     norm: Option<(&wgpu::Buffer, f32)>,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
+    y_stride: usize,
 ) -> Vec<Dispatch> {
-    gemv_with(gpu, cache, w, act, epilogue, None, norm, x, y)
+    gemv_with(gpu, cache, batch, w, act, epilogue, None, norm, x, y, y_stride)
 }
 
 /// The decode step's q|k|v projection doing rope_kv's work in its epilogue (when
 /// `fold.applies`): q rotated into y, k rotated and v into the cache.
+#[allow(clippy::too_many_arguments)]
 pub fn gemv_rope_kv(
     gpu: &Gpu,
     cache: &mut PipelineCache,
+    batch: GemvBatch,
     w: &Linear,
     fold: &RopeKvFold,
     norm: Option<(&wgpu::Buffer, f32)>,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
+    y_stride: usize,
 ) -> Vec<Dispatch> {
-    gemv_with(gpu, cache, w, Activation::Silu, Epilogue::Store, Some(fold), norm, x, y)
+    gemv_with(gpu, cache, batch, w, Activation::Silu, Epilogue::Store, Some(fold), norm, x, y, y_stride)
 }
 
 /// gemv.wgsl's epilogue 3 when not folding RoPE in: it calls nothing.
-const NO_ROPE_KV: &str = "fn rope_kv_pair(row: u32, a: f32, b: f32) {}\n";
+const NO_ROPE_KV: &str = "fn rope_kv_pair(m: u32, row: u32, a: f32, b: f32) {}\n";
 
 #[allow(clippy::too_many_arguments)]
 fn gemv_with(
     gpu: &Gpu,
     cache: &mut PipelineCache,
+    batch: GemvBatch,
     w: &Linear,
     act: Activation,
     epilogue: Epilogue,
@@ -60,9 +74,11 @@ fn gemv_with(
     norm: Option<(&wgpu::Buffer, f32)>,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
+    y_stride: usize,
 ) -> Vec<Dispatch> {
     let kernel = [GEMV, fold.map_or(NO_ROPE_KV, |_| GEMV_ROPE_KV)].concat();
-    let consts = fold.map(|f| f.consts());
+    let mut consts = vec![("MB", batch.mb)];
+    consts.extend(fold.map(|f| f.consts()).into_iter().flatten());
     w.parts
         .iter()
         .map(|p| {
@@ -76,6 +92,7 @@ fn gemv_with(
                 ("COLS", p.cols as f64),
                 ("ROW_WORDS", p.row_words as f64),
                 ("ROW_COUNT", p.rows as f64),
+                ("Y_STRIDE", y_stride as f64),
                 ("OUT", p.out as f64),
                 ("EPILOGUE", mode as f64),
                 ("LANES", gpu.gemv_lanes() as f64),
@@ -87,16 +104,20 @@ fn gemv_with(
                 reduce: true,
                 act: Some(if p.pair { act } else { Activation::Silu }),
                 kv_write: fold.is_some(),
+                batch: fold.is_some(),
                 rope: fold.is_some(),
                 ..Default::default()
             };
-            let pipeline = cache.get(gpu, "gemv", &kernel, needs, consts.as_ref().map_or(&[], |c| &c[..]), &overrides);
+            let pipeline = cache.get(gpu, "gemv", &kernel, needs, &consts, &overrides);
             let nw = norm.map_or(x, |n| n.0);
+            let params = batch.params;
             let bind_group = match fold {
-                Some(f) => {
-                    gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, nw, f.params, f.table, f.k_cache, f.v_cache])
-                }
-                None => gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, nw]),
+                Some(f) => gpu.bind_group(
+                    "gemv",
+                    &pipeline,
+                    &[&p.buffer, x, y, nw, params, f.table, f.k_cache, f.v_cache, f.batch],
+                ),
+                None => gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, nw, params]),
             };
             let rows_per_group = 256 / gpu.gemv_lanes();
             let groups = Groups::spread(

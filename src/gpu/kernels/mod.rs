@@ -15,36 +15,59 @@ pub use act_mul::act_mul;
 pub use argmax::argmax;
 pub use attention::{attention_decode, attention_prefill, decode_partials_len, DECODE_CHUNK};
 pub use embed::embed;
-pub use matmul::{gemm, gemv, gemv_rope_kv, Epilogue};
+pub use matmul::{gemm, gemv, gemv_rope_kv, Epilogue, GemvBatch};
 pub use norm::{rms_norm, NormOut};
 pub use rope::{rope_kv, rope_table, QkvExtras, RopeKvFold};
 pub use top_k::{top_k, MAX_TOP_K, TOP_K_WORDS};
 
 /// `Params` in WGSL, field for field: `shader::assemble` prepends it to every kernel.
-pub const PARAMS_WGSL: &str = "struct Params { n_tokens: u32, start_pos: u32, seq_len: u32, kv_base: u32 }\n";
+pub const PARAMS_WGSL: &str = "struct Params { n_tokens: u32, rows: u32, pad0: u32, pad1: u32 }\n";
 
-/// The uniform every per-token kernel reads, written once per forward pass (declared for the
-/// kernels by PARAMS_WGSL).
+/// The uniform every per-token kernel reads, written when a pass's shape changes (declared for
+/// the kernels by PARAMS_WGSL). Where each token is — its position and its sequence's block
+/// table — is in the batch buffer (`BatchLayout`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Params {
+    /// Tokens in the pass: a prefill chunk's, or a decode step's batch rows.
     pub n_tokens: u32,
-    pub start_pos: u32,
-    /// start_pos + n_tokens: keys attention reads.
-    pub seq_len: u32,
-    /// Element offset of the pass's sequence in the KV cache: 0, or a beam's slot.
-    pub kv_base: u32,
+    /// Rows the matrix-vector products take: a decode step's batch, or 1 (the last prefill
+    /// token's normalized row, for its logits).
+    pub rows: u32,
+    pub pad0: u32,
+    pub pad1: u32,
 }
 
 impl Params {
-    /// A pass of `n_tokens` tokens at positions `start_pos ..`.
-    pub fn at(start_pos: usize, n_tokens: usize) -> Self {
-        Self {
-            n_tokens: n_tokens as u32,
-            start_pos: start_pos as u32,
-            seq_len: (start_pos + n_tokens) as u32,
-            kv_base: 0,
-        }
+    pub fn new(n_tokens: usize, rows: usize) -> Self {
+        Self { n_tokens: n_tokens as u32, rows: rows as u32, pad0: 0, pad1: 0 }
+    }
+}
+
+/// Tokens per KV-cache block (page): a sequence's cache is a list of blocks of the pool
+/// (`crate::kv_pool`), its block table in the batch buffer.
+pub const KV_BLOCK: usize = 16;
+/// Sequences one decode step runs at most (decode attention's chunk records are sized for them).
+pub const MAX_BATCH: usize = 32;
+/// Rows a pass holds at most: a prefill chunk or a decode batch.
+pub const MAX_ROWS: usize = 256;
+
+/// The batch buffer, u32 words: row r's (position, word where its sequence's block table starts)
+/// at 2r and 2r + 1 for the MAX_ROWS rows, then one block table of `max_blocks` words per
+/// sequence slot (`kernels` read them through `row_pos`, `row_table`, `kv_slot`).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchLayout {
+    pub max_blocks: usize,
+    pub max_seqs: usize,
+}
+
+impl BatchLayout {
+    /// The word where sequence slot `seq`'s block table starts.
+    pub fn table(&self, seq: usize) -> usize {
+        2 * MAX_ROWS + seq * self.max_blocks
+    }
+    pub fn words(&self) -> usize {
+        self.table(self.max_seqs)
     }
 }
 

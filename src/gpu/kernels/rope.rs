@@ -31,11 +31,12 @@ pub struct QkvExtras<'a> {
 }
 
 /// Where the decode qkv projection sends its rows when it does rope_kv's work itself
-/// (gemv_rope_kv.wgsl): the step's position (params), the RoPE table and the layer's cache.
+/// (gemv_rope_kv.wgsl): the rows' positions and block tables (batch), the RoPE table and the
+/// layer's cache.
 pub struct RopeKvFold<'a> {
     pub config: &'a ModelConfig,
     pub rope: &'a Rope,
-    pub params: &'a wgpu::Buffer,
+    pub batch: &'a wgpu::Buffer,
     pub table: &'a wgpu::Buffer,
     pub k_cache: &'a wgpu::Buffer,
     pub v_cache: &'a wgpu::Buffer,
@@ -91,6 +92,7 @@ pub fn rope_kv(
     table: &wgpu::Buffer,
     k_cache: &wgpu::Buffer,
     v_cache: &wgpu::Buffer,
+    batch: &wgpu::Buffer,
 ) -> Dispatch {
     let hd = c.head_dim as u32;
     let consts = [("HD", hd), ("HD_POW2", hd.next_power_of_two())];
@@ -107,7 +109,7 @@ pub fn rope_kv(
     let pipeline = cache.get(gpu, "rope_kv", include_str!("../../../shaders/rope_kv.wgsl"), needs, &consts, &overrides);
     let bias = extras.bias.unwrap_or(table);
     let norm = extras.qk_norm.map_or(table, |n| n.0);
-    let bind_group = gpu.bind_group("rope_kv", &pipeline, &[params, qkv, table, k_cache, v_cache, bias, norm]);
+    let bind_group = gpu.bind_group("rope_kv", &pipeline, &[params, qkv, table, k_cache, v_cache, bias, norm, batch]);
     let heads = (c.n_heads + 2 * c.n_kv_heads) as u32;
     // The qkv row and this position's cos/sin read, q rotated in place, k and v into the cache.
     let (q, kv) = (c.q_dim() as u64, c.kv_dim() as u64);
