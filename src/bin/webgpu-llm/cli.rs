@@ -485,7 +485,9 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
         .checked_add(args.gen_tokens)
         .ok_or_else(|| bench_overflow(&args, longest, args.model.context_length))?;
     // --batch B needs B prompts and their tokens in the KV pool at once.
-    let batch_needed = args.batch.iter().max().map_or(0, |&b| b.saturating_mul(args.prompt_tokens + args.gen_tokens));
+    // (Each sequence holds whole blocks of the pool.)
+    let per_seq = (args.prompt_tokens + args.gen_tokens).next_multiple_of(webgpu_llm::gpu::kernels::KV_BLOCK);
+    let batch_needed = args.batch.iter().max().map_or(0, |&b| b.saturating_mul(per_seq));
     match args.model.context_length {
         Some(context) if needed > context => return Err(bench_overflow(&args, longest, Some(context))),
         Some(_) => {}
