@@ -185,6 +185,7 @@ export interface Message {
  * and, for the engine's errors, a `code` to act on: "device-lost" (load the model again),
  * "out-of-gpu-memory" (a smaller model or context), "invalid-file", "unsupported",
  * "invalid-metadata", "tokenizer", "chat-template", "invalid-option", "context-overflow",
+ * "kv-pool-full", "too-many-sequences",
  * "non-finite", "invalid-prompt", "no-gpu", "gpu-limit", "gpu", "io", "stalled" (the browser
  * did not answer a read or a GPU request, twice, or a download stopped: try again).
  */
