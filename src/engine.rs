@@ -10,6 +10,7 @@ use crate::gpu::{BatchReadback, CounterSnapshot, Gpu, GpuModel, GpuOptions, InFl
 use crate::kv_pool::SeqId;
 use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
 use crate::sampling::{all_finite, argmax, Candidate, Sampler, SamplingParams, Tail};
+use crate::speculate::{self, Drafter, Speculation, SpeculationStats};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use web_time::Instant;
 
@@ -58,6 +59,8 @@ pub struct GenerateOptions {
     /// Attach the this many most likely candidates to every token event (reads the logits back
     /// every step; 0 = off, the fast path).
     pub top_candidates: usize,
+    /// Speculative decoding (greedy only): draft tokens cheaply, check them in one pass.
+    pub speculate: Option<Speculation>,
 }
 
 impl GenerateOptions {
@@ -69,6 +72,16 @@ impl GenerateOptions {
                 value: "0".into(),
                 expected: "must be at least 1",
             });
+        }
+        if let Some(spec) = &self.speculate {
+            spec.validate()?;
+            if !self.sampling.is_greedy() || self.sampling.has_penalties() || self.top_candidates > 0 {
+                return Err(Error::InvalidOption {
+                    name: "speculate",
+                    value: format!("{:?}", spec.drafter),
+                    expected: "greedy decoding without penalties or candidates (temperature 0): speculative sampling is not supported yet".into(),
+                });
+            }
         }
         if self.stop.iter().any(String::is_empty) {
             return Err(Error::InvalidSamplingParameter {
@@ -89,6 +102,7 @@ impl Default for GenerateOptions {
             stop: Vec::new(),
             ignore_eos: false,
             top_candidates: 0,
+            speculate: None,
         }
     }
 }
@@ -140,6 +154,8 @@ pub struct Stats {
     pub decode_steps: usize,
     /// GPU objects created, submissions and bytes read back over the decode steps (GPU only).
     pub decode_counters: Option<CounterSnapshot>,
+    /// What speculative decoding drafted and kept (when asked for).
+    pub speculation: Option<SpeculationStats>,
 }
 
 enum Backend {
@@ -321,7 +337,14 @@ impl Engine {
         let (mut generated, mut decode_steps) = (0, 0);
         // Greedy decoding on the GPU without penalties or candidates needs no logits on the host:
         // it is pipelined (`pipelined_step`), the next step queued before this one's id is read.
-        let pipelined = matches!(self.backend, Backend::Gpu(_)) && !sampler.needs_logits() && want_candidates == 0;
+        let pipelined = matches!(self.backend, Backend::Gpu(_))
+            && !sampler.needs_logits()
+            && want_candidates == 0
+            && options.speculate.is_none();
+        // Speculation: tokens already chosen (the accepted drafts, all in the cache, then the
+        // model's own token after them, not yet), emitted before anything runs again.
+        let mut pending = std::collections::VecDeque::new();
+        let mut spec_stats = options.speculate.map(|_| SpeculationStats::default());
         let mut ahead = None;
         let decode_start = Instant::now();
         let counters_start = self.gpu_counters();
@@ -352,7 +375,11 @@ impl Engine {
                 break StopReason::MaxTokens;
             }
             sampler.accept(next);
-            next = if pipelined {
+            next = if let Some(t) = pending.pop_front() {
+                t
+            } else if let (Some(spec), Some(st)) = (&options.speculate, spec_stats.as_mut()) {
+                self.speculative_step(next, spec, options.max_tokens - generated, &mut pending, st).await?
+            } else if pipelined {
                 self.pipelined_step(next, &mut ahead, generated + 1 < options.max_tokens).await?
             } else {
                 self.run(&[next], &mut sampler, want_candidates, &mut candidates).await?
@@ -379,7 +406,102 @@ impl Engine {
             stop_reason,
             decode_steps,
             decode_counters,
+            speculation: spec_stats,
         })
+    }
+
+    /// The token after `token` (not yet in the cache), with speculation: drafts up to K tokens
+    /// after it (no more than `left` - 1, the tokens still to emit after it), runs `token` and the
+    /// draft in one pass, keeps `token` and the drafted prefix the model agrees with in the cache,
+    /// and queues the accepted tokens and the model's own token after them in `pending`.
+    /// Returns the first of them.
+    async fn speculative_step(
+        &mut self,
+        token: u32,
+        spec: &Speculation,
+        left: usize,
+        pending: &mut std::collections::VecDeque<u32>,
+        stats: &mut SpeculationStats,
+    ) -> Result<u32> {
+        let start = self.cached.len();
+        let k = spec.draft_tokens.min(left.saturating_sub(1)).min(self.context_length.saturating_sub(start + 1));
+        let mut tokens = Vec::with_capacity(k + 1);
+        tokens.push(token);
+        if k > 0 {
+            match spec.drafter {
+                Drafter::Lookup => {
+                    let mut context = self.cached.clone();
+                    context.push(token);
+                    let mut draft = Vec::with_capacity(k);
+                    speculate::lookup(&context, k, &mut draft);
+                    tokens.extend(draft);
+                }
+                Drafter::Layers(layers) => {
+                    let mut prev = token;
+                    for i in 0..k {
+                        prev = match &mut self.backend {
+                            Backend::Gpu(model) => model.draft_step(layers, prev, start + i).await?,
+                            Backend::Cpu { model, cache } => {
+                                let n_layers = model.config.n_layers;
+                                if layers == 0 || layers >= n_layers {
+                                    return Err(Error::InvalidOption {
+                                        name: "speculate",
+                                        value: format!("layers:{layers}"),
+                                        expected: format!("layers:L with L from 1 to {}", n_layers - 1),
+                                    });
+                                }
+                                argmax(&model.forward_layers(cache, &[prev], Logits::Last, layers)?)
+                            }
+                        };
+                        stats.draft_passes += 1;
+                        tokens.push(prev);
+                    }
+                    // The draft's partial layers leave the CPU cache's lengths uneven.
+                    if let Backend::Cpu { cache, .. } = &mut self.backend {
+                        cache.truncate(start, self.config.kv_dim());
+                    }
+                }
+            }
+        }
+        stats.passes += 1;
+        if tokens.len() == 1 {
+            let mut sampler = Sampler::new(SamplingParams::greedy(), self.config.vocab_size)?;
+            return self.run(&[token], &mut sampler, 0, &mut Vec::new()).await;
+        }
+        let draft = &tokens[1..];
+        // The model's token after each of the pass's positions.
+        let mut verified = vec![0u32; tokens.len()];
+        match &mut self.backend {
+            Backend::Gpu(model) => {
+                let seq = model.main_sequence();
+                let rows: Vec<(SeqId, u32, usize)> =
+                    tokens.iter().enumerate().map(|(i, &t)| (seq, t, start + i)).collect();
+                model.decode_batch(&rows, BatchReadback::Argmax(&mut verified)).await?;
+            }
+            Backend::Cpu { model, cache } => {
+                let logits = model.forward(cache, &tokens, Logits::All)?;
+                let vocab = self.config.vocab_size;
+                if !all_finite(&logits) {
+                    return Err(Error::NonFiniteLogits { position: start + 1 });
+                }
+                for (v, row) in verified.iter_mut().zip(logits.chunks_exact(vocab)) {
+                    *v = argmax(row);
+                }
+            }
+        }
+        if let Some(&id) = verified.iter().find(|&&id| id as usize >= self.config.vocab_size) {
+            return Err(Error::TokenOutOfRange { id, vocab_size: self.config.vocab_size });
+        }
+        let j = speculate::accepted(draft, &verified);
+        stats.drafted += draft.len();
+        stats.accepted += j;
+        // `token` and the accepted drafts stay in the cache; the rejected ones go.
+        self.cached.extend_from_slice(&tokens[..1 + j]);
+        let keep = self.cached.len();
+        self.truncate_cache(keep);
+        pending.extend(&draft[..j]);
+        pending.push_back(verified[j]);
+        Ok(pending.pop_front().expect("one token at least"))
     }
 
     /// Runs tokens after the cached ones and samples the next token. Reads back only what the
@@ -666,6 +788,7 @@ impl<'a> BatchSeq<'a> {
             stop_reason: self.stop.unwrap_or(StopReason::MaxTokens),
             decode_steps: self.decode_steps,
             decode_counters: None,
+            speculation: None,
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod kv_pool;
 pub mod model;
 pub mod quant;
 pub mod sampling;
+pub mod speculate;
 pub mod synthetic;
 pub mod tokenizer;
 #[cfg(target_arch = "wasm32")]

@@ -80,7 +80,7 @@ impl SamplingParams {
         self.temperature == 0.0 || self.top_k == 1
     }
 
-    fn has_penalties(&self) -> bool {
+    pub fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
 }

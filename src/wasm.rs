@@ -44,6 +44,9 @@ struct JsGenerateOptions {
     ignore_eos: bool,
     /// Attach the top-N candidates to each token (the page's "inside the engine" panel).
     candidates: usize,
+    /// Speculative decoding: "lookup" or "layers:L" (greedy only).
+    speculate: Option<String>,
+    draft_tokens: usize,
 }
 
 impl Default for JsGenerateOptions {
@@ -62,6 +65,8 @@ impl Default for JsGenerateOptions {
             stop: Vec::new(),
             ignore_eos: false,
             candidates: 0,
+            speculate: None,
+            draft_tokens: 4,
         }
     }
 }
@@ -339,6 +344,13 @@ async fn generate(
         stop: o.stop,
         ignore_eos: o.ignore_eos,
         top_candidates: o.candidates,
+        speculate: match &o.speculate {
+            Some(s) => Some(crate::speculate::Speculation {
+                drafter: s.parse().map_err(engine_err)?,
+                draft_tokens: o.draft_tokens,
+            }),
+            None => None,
+        },
     };
     // The engine is taken out for the duration, so a concurrent info()/unload() gets an error
     // instead of a borrow panic.

@@ -69,9 +69,11 @@ pub struct Selection<'a> {
 
 #[derive(Clone, Copy, PartialEq)]
 enum Pass<'a> {
-    /// One token for each of the step's rows (sequences), MB rows per pass over the weights.
+    /// One token for each of the step's rows (sequences), MB rows per pass over the weights,
+    /// through the first `layers` layers (all but for self-speculation's drafts).
     Decode {
         mb: u32,
+        layers: usize,
     },
     Prefill,
     /// Prefill that writes every position's logits into the given buffer.
@@ -191,6 +193,8 @@ pub struct GpuModel {
     decode: Vec<Dispatch>,
     /// A batched decode step; made on first use.
     decode_batch: Option<Vec<Dispatch>>,
+    /// Self-speculation's draft step (its layer count and dispatches); made on first use.
+    draft: Option<(usize, Vec<Dispatch>)>,
     prefill: Vec<Dispatch>,
     /// The top-k selection that follows a pass when a sampler asks for it: without and with
     /// the tail.
@@ -344,6 +348,7 @@ impl GpuModel {
             buf,
             decode: Vec::new(),
             decode_batch: None,
+            draft: None,
             prefill: Vec::new(),
             select: Vec::new(),
             all_logits: None,
@@ -361,7 +366,7 @@ impl GpuModel {
             pipelines: PipelineCache::default(),
             gpu,
         };
-        model.decode = model.record(Pass::Decode { mb: 1 });
+        model.decode = model.record(Pass::Decode { mb: 1, layers: model.layers.len() });
         model.prefill = model.record(Pass::Prefill);
         let b = &model.buf;
         let vocab = model.config.vocab_size;
@@ -429,9 +434,9 @@ impl GpuModel {
     /// The whole forward pass as dispatches: prefill (tiled gemm, flash attention) or decode
     /// (gemv, single-query attention, fused gated activation).
     fn record(&mut self, pass: Pass<'_>) -> Vec<Dispatch> {
-        let mb = match pass {
-            Pass::Decode { mb } => mb,
-            _ => 1,
+        let (mb, layers) = match pass {
+            Pass::Decode { mb, layers } => (mb, layers),
+            _ => (1, self.layers.len()),
         };
         let prefill = !matches!(pass, Pass::Decode { .. });
         let (gpu, c, plan, b, p) = (&self.gpu, &self.config, &self.plan, &self.buf, &mut self.pipelines);
@@ -444,7 +449,7 @@ impl GpuModel {
         // per norm); CPU adapters keep the separate pass, which is cheaper there.
         let fuse = !prefill && gpu.style == KernelStyle::Gpu;
         let input = if fuse { &b.x } else { &b.xn };
-        for (i, (l, lp)) in self.layers.iter().zip(&plan.layers).enumerate() {
+        for (i, (l, lp)) in self.layers.iter().zip(&plan.layers).enumerate().take(layers) {
             let (kc, vc) = (&b.k_cache[i], &b.v_cache[i]);
             let rope = &plan.ropes[lp.rope];
             let kind = AttentionKind { scale: plan.attn_scale, window: lp.window };
@@ -849,6 +854,39 @@ impl GpuModel {
         self.dirty[seq.0] = true;
     }
 
+    /// Self-speculation's draft: the decode step of `token` at `pos` of the conversation through
+    /// the first `layers` layers, then the final norm and the LM head; the argmax. It writes those
+    /// layers' keys and values at `pos`, as the whole model would for the same token.
+    pub async fn draft_step(&mut self, layers: usize, token: u32, pos: usize) -> Result<u32> {
+        let n_layers = self.layers.len();
+        if layers == 0 || layers >= n_layers {
+            return Err(Error::InvalidOption {
+                name: "speculate",
+                value: format!("layers:{layers}"),
+                expected: format!("layers:L with L from 1 to {} (the model has {n_layers} layers)", n_layers - 1),
+            });
+        }
+        if self.draft.as_ref().is_none_or(|d| d.0 != layers) {
+            let ops = self.record(Pass::Decode { mb: 1, layers });
+            self.draft = Some((layers, ops));
+        }
+        self.gpu.check()?;
+        self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::bytes_of(&token));
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("draft") });
+        let main = self.main;
+        self.prepare(&mut enc, std::iter::once((main, pos)), Params::new(1, 1))?;
+        Self::encode_ops(&mut enc, &self.draft.as_ref().expect("recorded above").1, 1);
+        let b = &self.buf;
+        enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[0], 0, 4);
+        self.gpu.submit(enc);
+        let id =
+            self.gpu.read_mapped(&b.staging_argmax[0], 4, |bytes| bytemuck::cast_slice::<u8, u32>(bytes)[0]).await?;
+        if id == u32::MAX {
+            return Err(Error::NonFiniteLogits { position: pos + 1 });
+        }
+        Ok(id)
+    }
+
     /// One decode step for several sequences at once: row i runs token `rows[i].1` at position
     /// `rows[i].2` of sequence `rows[i].0` (each sequence at most once). The projections read
     /// each weight once for up to MB rows; attention reads each row's own blocks.
@@ -869,7 +907,7 @@ impl GpuModel {
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batch") });
         self.prepare(&mut enc, rows.iter().map(|r| (r.0, r.2)), Params::new(n, n))?;
         if n > 1 && self.decode_batch.is_none() {
-            self.decode_batch = Some(self.record(Pass::Decode { mb: BATCH_MB }));
+            self.decode_batch = Some(self.record(Pass::Decode { mb: BATCH_MB, layers: self.layers.len() }));
         }
         let ops = if n == 1 { &self.decode } else { self.decode_batch.as_ref().expect("recorded above") };
         Self::encode_ops(&mut enc, ops, n);

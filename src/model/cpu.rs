@@ -138,6 +138,19 @@ impl CpuModel {
     /// Runs `tokens` at positions `cache.len()..`, appends their keys and values to the cache and
     /// returns the logits of the last position (`vocab` values) or of every position (`n * vocab`).
     pub fn forward(&self, cache: &mut CpuKvCache, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        self.forward_layers(cache, tokens, which, self.layers.len())
+    }
+
+    /// `forward` through the first `layers` layers, then the final norm and the LM head
+    /// (self-speculation's draft). Only those layers' caches grow: truncate the cache back to
+    /// its length before, before any whole forward pass.
+    pub fn forward_layers(
+        &self,
+        cache: &mut CpuKvCache,
+        tokens: &[u32],
+        which: Logits,
+        layers: usize,
+    ) -> Result<Vec<f32>> {
         let (c, plan) = (&self.config, &self.plan);
         if tokens.is_empty() {
             return Err(Error::EmptyPrompt);
@@ -171,7 +184,7 @@ impl CpuModel {
         let mut up = vec![0f32; n * c.ffn_dim];
         let mut proj = vec![0f32; n * d];
 
-        for ((li, layer), lp) in self.layers.iter().enumerate().zip(&plan.layers) {
+        for ((li, layer), lp) in self.layers.iter().enumerate().zip(&plan.layers).take(layers) {
             rms_norm(&mut xn, &x, &layer.attn_norm, c.rms_eps);
             matmul(&mut q, &xn, &layer.wq, d);
             matmul(&mut k, &xn, &layer.wk, d);

@@ -11,6 +11,7 @@ use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prom
 use webgpu_llm::gguf::{ByteSource, FileSource, SplitSource};
 use webgpu_llm::gpu::GpuOptions;
 use webgpu_llm::sampling::SamplingParams;
+use webgpu_llm::speculate::{Speculation, SpeculationStats};
 use webgpu_llm::Error;
 
 const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -79,6 +80,13 @@ struct BenchArgs {
     /// Also time each kernel family (one dispatch per submission) for a prefill and a decode step.
     #[arg(long)]
     profile: bool,
+    /// Also time speculative decoding: lookup or layers:L, each bench prompt (prose, a chat
+    /// question, code) without and with it, side by side.
+    #[arg(long)]
+    speculate: Option<String>,
+    /// Tokens drafted per verifying pass with --speculate.
+    #[arg(long, default_value_t = 4, requires = "speculate")]
+    draft_tokens: usize,
     /// Also time batched decode of this many sequences at once (comma-separated, e.g.
     /// 1,2,4,8,16,32): aggregate and per-sequence decode tok/s, each prompt --prompt-tokens long.
     #[arg(long, value_delimiter = ',', value_parser = at_least_one)]
@@ -136,6 +144,13 @@ struct GenerateArgs {
     /// --beams one line {"beams": [{"ids", "text", "score"}, ...]}, best first.
     #[arg(long)]
     json: bool,
+    /// Speculative decoding (greedy only): lookup (an n-gram of the context proposes what
+    /// followed it) or layers:L (the model's first L layers draft).
+    #[arg(long)]
+    speculate: Option<String>,
+    /// Tokens drafted per verifying pass with --speculate.
+    #[arg(long, default_value_t = 4, requires = "speculate")]
+    draft_tokens: usize,
     /// Beam search with N beams (transformers' semantics; deterministic: the sampling flags do
     /// not apply) instead of sampling; prints the N best hypotheses when the search ends.
     #[arg(long, value_parser = at_least_one)]
@@ -312,6 +327,10 @@ async fn generate(args: GenerateArgs) -> Result<(), Error> {
         stop: args.stop,
         ignore_eos: args.ignore_eos,
         top_candidates: 0,
+        speculate: match &args.speculate {
+            Some(s) => Some(Speculation { drafter: s.parse()?, draft_tokens: args.draft_tokens }),
+            None => None,
+        },
     };
     let beam_options = args.beams.map(|beams| BeamOptions {
         beams,
@@ -407,6 +426,9 @@ async fn generate(args: GenerateArgs) -> Result<(), Error> {
         "prompt tokens: {}, generated tokens: {}, TTFT: {:.1} ms, prefill: {:.1} tok/s, decode: {:.1} tok/s, stop: {:?}, seed: {seed}",
         stats.prompt_tokens, stats.generated_tokens, stats.ttft_ms, stats.prefill_tok_s, stats.decode_tok_s, stats.stop_reason
     );
+    if let Some(sp) = &stats.speculation {
+        eprintln!("speculation: {}", speculation_summary(sp, stats.generated_tokens));
+    }
     Ok(())
 }
 
@@ -448,6 +470,19 @@ async fn generate_batch(
     Ok(())
 }
 
+/// Accepted of drafted, and tokens emitted per pass of the whole model.
+fn speculation_summary(sp: &SpeculationStats, generated: usize) -> String {
+    format!(
+        "accepted {} of {} drafted ({:.0}%), {:.2} tokens per forward pass ({} passes, {} draft passes)",
+        sp.accepted,
+        sp.drafted,
+        100.0 * sp.accepted as f64 / sp.drafted.max(1) as f64,
+        generated.saturating_sub(1) as f64 / sp.passes.max(1) as f64,
+        sp.passes,
+        sp.draft_passes
+    )
+}
+
 fn stats_json(s: &Stats, seed: u64) -> serde_json::Value {
     serde_json::json!({
         "prompt_tokens": s.prompt_tokens,
@@ -458,6 +493,7 @@ fn stats_json(s: &Stats, seed: u64) -> serde_json::Value {
         "decode_tok_s": s.decode_tok_s,
         "stop_reason": format!("{:?}", s.stop_reason),
         "seed": seed,
+        "speculation": s.speculation,
     })
 }
 
@@ -552,6 +588,91 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
     }
     if !args.batch.is_empty() {
         bench_batch(&mut engine, &args, &all_tokens).await?;
+    }
+    if let Some(spec) = &args.speculate {
+        let spec = Speculation { drafter: spec.parse()?, draft_tokens: args.draft_tokens };
+        spec.validate()?;
+        bench_speculation(&mut engine, &args, spec).await?;
+    }
+    Ok(())
+}
+
+/// A repetitive prompt (code), where prompt lookup should pay.
+const BENCH_CODE: &str = "Rewrite this function with a loop:\n\ndef total(prices):\n    result = 0\n    result = result + prices[0]\n    result = result + prices[1]\n    result = result + prices[2]\n    result = result + prices[3]\n    return result\n\ndef total(prices):\n";
+
+/// `bench --speculate`: each prompt without and with speculation, greedy, the same tokens
+/// (checked: speculation never changes greedy output).
+async fn bench_speculation(engine: &mut Engine, args: &BenchArgs, spec: Speculation) -> Result<(), Error> {
+    let prompts = [
+        ("prose", Prompt::Text(BENCH_TEXT[..120].to_string())),
+        ("chat", Prompt::Chat(vec![Message::new("user", "What is the capital of France?")])),
+        ("code", Prompt::Text(BENCH_CODE.to_string())),
+    ];
+    if !args.json {
+        println!("speculative decoding ({spec:?}, {} tokens each, greedy):", args.gen_tokens);
+        println!(
+            "{:>6} {:>14} {:>14} {:>10} {:>12} {:>10}",
+            "prompt", "plain tok/s", "spec tok/s", "speedup", "tokens/pass", "accepted"
+        );
+    }
+    for (name, prompt) in prompts {
+        let mut runs = Vec::new();
+        for speculate in [None, Some(spec)] {
+            let options = GenerateOptions {
+                max_tokens: args.gen_tokens,
+                sampling: SamplingParams::greedy(),
+                ignore_eos: true,
+                speculate,
+                ..GenerateOptions::default()
+            };
+            // Each run from an empty cache.
+            engine
+                .generate(
+                    &Prompt::Tokens(vec![0]),
+                    &GenerateOptions { max_tokens: 1, ..GenerateOptions::default() },
+                    &mut |_| true,
+                )
+                .await?;
+            let mut ids = Vec::new();
+            let s = engine
+                .generate(&prompt, &options, &mut |ev| {
+                    ids.push(ev.id);
+                    true
+                })
+                .await?;
+            runs.push((ids, s));
+        }
+        let [(plain_ids, plain), (spec_ids, with)] = &runs[..] else { unreachable!("two runs") };
+        if plain_ids != spec_ids {
+            return Err(Error::InvalidOption {
+                name: "speculate",
+                value: format!("{spec:?}"),
+                expected: format!("the same greedy tokens: they differ on the {name} prompt (a bug: please report it)"),
+            });
+        }
+        let sp = with.speculation.unwrap_or_default();
+        let per_pass = with.generated_tokens.saturating_sub(1) as f64 / sp.passes.max(1) as f64;
+        let rate = sp.accepted as f64 / sp.drafted.max(1) as f64;
+        if args.json {
+            let line = serde_json::json!({
+                "speculate": format!("{spec:?}"),
+                "prompt": name,
+                "plain_decode_tok_s": plain.decode_tok_s,
+                "speculative_decode_tok_s": with.decode_tok_s,
+                "tokens_per_pass": per_pass,
+                "acceptance_rate": rate,
+                "speculation": sp,
+            });
+            println!("{line}");
+        } else {
+            println!(
+                "{name:>6} {:>14.2} {:>14.2} {:>9.2}x {per_pass:>12.2} {:>9.0}%",
+                plain.decode_tok_s,
+                with.decode_tok_s,
+                with.decode_tok_s / plain.decode_tok_s.max(1e-9),
+                100.0 * rate
+            );
+        }
     }
     Ok(())
 }
