@@ -43,6 +43,14 @@ export interface GenerateOptions {
   ignoreEos?: boolean;
   /** Attach the N most likely candidates to every token (reads logits back each step). */
   candidates?: number;
+  /**
+   * Speculative decoding: "lookup" (an n-gram of the context proposes what followed it) or
+   * "layers:L" (the model's first L layers draft). Greedy output and the sampling distribution
+   * are unchanged; not with `candidates`.
+   */
+  speculate?: string;
+  /** Tokens drafted per checking pass with `speculate` (1 to 31). Default 4. */
+  draftTokens?: number;
 }
 
 export interface Candidate {

@@ -59,7 +59,8 @@ pub struct GenerateOptions {
     /// Attach the this many most likely candidates to every token event (reads the logits back
     /// every step; 0 = off, the fast path).
     pub top_candidates: usize,
-    /// Speculative decoding (greedy only): draft tokens cheaply, check them in one pass.
+    /// Speculative decoding: draft tokens cheaply, check them in one pass (greedy output and the
+    /// sampling distribution unchanged).
     pub speculate: Option<Speculation>,
 }
 
@@ -75,11 +76,11 @@ impl GenerateOptions {
         }
         if let Some(spec) = &self.speculate {
             spec.validate()?;
-            if !self.sampling.is_greedy() || self.sampling.has_penalties() || self.top_candidates > 0 {
+            if self.top_candidates > 0 {
                 return Err(Error::InvalidOption {
                     name: "speculate",
                     value: format!("{:?}", spec.drafter),
-                    expected: "greedy decoding without penalties or candidates (temperature 0): speculative sampling is not supported yet".into(),
+                    expected: "no candidates per token (speculation checks several tokens in one pass)".into(),
                 });
             }
         }
@@ -378,7 +379,8 @@ impl Engine {
             next = if let Some(t) = pending.pop_front() {
                 t
             } else if let (Some(spec), Some(st)) = (&options.speculate, spec_stats.as_mut()) {
-                self.speculative_step(next, spec, options.max_tokens - generated, &mut pending, st).await?
+                self.speculative_step(next, spec, &mut sampler, options.max_tokens - generated, &mut pending, st)
+                    .await?
             } else if pipelined {
                 self.pipelined_step(next, &mut ahead, generated + 1 < options.max_tokens).await?
             } else {
@@ -412,13 +414,17 @@ impl Engine {
 
     /// The token after `token` (not yet in the cache), with speculation: drafts up to K tokens
     /// after it (no more than `left` - 1, the tokens still to emit after it), runs `token` and the
-    /// draft in one pass, keeps `token` and the drafted prefix the model agrees with in the cache,
-    /// and queues the accepted tokens and the model's own token after them in `pending`.
-    /// Returns the first of them.
+    /// draft in one pass, keeps `token` and the accepted drafts in the cache, and queues the
+    /// accepted tokens and the token sampled after them in `pending`; returns the first of them.
+    /// Greedy: a draft is accepted when it is the model's argmax. Sampling: the drafters are
+    /// deterministic (a one-hot draft distribution), so speculative sampling's rule is: keep a
+    /// draft with probability p(draft), else draw from p without it (`Sampler::check_draft`);
+    /// each token comes out distributed as plain sampling's.
     async fn speculative_step(
         &mut self,
         token: u32,
         spec: &Speculation,
+        sampler: &mut Sampler,
         left: usize,
         pending: &mut std::collections::VecDeque<u32>,
         stats: &mut SpeculationStats,
@@ -465,34 +471,60 @@ impl Engine {
         }
         stats.passes += 1;
         if tokens.len() == 1 {
-            let mut sampler = Sampler::new(SamplingParams::greedy(), self.config.vocab_size)?;
-            return self.run(&[token], &mut sampler, 0, &mut Vec::new()).await;
+            return self.run(&[token], sampler, 0, &mut Vec::new()).await;
         }
         let draft = &tokens[1..];
-        // The model's token after each of the pass's positions.
+        let vocab = self.config.vocab_size;
+        // Plain greedy needs each position's argmax alone; a sampler every position's logits.
+        let want_logits = sampler.needs_logits();
         let mut verified = vec![0u32; tokens.len()];
+        let mut logits = if want_logits { vec![0f32; tokens.len() * vocab] } else { Vec::new() };
         match &mut self.backend {
             Backend::Gpu(model) => {
                 let seq = model.main_sequence();
                 let rows: Vec<(SeqId, u32, usize)> =
                     tokens.iter().enumerate().map(|(i, &t)| (seq, t, start + i)).collect();
-                model.decode_batch(&rows, BatchReadback::Argmax(&mut verified)).await?;
+                let readback =
+                    if want_logits { BatchReadback::Logits(&mut logits) } else { BatchReadback::Argmax(&mut verified) };
+                model.decode_batch(&rows, readback).await?;
             }
             Backend::Cpu { model, cache } => {
-                let logits = model.forward(cache, &tokens, Logits::All)?;
-                let vocab = self.config.vocab_size;
-                if !all_finite(&logits) {
-                    return Err(Error::NonFiniteLogits { position: start + 1 });
-                }
-                for (v, row) in verified.iter_mut().zip(logits.chunks_exact(vocab)) {
-                    *v = argmax(row);
+                let all = model.forward(cache, &tokens, Logits::All)?;
+                if want_logits {
+                    logits = all;
+                } else {
+                    for (v, row) in verified.iter_mut().zip(all.chunks_exact(vocab)) {
+                        *v = argmax(row);
+                    }
                 }
             }
         }
-        if let Some(&id) = verified.iter().find(|&&id| id as usize >= self.config.vocab_size) {
-            return Err(Error::TokenOutOfRange { id, vocab_size: self.config.vocab_size });
+        if want_logits && !all_finite(&logits) {
+            return Err(Error::NonFiniteLogits { position: start + 1 });
         }
-        let j = speculate::accepted(draft, &verified);
+        let (mut j, mut chosen) = (0, 0);
+        for (i, row) in logits.chunks_exact_mut(vocab).enumerate() {
+            let Some(&d) = draft.get(i) else {
+                chosen = sampler.sample(row);
+                break;
+            };
+            let (id, kept) = sampler.check_draft(row, d);
+            if !kept {
+                chosen = id;
+                break;
+            }
+            // Counted for the penalties of the positions after it; undone below.
+            sampler.accept(d);
+            j += 1;
+        }
+        draft[..j].iter().for_each(|&d| sampler.forget(d));
+        if !want_logits {
+            j = speculate::accepted(draft, &verified);
+            chosen = verified[j];
+        }
+        if chosen as usize >= vocab {
+            return Err(Error::TokenOutOfRange { id: chosen, vocab_size: vocab });
+        }
         stats.drafted += draft.len();
         stats.accepted += j;
         // `token` and the accepted drafts stay in the cache; the rejected ones go.
@@ -500,7 +532,7 @@ impl Engine {
         let keep = self.cached.len();
         self.truncate_cache(keep);
         pending.extend(&draft[..j]);
-        pending.push_back(verified[j]);
+        pending.push_back(chosen);
         Ok(pending.pop_front().expect("one token at least"))
     }
 

@@ -244,6 +244,39 @@ impl Sampler {
         self.draw()
     }
 
+    /// Speculative sampling's check of a drafted token against `logits` (modified in place by
+    /// the penalties): kept with probability p(draft) under the distribution `sample` draws from,
+    /// else a token drawn from that distribution without the draft (the residual max(0, p - q)
+    /// of a draft distribution q that is one-hot: the drafters are deterministic). The token
+    /// that comes out is distributed exactly as `sample`'s. Returns it and whether it is the
+    /// draft.
+    pub fn check_draft(&mut self, logits: &mut [f32], draft: u32) -> (u32, bool) {
+        self.apply_penalties(logits);
+        if self.params.is_greedy() {
+            let id = argmax(logits);
+            return (id, id == draft);
+        }
+        self.filter(logits);
+        let total: f64 = self.candidates.iter().map(|&(_, p)| p as f64).sum();
+        let p = self.candidates.iter().find(|c| c.0 == draft).map_or(0.0, |c| c.1 as f64) / total;
+        if self.rng.next_f64() < p {
+            return (draft, true);
+        }
+        self.candidates.retain(|c| c.0 != draft);
+        (self.draw(), false)
+    }
+
+    /// Undoes `accept(id)` (a drafted token counted for the penalties of the positions after it
+    /// while they are checked, counted again when it is emitted).
+    pub fn forget(&mut self, id: u32) {
+        if let Some(c) = self.counts.get_mut(id as usize) {
+            *c = c.saturating_sub(1);
+            if *c == 0 {
+                self.seen.retain(|&s| s != id);
+            }
+        }
+    }
+
     /// The seeded draw from the kept candidates.
     fn draw(&mut self) -> u32 {
         let total: f64 = self.candidates.iter().map(|&(_, p)| p as f64).sum();

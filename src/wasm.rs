@@ -44,7 +44,7 @@ struct JsGenerateOptions {
     ignore_eos: bool,
     /// Attach the top-N candidates to each token (the page's "inside the engine" panel).
     candidates: usize,
-    /// Speculative decoding: "lookup" or "layers:L" (greedy only).
+    /// Speculative decoding: "lookup" or "layers:L".
     speculate: Option<String>,
     draft_tokens: usize,
 }

@@ -144,7 +144,7 @@ struct GenerateArgs {
     /// --beams one line {"beams": [{"ids", "text", "score"}, ...]}, best first.
     #[arg(long)]
     json: bool,
-    /// Speculative decoding (greedy only): lookup (an n-gram of the context proposes what
+    /// Speculative decoding: lookup (an n-gram of the context proposes what
     /// followed it) or layers:L (the model's first L layers draft).
     #[arg(long)]
     speculate: Option<String>,
