@@ -92,6 +92,8 @@ export interface Info {
   headDim: number;
   vocabSize: number;
   kvBytesPerValue: number;
+  /** The KV cache's pool of blocks (GPU backend): per block, the sequences holding it (0: the conversation). */
+  kvPool?: { blockTokens: number; blocks: number; freeBlocks: number; owners: number[][] };
   backend: string;
   adapter: string;
   f16: boolean;

@@ -116,6 +116,18 @@ struct JsInfo {
     adapter: String,
     f16: bool,
     subgroups: bool,
+    /// The KV cache's block pool (GPU backend).
+    kv_pool: Option<JsKvPool>,
+}
+
+/// The KV pool as the page's panel draws it: per block, the sequences that hold it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsKvPool {
+    block_tokens: usize,
+    blocks: usize,
+    free_blocks: usize,
+    owners: Vec<Vec<usize>>,
 }
 
 /// A JS `Error` for a misuse of this API (a wrong argument type, a call at the wrong time).
@@ -252,6 +264,15 @@ impl WasmEngine {
             adapter: gpu.map(|g| g.adapter_name()).unwrap_or_else(|| "cpu".into()),
             f16: gpu.is_some_and(|g| g.f16),
             subgroups: gpu.is_some_and(|g| g.subgroups),
+            kv_pool: e.gpu_model().map(|m| {
+                let pool = m.pool();
+                JsKvPool {
+                    block_tokens: pool.block_tokens(),
+                    blocks: pool.blocks(),
+                    free_blocks: pool.free_blocks(),
+                    owners: pool.owners(),
+                }
+            }),
         };
         Ok(serde_wasm_bindgen::to_value(&info)?)
     }

@@ -99,6 +99,23 @@ function formatCount(n) {
   return `${(n / 1e6).toFixed(1)} million`;
 }
 
+/** The KV pool's blocks as squares: free, or held by a sequence (its number in the title). */
+function showPool(pool) {
+  const box = $("kv-pool");
+  if (!pool) return;
+  const used = pool.blocks - pool.freeBlocks;
+  $("kv-pool-text").textContent =
+    `${used} of ${pool.blocks} blocks of ${pool.blockTokens} tokens held`;
+  box.replaceChildren(
+    ...pool.owners.map((seqs, i) => {
+      const cell = document.createElement("span");
+      cell.className = seqs.length === 0 ? "free" : seqs.length > 1 ? "shared" : `seq seq-${seqs[0] % 4}`;
+      cell.title = seqs.length === 0 ? `block ${i}: free` : `block ${i}: sequence ${seqs.join(", ")}`;
+      return cell;
+    }),
+  );
+}
+
 function showKv(tokens) {
   if (!info) return;
   const bytes = 2 * info.nLayers * info.nKvHeads * info.headDim * info.kvBytesPerValue * tokens;
@@ -262,6 +279,7 @@ function startWorker() {
         document.body.dataset.fromCache = String(info.fromCache);
         document.body.dataset.kvBytesPerValue = String(info.kvBytesPerValue);
         showKv(0);
+        showPool(info.kvPool);
         setControls();
         break;
       case "cache":
@@ -281,6 +299,7 @@ function startWorker() {
       }
       case "done": {
         const s = data.stats;
+        showPool(data.info && data.info.kvPool);
         conversation.push({ role: "assistant", content: replyText });
         ui.stats.textContent =
           `TTFT ${s.ttftMs.toFixed(0)} ms · prefill ${s.prefillTokS.toFixed(1)} tok/s · decode ${s.decodeTokS.toFixed(1)} tok/s · ` +

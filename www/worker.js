@@ -1,7 +1,7 @@
 // The Web Worker that owns the engine, so the page stays responsive while it loads and
 // generates. Messages in: inspect {id, url | file}, load {url | file}, chat {messages, options},
 // abort, cache {remove?}. Messages out: inspected {id, model}, progress, loaded {info, model},
-// started {options}, token {ev}, done {stats}, cache {models}, error {during, message, code?, id?}.
+// started {options}, token {ev}, done {stats, info}, cache {models}, error {during, message, code?, id?}.
 // An error with code "device-lost" means the engine is gone: the worker drops it, and the page
 // offers to load the model again.
 import { Engine } from "./pkg/index.js";
@@ -61,7 +61,7 @@ async function chat(messages, options) {
   postMessage({ type: "started", options });
   try {
     for await (const ev of engine.chat(messages, options)) postMessage({ type: "token", ev });
-    postMessage({ type: "done", stats: engine.stats() });
+    postMessage({ type: "done", stats: engine.stats(), info: engine.info() });
   } catch (e) {
     fail("chat", e);
   }

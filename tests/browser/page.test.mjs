@@ -158,6 +158,13 @@ test("the page shows the model before downloading it, loads it, chats, stops, ca
     const bytesPerValue = Number(await page.getAttribute("body", "data-kv-bytes-per-value"));
     assert.ok(bytesPerValue === 2 || bytesPerValue === 4, `bytes per value ${bytesPerValue}`);
     assert.match(kv, new RegExp(`${mib(held * 2 * facts.layers * facts.kvHeads * facts.headDim * bytesPerValue)}`));
+    // The KV pool: the conversation's blocks, drawn one square each.
+    const pool = (await page.textContent("#kv-pool-text")).match(/^(\d+) of (\d+) blocks of (\d+) tokens held/);
+    assert.ok(pool, await page.textContent("#kv-pool-text"));
+    const [usedBlocks, allBlocks, blockTokens] = pool.slice(1).map(Number);
+    assert.ok(usedBlocks >= Math.ceil(held / blockTokens) && usedBlocks <= allBlocks, `${usedBlocks} blocks for ${held} tokens`);
+    assert.equal(await page.$$eval("#kv-pool span", (s) => s.length), allBlocks);
+    assert.equal(await page.$$eval("#kv-pool span:not(.free)", (s) => s.length), usedBlocks);
     await setSlider(page, "top-p", 1);
     await page.fill("#prompt", "And another?");
     await page.click("#send");
