@@ -100,6 +100,10 @@ struct Buffers {
     params: wgpu::Buffer,
     /// The rows' positions and block tables (`kernels::BatchLayout`).
     batch: wgpu::Buffer,
+    /// Row 0's words for the conversation's sequence (the pool's first, slot 0) at every
+    /// position, copied into `batch` by its single-row steps: a queue write would make a
+    /// staging buffer every token.
+    main_rows: wgpu::Buffer,
     tokens: wgpu::Buffer,
     x: wgpu::Buffer,
     xn: wgpu::Buffer,
@@ -330,6 +334,7 @@ impl GpuModel {
         let buf = Self::buffers(&gpu, &plan, blocks * KV_BLOCK, layout, max_batch)?;
         let mut pool = KvPool::new(blocks * KV_BLOCK, KV_BLOCK, MAX_SEQS);
         let main = pool.create()?;
+        debug_assert_eq!(main.0, 0, "main_rows holds slot 0's table");
         let all: u64 = gguf.tensors.iter().filter(|t| t.name != ROPE_FREQS).map(|t| t.byte_size).sum();
         let file_weight_bytes = if plan.output == plan.token_embd {
             all
@@ -404,6 +409,10 @@ impl GpuModel {
         Ok(Buffers {
             params: gpu.uniform("params", std::mem::size_of::<Params>() as u64),
             batch: gpu.storage("batch", layout.words() as u64 * 4)?,
+            main_rows: {
+                let words: Vec<u32> = (0..context).flat_map(|p| [p as u32, layout.table(0) as u32]).collect();
+                gpu.storage_init("main_rows", bytemuck::cast_slice(&words))?
+            },
             tokens: gpu.storage("tokens", n * 4)?,
             x: gpu.storage("x", n * c.d_model as u64 * f)?,
             xn: gpu.storage("xn", n * c.d_model as u64 * f)?,
@@ -718,11 +727,19 @@ impl GpuModel {
                 queue.write_buffer(&self.buf.batch, at, bytemuck::cast_slice(table));
             }
         }
-        self.row_words.clear();
-        for (seq, pos) in rows {
-            self.row_words.extend([pos as u32, self.layout.table(seq.0) as u32]);
+        let mut single = rows.clone();
+        match (single.next(), single.next()) {
+            (Some((seq, pos)), None) if seq == self.main => {
+                enc.copy_buffer_to_buffer(&self.buf.main_rows, pos as u64 * 8, &self.buf.batch, 0, 8);
+            }
+            _ => {
+                self.row_words.clear();
+                for (seq, pos) in rows {
+                    self.row_words.extend([pos as u32, self.layout.table(seq.0) as u32]);
+                }
+                queue.write_buffer(&self.buf.batch, 0, bytemuck::cast_slice(&self.row_words));
+            }
         }
-        queue.write_buffer(&self.buf.batch, 0, bytemuck::cast_slice(&self.row_words));
         if params != self.params_now {
             queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
             self.params_now = params;
