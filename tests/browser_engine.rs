@@ -1,5 +1,6 @@
 //! The engine compiled to wasm, in headless Chromium's WebGPU: a greedy generation from the
-//! default model equals the golden ids, and the seeded RNG gives the published sequence. The
+//! default model equals the golden ids, alone, with three golden prompts in one batch, and with
+//! speculative decoding; and the seeded RNG gives the published sequence. The
 //! model is fetched from WEBGPU_LLM_TEST_MODEL_URL (set at build time by scripts/test, which
 //! serves models/ with CORS on 127.0.0.1).
 #![cfg(target_arch = "wasm32")]
@@ -10,6 +11,7 @@ use wasm_bindgen_test::*;
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt};
 use webgpu_llm::gpu::GpuOptions;
 use webgpu_llm::sampling::{Rng, SamplingParams};
+use webgpu_llm::speculate::{Drafter, Speculation};
 
 wasm_bindgen_test_configure!(run_in_browser);
 
@@ -46,9 +48,39 @@ async fn greedy_generation_in_the_browser_equals_the_golden_ids() {
         })
         .await
         .unwrap();
-    let want: Vec<u32> =
-        case["generated_ids"].as_array().unwrap()[..8].iter().map(|v| v.as_u64().unwrap() as u32).collect();
-    assert_eq!(ids, want);
+    let golden_ids = |c: &serde_json::Value, key: &str| -> Vec<u32> {
+        c[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+    };
+    assert_eq!(ids, golden_ids(case, "generated_ids")[..8]);
+
+    // Three golden prompts as one batch: each its golden ids.
+    let cases = &golden["cases"].as_array().unwrap()[..3];
+    let short = GenerateOptions { max_tokens: 6, ..opts.clone() };
+    let requests: Vec<(Prompt, GenerateOptions)> =
+        cases.iter().map(|c| (Prompt::Tokens(golden_ids(c, "prompt_ids")), short.clone())).collect();
+    let mut batch = vec![Vec::new(); cases.len()];
+    engine
+        .generate_batch(&requests, &mut |seq, ev| {
+            batch[seq].push(ev.id);
+            true
+        })
+        .await
+        .unwrap();
+    for (c, got) in cases.iter().zip(&batch) {
+        assert_eq!(got, &golden_ids(c, "generated_ids")[..6], "batched: {}", c["name"]);
+    }
+
+    // Speculative decoding with prompt lookup: the golden ids again.
+    let speculate = Some(Speculation { drafter: Drafter::Lookup, draft_tokens: 3 });
+    let mut spec = Vec::new();
+    engine
+        .generate(&prompt, &GenerateOptions { speculate, ..opts }, &mut |ev| {
+            spec.push(ev.id);
+            true
+        })
+        .await
+        .unwrap();
+    assert_eq!(spec, golden_ids(case, "generated_ids")[..8], "speculative");
 }
 
 #[wasm_bindgen_test]
