@@ -828,7 +828,8 @@ impl<'a> BatchSeq<'a> {
 /// Where a batch's sequences live: a KV-pool sequence each on the GPU, a cache each on the CPU.
 enum BatchBackend<'a> {
     Cpu { model: &'a CpuModel, caches: Vec<CpuKvCache> },
-    Gpu { model: &'a mut GpuModel, seqs: Vec<SeqId>, argmax: Vec<u32> },
+    /// `rows`: a step's rows, reused.
+    Gpu { model: &'a mut GpuModel, seqs: Vec<SeqId>, argmax: Vec<u32>, rows: Vec<(SeqId, u32, usize)> },
 }
 
 impl<'a> BatchBackend<'a> {
@@ -846,7 +847,7 @@ impl<'a> BatchBackend<'a> {
                         }
                     }
                 }
-                BatchBackend::Gpu { model, seqs, argmax: vec![0; n] }
+                BatchBackend::Gpu { model, seqs, argmax: vec![0; n], rows: Vec::with_capacity(n) }
             }
         })
     }
@@ -883,12 +884,13 @@ impl<'a> BatchBackend<'a> {
                     }
                 }
             }
-            BatchBackend::Gpu { model, seqs, argmax } => {
-                let rows: Vec<(SeqId, u32, usize)> = rows.iter().map(|&(i, t, p)| (seqs[i], t, p)).collect();
+            BatchBackend::Gpu { model, seqs, argmax, rows: gpu_rows } => {
+                gpu_rows.clear();
+                gpu_rows.extend(rows.iter().map(|&(i, t, p)| (seqs[i], t, p)));
                 match logits {
-                    Some(all) => model.decode_batch(&rows, BatchReadback::Logits(all)).await?,
+                    Some(all) => model.decode_batch(gpu_rows, BatchReadback::Logits(all)).await?,
                     None => {
-                        model.decode_batch(&rows, BatchReadback::Argmax(argmax)).await?;
+                        model.decode_batch(gpu_rows, BatchReadback::Argmax(argmax)).await?;
                         ids[..rows.len()].copy_from_slice(&argmax[..rows.len()]);
                     }
                 }
