@@ -53,6 +53,25 @@ export interface GenerateOptions {
   draftTokens?: number;
 }
 
+export interface BeamOptions {
+  /** Beams kept and hypotheses returned (1 to 32). Default 4. */
+  beams?: number;
+  /** New tokens at most per hypothesis. Default 64. */
+  maxTokens?: number;
+  /** A hypothesis scores its summed log-probability / length^lengthPenalty. Default 1. */
+  lengthPenalty?: number;
+  /** As transformers': false (default), true, or "never". */
+  earlyStopping?: boolean | "never";
+  /** No hypothesis ends at the end-of-sequence token: each runs maxTokens. */
+  ignoreEos?: boolean;
+}
+
+export interface Beam {
+  ids: number[];
+  text: string;
+  score: number;
+}
+
 export interface Candidate {
   id: number;
   text: string;
@@ -221,6 +240,8 @@ export declare class Engine {
   static wasmMemoryBytes(): Promise<number>;
   generate(prompt: string, options?: GenerateOptions): AsyncIterableIterator<TokenEvent>;
   chat(messages: Message[], options?: GenerateOptions): AsyncIterableIterator<TokenEvent>;
+  /** Beam search (transformers' num_beams semantics) from a raw prompt or chat messages: the N best, best first. */
+  beamSearch(prompt: string | Message[], options?: BeamOptions): Promise<Beam[]>;
   abort(): void;
   stats(): Stats | null;
   info(): Info;

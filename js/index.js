@@ -680,6 +680,18 @@ export class Engine {
     }
   }
 
+  /**
+   * Beam search from a raw prompt (string) or chat messages (array): the N best continuations,
+   * best first, as [{ids, text, score}] (transformers' num_beams semantics).
+   */
+  async beamSearch(prompt, options = {}) {
+    try {
+      return await this.#inner.beamSearch(prompt, Array.isArray(prompt), options);
+    } catch (e) {
+      throw toError(e);
+    }
+  }
+
   /** Stops the running generation; the engine stays usable. */
   abort() {
     this.#inner.abort();

@@ -827,9 +827,17 @@ impl<'a> BatchSeq<'a> {
 
 /// Where a batch's sequences live: a KV-pool sequence each on the GPU, a cache each on the CPU.
 enum BatchBackend<'a> {
-    Cpu { model: &'a CpuModel, caches: Vec<CpuKvCache> },
+    Cpu {
+        model: &'a CpuModel,
+        caches: Vec<CpuKvCache>,
+    },
     /// `rows`: a step's rows, reused.
-    Gpu { model: &'a mut GpuModel, seqs: Vec<SeqId>, argmax: Vec<u32>, rows: Vec<(SeqId, u32, usize)> },
+    Gpu {
+        model: &'a mut GpuModel,
+        seqs: Vec<SeqId>,
+        argmax: Vec<u32>,
+        rows: Vec<(SeqId, u32, usize)>,
+    },
 }
 
 impl<'a> BatchBackend<'a> {

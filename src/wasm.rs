@@ -294,10 +294,26 @@ impl WasmEngine {
             }
             let result = generate(&engine, &aborted, prompt, chat, options, &on_token).await;
             busy.set(false);
-            let stats = result.map_err(JsValue::from)?;
+            let stats = result?;
             let js = serde_wasm_bindgen::to_value(&JsStats::from(&stats))?;
             *last.borrow_mut() = Some(stats);
             Ok(js)
+        })
+    }
+
+    /// Beam search from a raw prompt (string) or chat messages: resolves to the N best
+    /// hypotheses, best first, as [{ids, text, score}] (`BeamOptions`: beams, maxTokens,
+    /// lengthPenalty, earlyStopping false | true | "never", ignoreEos).
+    #[wasm_bindgen(js_name = beamSearch)]
+    pub fn beam_search(&self, prompt: JsValue, chat: bool, options: JsValue) -> js_sys::Promise {
+        let (engine, busy) = (self.engine.clone(), self.busy.clone());
+        wasm_bindgen_futures::future_to_promise(async move {
+            if busy.replace(true) {
+                return Err(JsError::new("a generation is already running: await it or call abort() first").into());
+            }
+            let result = beam_search(&engine, prompt, chat, options).await;
+            busy.set(false);
+            result
         })
     }
 
@@ -338,13 +354,7 @@ async fn generate(
     } else {
         serde_wasm_bindgen::from_value(options)?
     };
-    let prompt = if chat {
-        let messages: Vec<Message> = serde_wasm_bindgen::from_value(prompt)
-            .map_err(|e| js_err(format!("messages must be an array of {{role, content}} strings: {e}")))?;
-        Prompt::Chat(messages)
-    } else {
-        Prompt::Text(prompt.as_string().ok_or_else(|| js_err("the prompt must be a string"))?)
-    };
+    let prompt = js_prompt(prompt, chat)?;
     let seed = match o.seed {
         Some(s) if s.is_finite() && s >= 0.0 => s as u64,
         Some(s) => return Err(js_err(format!("invalid seed {s}: use a non-negative integer"))),
@@ -399,6 +409,73 @@ async fn generate(
         )));
     }
     result.map_err(engine_err)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct JsBeamOptions {
+    beams: usize,
+    max_tokens: usize,
+    length_penalty: f64,
+    early_stopping: serde_json::Value,
+    ignore_eos: bool,
+}
+
+impl Default for JsBeamOptions {
+    fn default() -> Self {
+        Self { beams: 4, max_tokens: 64, length_penalty: 1.0, early_stopping: false.into(), ignore_eos: false }
+    }
+}
+
+async fn beam_search(
+    engine: &Rc<RefCell<Option<Engine>>>,
+    prompt: JsValue,
+    chat: bool,
+    options: JsValue,
+) -> Result<JsValue, JsValue> {
+    use crate::beam::{BeamOptions, EarlyStopping};
+    let o: JsBeamOptions = if options.is_undefined() || options.is_null() {
+        Default::default()
+    } else {
+        serde_wasm_bindgen::from_value(options)?
+    };
+    let early_stopping = match &o.early_stopping {
+        serde_json::Value::Bool(false) => EarlyStopping::Heuristic,
+        serde_json::Value::Bool(true) => EarlyStopping::Done,
+        serde_json::Value::String(s) if s == "never" => EarlyStopping::Never,
+        other => return Err(js_err(format!("earlyStopping must be false, true or \"never\", not {other}"))),
+    };
+    let prompt = js_prompt(prompt, chat)?;
+    let mut e = engine.borrow_mut().take().ok_or_else(|| js_err("the model was unloaded"))?;
+    let options = BeamOptions {
+        beams: o.beams,
+        max_tokens: o.max_tokens,
+        stop_ids: if o.ignore_eos { Vec::new() } else { e.tokenizer.stop_ids.clone() },
+        length_penalty: o.length_penalty,
+        early_stopping,
+    };
+    let result = e.beam_search(&prompt, &options).await;
+    *engine.borrow_mut() = Some(e);
+    #[derive(Serialize)]
+    struct JsBeam {
+        ids: Vec<u32>,
+        text: String,
+        score: f64,
+    }
+    let beams: Vec<JsBeam> =
+        result.map_err(engine_err)?.into_iter().map(|(h, text)| JsBeam { ids: h.ids, text, score: h.score }).collect();
+    Ok(serde_wasm_bindgen::to_value(&beams)?)
+}
+
+/// A raw prompt (a string) or chat messages ([{role, content}]).
+fn js_prompt(prompt: JsValue, chat: bool) -> Result<Prompt, JsValue> {
+    Ok(if chat {
+        let messages: Vec<Message> = serde_wasm_bindgen::from_value(prompt)
+            .map_err(|e| js_err(format!("messages must be an array of {{role, content}} strings: {e}")))?;
+        Prompt::Chat(messages)
+    } else {
+        Prompt::Text(prompt.as_string().ok_or_else(|| js_err("the prompt must be a string"))?)
+    })
 }
 
 /// What a model needs, from the first bytes of its file (`file_lens[i]` bytes in all for part i of

@@ -9,6 +9,8 @@ import { serve, launch, stage, golden, modelPath, root, packageHtml as html, ope
 import { readGguf, splitGguf } from "./gguf.mjs";
 import { writeBigModel } from "./big-model.mjs";
 
+const beamGolden = JSON.parse(fs.readFileSync(path.join(process.env.GOLDEN_DIR ?? path.join(root, "../shared/golden"), "beam.json"), "utf8"));
+
 test("the README snippet streams a seeded chat completion, the same text for the same seed", { timeout: 900_000 }, async () => {
   const snippet = `import { Engine } from "./pkg/index.js";
 const out = document.getElementById("out");
@@ -56,6 +58,26 @@ window.finished = true;`;
       return text;
     }, colors.messages);
     assert.equal(greedy, colors.greedy_text_before_first_eos);
+
+    // Speculative decoding (prompt lookup) keeps the golden greedy text.
+    const speculative = await tab.evaluate(async (messages) => {
+      let text = "";
+      for await (const ev of window.engine.chat(messages, { temperature: 0, maxTokens: 64, speculate: "lookup", draftTokens: 3 })) text += ev.text;
+      return text;
+    }, colors.messages);
+    assert.equal(speculative, colors.greedy_text_before_first_eos);
+
+    // Beam search through the package: transformers' best beam and scores (beam.json, 2 beams, no EOS).
+    const beamCase = beamGolden.cases.find((c) => c.setting === "fixed" && c.kind === "raw" && c.num_beams === 2);
+    const beams = await tab.evaluate(
+      ([prompt, n, max]) => window.engine.beamSearch(prompt, { beams: n, maxTokens: max, ignoreEos: true }),
+      [beamCase.prompt_text, beamCase.num_beams, beamCase.max_new_tokens],
+    );
+    assert.equal(beams.length, beamCase.num_beams);
+    assert.deepEqual(beams[0].ids, beamCase.beams[0].ids);
+    beams.forEach((b, i) => assert.ok(Math.abs(b.score - beamCase.beams[i].score) < 1e-3, `beam ${i}: ${b.score} vs ${beamCase.beams[i].score}`));
+    const badBeams = await tab.evaluate(() => window.engine.beamSearch("Hi", { beams: 0 }).then(() => null, (e) => [e.message, e.code]));
+    assert.equal(badBeams[1], "invalid-option", badBeams[0]);
   } finally {
     await browser.close();
     server.close();
