@@ -815,6 +815,17 @@ impl BenchReport {
     fn print(&self, engine: &Engine, s: &Stats) {
         println!("backend:        {}", self.adapter);
         println!("model:          {} ({} layers)", engine.config.name, engine.config.n_layers);
+        if let Some(m) = engine.gpu_model() {
+            let pool = m.pool();
+            println!(
+                "KV pool:        {} blocks of {} tokens ({} free), up to {} sequences, {} per decode step",
+                pool.blocks(),
+                pool.block_tokens(),
+                pool.free_blocks(),
+                pool.max_seqs(),
+                m.max_batch()
+            );
+        }
         println!("prompt tokens:  {} (prefilled {})", s.prompt_tokens, s.prefilled_tokens);
         println!("prefill:        {:.1} tok/s, TTFT {:.1} ms", self.prefill_tok_s, self.ttft_ms);
         println!(
