@@ -363,7 +363,9 @@ impl Engine {
             let event = TokenEvent {
                 id: next,
                 text,
-                position: self.cached.len() + 1,
+                // The prompt and every token emitted so far, this one included (speculation may
+                // have cached tokens that are still to be emitted).
+                position: tokens.len() + generated,
                 candidates: std::mem::take(&mut candidates),
             };
             if !on_token(&event) {
@@ -392,7 +394,12 @@ impl Engine {
             // Text held back for a possible stop string or an unfinished character ends here.
             let (tail, _) = stops.finish(&stream.finish(&self.tokenizer)?);
             if !tail.is_empty() {
-                on_token(&TokenEvent { id: next, text: tail, position: self.cached.len(), candidates: Vec::new() });
+                on_token(&TokenEvent {
+                    id: next,
+                    text: tail,
+                    position: tokens.len() + generated,
+                    candidates: Vec::new(),
+                });
             }
         }
         let decode_secs = decode_start.elapsed().as_secs_f64();
@@ -430,7 +437,16 @@ impl Engine {
         stats: &mut SpeculationStats,
     ) -> Result<u32> {
         let start = self.cached.len();
-        let k = spec.draft_tokens.min(left.saturating_sub(1)).min(self.context_length.saturating_sub(start + 1));
+        // The check pass is one decode step: at most a batch's rows.
+        let rows = match &self.backend {
+            Backend::Gpu(m) => m.max_batch(),
+            Backend::Cpu { .. } => usize::MAX,
+        };
+        let k = spec
+            .draft_tokens
+            .min(left.saturating_sub(1))
+            .min(self.context_length.saturating_sub(start + 1))
+            .min(rows.saturating_sub(1));
         let mut tokens = Vec::with_capacity(k + 1);
         tokens.push(token);
         if k > 0 {
@@ -499,11 +515,12 @@ impl Engine {
                 }
             }
         }
-        if want_logits && !all_finite(&logits) {
-            return Err(Error::NonFiniteLogits { position: start + 1 });
-        }
         let (mut j, mut chosen) = (0, 0);
         for (i, row) in logits.chunks_exact_mut(vocab).enumerate() {
+            // Only the rows a choice is made from (plain sampling would never see the others).
+            if !all_finite(row) {
+                return Err(Error::NonFiniteLogits { position: start + i + 1 });
+            }
             let Some(&d) = draft.get(i) else {
                 chosen = sampler.sample(row);
                 break;
@@ -671,25 +688,34 @@ impl Engine {
         let mut seqs = Vec::with_capacity(requests.len());
         for (prompt, options) in requests {
             options.validate()?;
+            if options.speculate.is_some() || options.top_candidates > 0 {
+                return Err(Error::InvalidOption {
+                    name: "batch",
+                    value: "speculate or candidates".into(),
+                    expected: "batched sequences without speculation or per-token candidates (run those alone)".into(),
+                });
+            }
             let tokens = self.checked_prompt(prompt, options.max_tokens)?;
             let mut sampler = Sampler::new(options.sampling.clone(), self.config.vocab_size)?;
             tokens.iter().for_each(|&id| sampler.accept(id));
             seqs.push(BatchSeq::new(tokens, sampler, options));
         }
-        self.truncate_cache(0);
-        // The pool must hold every sequence at its longest: refused before any work.
+        // The pool must hold every sequence at its longest (the conversation's blocks given back
+        // to it): refused before any work, the conversation kept.
         if let Backend::Gpu(m) = &self.backend {
             let pool = m.pool();
             let bt = pool.block_tokens();
             let needed: usize = seqs.iter().map(|s| (s.tokens.len() + s.options.max_tokens).div_ceil(bt)).sum();
-            if needed > pool.free_blocks() {
+            let free = pool.free_blocks() + pool.table(m.main_sequence()).len();
+            if needed > free {
                 return Err(Error::KvPoolFull {
                     needed_tokens: needed * bt,
-                    free_tokens: pool.free_blocks() * bt,
+                    free_tokens: free * bt,
                     capacity_tokens: pool.blocks() * bt,
                 });
             }
         }
+        self.truncate_cache(0);
         let mut batch = BatchBackend::new(&mut self.backend, seqs.len())?;
         let result = run_batch(&mut batch, &mut seqs, &self.tokenizer, self.config.vocab_size, on_token).await;
         batch.finish();
@@ -707,6 +733,16 @@ impl Engine {
                 beam::search(&mut CpuBeams { model, slots: Vec::new() }, &tokens, options).await?
             }
             Backend::Gpu(model) => {
+                if options.beams > model.max_batch() {
+                    return Err(Error::InvalidOption {
+                        name: "beams",
+                        value: options.beams.to_string(),
+                        expected: format!(
+                            "at most {} at this context on this GPU (a decode step's rows)",
+                            model.max_batch()
+                        ),
+                    });
+                }
                 // The conversation's sequence keeps the prompt (the next generation reuses it);
                 // the beams are forks of it in the pool.
                 self.cached.clear();

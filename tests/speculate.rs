@@ -32,12 +32,16 @@ fn options(max_tokens: usize, speculate: Option<Speculation>) -> GenerateOptions
 fn run(e: &mut Engine, prompt: &Prompt, o: &GenerateOptions) -> (Vec<u32>, Stats) {
     // From an empty cache, so each run prefills its whole prompt.
     pollster::block_on(e.generate(&Prompt::Tokens(vec![1]), &options(1, None), &mut |_| true)).unwrap();
-    let mut ids = Vec::new();
+    let (mut ids, mut positions) = (Vec::new(), Vec::new());
     let stats = pollster::block_on(e.generate(prompt, o, &mut |ev| {
         ids.push(ev.id);
+        positions.push(ev.position);
         true
     }))
     .unwrap();
+    // Each token's position: the prompt and the tokens before it, however many one pass kept.
+    let first = stats.prompt_tokens + 1;
+    assert_eq!(positions, (first..first + ids.len()).collect::<Vec<_>>(), "token positions");
     (ids, stats)
 }
 

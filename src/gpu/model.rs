@@ -704,16 +704,22 @@ impl GpuModel {
         params: Params,
     ) -> Result<()> {
         self.copies.clear();
+        if let Some((_, pos)) = rows.clone().find(|&(_, pos)| pos >= self.context) {
+            return Err(Error::ContextOverflow { prompt_tokens: pos + 1, max_tokens: 0, context_length: self.context });
+        }
         for (seq, pos) in rows.clone() {
-            if pos >= self.context {
-                return Err(Error::ContextOverflow {
-                    prompt_tokens: pos + 1,
-                    max_tokens: 0,
-                    context_length: self.context,
-                });
-            }
-            if self.pool.reserve(seq, pos + 1, &mut self.copies)? {
-                self.dirty[seq.0] = true;
+            match self.pool.reserve(seq, pos + 1, &mut self.copies) {
+                Ok(changed) => self.dirty[seq.0] |= changed,
+                Err(e) => {
+                    // Tables of earlier rows may already point at copy-on-write blocks: copy
+                    // them now, or those sequences would read blocks never written.
+                    if !self.copies.is_empty() {
+                        let mut own = self.gpu.device.create_command_encoder(&Default::default());
+                        self.copy_blocks(&mut own)?;
+                        self.gpu.submit(own);
+                    }
+                    return Err(e);
+                }
             }
         }
         if !self.copies.is_empty() {
@@ -850,14 +856,20 @@ impl GpuModel {
 
     pub fn new_sequence(&mut self) -> Result<SeqId> {
         let seq = self.pool.create()?;
-        self.dirty[seq.0] = true;
+        self.mark_dirty(seq);
         Ok(seq)
+    }
+
+    fn mark_dirty(&mut self, seq: SeqId) {
+        if let Some(d) = self.dirty.get_mut(seq.0) {
+            *d = true;
+        }
     }
 
     /// A new sequence sharing the first `len` positions of `seq` (no copy until one writes).
     pub fn fork_sequence(&mut self, seq: SeqId, len: usize) -> Result<SeqId> {
         let fork = self.pool.fork(seq, len)?;
-        self.dirty[fork.0] = true;
+        self.mark_dirty(fork);
         Ok(fork)
     }
 
@@ -868,7 +880,7 @@ impl GpuModel {
     /// Keeps the first `len` positions of `seq` (the rest of its blocks go back to the pool).
     pub fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
         self.pool.truncate(seq, len);
-        self.dirty[seq.0] = true;
+        self.mark_dirty(seq);
     }
 
     /// Self-speculation's draft: the decode step of `token` at `pos` of the conversation through
