@@ -1,6 +1,7 @@
 //! The engine: load a GGUF model, then generate — prefill, decode loop, sampling, stop
 //! conditions, streaming, stats. Async, so the same code serves native callers and the browser.
 
+use crate::batcher::{BatchEvent, Batcher, Prepared};
 use crate::beam::{self, BeamModel, BeamOptions, Hypothesis};
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
@@ -159,7 +160,7 @@ pub struct Stats {
     pub speculation: Option<SpeculationStats>,
 }
 
-enum Backend {
+pub(crate) enum Backend {
     Cpu { model: Box<CpuModel>, cache: CpuKvCache },
     Gpu(Box<GpuModel>),
 }
@@ -169,7 +170,7 @@ pub struct Engine {
     pub tokenizer: Tokenizer,
     chat_template: Option<ChatTemplate>,
     context_length: usize,
-    backend: Backend,
+    pub(crate) backend: Backend,
     /// Tokens whose keys and values are in the KV cache, in order.
     cached: Vec<u32>,
     logits: Vec<f32>,
@@ -292,7 +293,7 @@ impl Engine {
 
     /// The prompt's tokens, refused when empty, outside the vocabulary, or when they and
     /// `max_tokens` more do not fit the context.
-    fn checked_prompt(&self, prompt: &Prompt, max_tokens: usize) -> Result<Vec<u32>> {
+    pub(crate) fn checked_prompt(&self, prompt: &Prompt, max_tokens: usize) -> Result<Vec<u32>> {
         let tokens = self.prompt_tokens(prompt)?;
         if tokens.is_empty() {
             return Err(Error::EmptyPrompt);
@@ -334,7 +335,7 @@ impl Engine {
         let ttft = start.elapsed().as_secs_f64();
 
         let mut stream = StreamDecoder::new();
-        let mut stops = StopMatcher::new(&options.stop);
+        let mut stops = StopMatcher::new(options.stop.clone());
         let (mut generated, mut decode_steps) = (0, 0);
         // Greedy decoding on the GPU without penalties or candidates needs no logits on the host:
         // it is pipelined (`pipelined_step`), the next step queued before this one's id is read.
@@ -685,27 +686,15 @@ impl Engine {
                 expected: format!("from 1 to {max} prompts at once"),
             });
         }
-        let mut seqs = Vec::with_capacity(requests.len());
-        for (prompt, options) in requests {
-            options.validate()?;
-            if options.speculate.is_some() || options.top_candidates > 0 {
-                return Err(Error::InvalidOption {
-                    name: "batch",
-                    value: "speculate or candidates".into(),
-                    expected: "batched sequences without speculation or per-token candidates (run those alone)".into(),
-                });
-            }
-            let tokens = self.checked_prompt(prompt, options.max_tokens)?;
-            let mut sampler = Sampler::new(options.sampling.clone(), self.config.vocab_size)?;
-            tokens.iter().for_each(|&id| sampler.accept(id));
-            seqs.push(BatchSeq::new(tokens, sampler, options));
-        }
+        let prepared =
+            requests.iter().map(|(prompt, options)| Batcher::prepare(self, prompt, options)).collect::<Result<Vec<_>>>()?;
         // The pool must hold every sequence at its longest (the conversation's blocks given back
         // to it): refused before any work, the conversation kept.
         if let Backend::Gpu(m) = &self.backend {
             let pool = m.pool();
             let bt = pool.block_tokens();
-            let needed: usize = seqs.iter().map(|s| (s.tokens.len() + s.options.max_tokens).div_ceil(bt)).sum();
+            let needed: usize =
+                prepared.iter().map(|p| (p.prompt_tokens() + p.options().max_tokens).div_ceil(bt)).sum();
             let free = pool.free_blocks() + pool.table(m.main_sequence()).len();
             if needed > free {
                 return Err(Error::KvPoolFull {
@@ -715,12 +704,45 @@ impl Engine {
                 });
             }
         }
-        self.truncate_cache(0);
-        let mut batch = BatchBackend::new(&mut self.backend, seqs.len())?;
-        let result = run_batch(&mut batch, &mut seqs, &self.tokenizer, self.config.vocab_size, on_token).await;
-        batch.finish();
-        result?;
-        Ok(seqs.into_iter().map(BatchSeq::stats).collect())
+        // Every prompt is prefilled before the first decode step (as a batch run alone would).
+        let budget = prepared.iter().map(Prepared::prompt_tokens).sum();
+        let mut batcher = Batcher::new(self, budget);
+        let mut index = std::collections::HashMap::new();
+        for (i, p) in prepared.into_iter().enumerate() {
+            match batcher.admit(self, p) {
+                Ok(id) => index.insert(id, i),
+                Err((e, _)) => {
+                    batcher.clear(self);
+                    return Err(e);
+                }
+            };
+        }
+        let mut stats = vec![None; requests.len()];
+        let mut failed = None;
+        while !batcher.is_empty() {
+            let round = batcher
+                .step(self, &mut |_| true, &mut |id, event| {
+                    let i = index[&id];
+                    match event {
+                        BatchEvent::Token(ev) => return on_token(i, ev),
+                        BatchEvent::Done(s) => stats[i] = Some(s),
+                        BatchEvent::Failed(e) => {
+                            failed.get_or_insert(e);
+                        }
+                    }
+                    true
+                })
+                .await;
+            if let Err(e) = round {
+                batcher.clear(self);
+                return Err(e);
+            }
+            if let Some(e) = failed.take() {
+                batcher.clear(self);
+                return Err(e);
+            }
+        }
+        Ok(stats.into_iter().map(|s| s.expect("every request ends with its stats")).collect())
     }
 
     /// Beam search from `prompt` (transformers' semantics: `beam::search`): the N best
@@ -761,7 +783,12 @@ impl Engine {
             .collect()
     }
 
-    fn truncate_cache(&mut self, len: usize) {
+    /// Forgets the conversation: its KV blocks go back to the pool (the next prompt runs whole).
+    pub fn clear_conversation(&mut self) {
+        self.truncate_cache(0);
+    }
+
+    pub(crate) fn truncate_cache(&mut self, len: usize) {
         self.cached.truncate(len);
         match &mut self.backend {
             Backend::Cpu { cache, .. } => cache.truncate(len, self.config.kv_dim()),
@@ -773,244 +800,6 @@ impl Engine {
     }
 }
 
-/// One sequence of `generate_batch`: what `generate` keeps in locals.
-struct BatchSeq<'a> {
-    prompt_len: usize,
-    /// The prompt, then every token fed back.
-    tokens: Vec<u32>,
-    sampler: Sampler,
-    options: &'a GenerateOptions,
-    stream: StreamDecoder,
-    stops: StopMatcher<'a>,
-    /// The token to emit next (sampled, not yet fed back).
-    next: u32,
-    generated: usize,
-    decode_steps: usize,
-    stop: Option<StopReason>,
-    start: Instant,
-    ttft: f64,
-    decode_start: Instant,
-}
-
-impl<'a> BatchSeq<'a> {
-    fn new(tokens: Vec<u32>, sampler: Sampler, options: &'a GenerateOptions) -> Self {
-        let now = Instant::now();
-        Self {
-            prompt_len: tokens.len(),
-            tokens,
-            sampler,
-            options,
-            stream: StreamDecoder::new(),
-            stops: StopMatcher::new(&options.stop),
-            next: 0,
-            generated: 0,
-            decode_steps: 0,
-            stop: None,
-            start: now,
-            ttft: 0.0,
-            decode_start: now,
-        }
-    }
-
-    /// Emits `self.next` as `generate` does (end of sequence, stop strings, the token limit);
-    /// sets `stop` when the sequence ends.
-    fn emit(&mut self, tok: &Tokenizer, i: usize, on_token: &mut dyn FnMut(usize, &TokenEvent) -> bool) -> Result<()> {
-        let next = self.next;
-        let position = self.tokens.len() + 1;
-        if !self.options.ignore_eos && tok.stop_ids.contains(&next) {
-            let (tail, _) = self.stops.finish(&self.stream.finish(tok)?);
-            if !tail.is_empty() {
-                on_token(i, &TokenEvent { id: next, text: tail, position: position - 1, candidates: Vec::new() });
-            }
-            self.stop = Some(StopReason::Eos);
-            return Ok(());
-        }
-        self.generated += 1;
-        let last = self.generated >= self.options.max_tokens;
-        let mut piece = self.stream.push(tok, next)?;
-        if last {
-            piece.push_str(&self.stream.finish(tok)?);
-        }
-        let (text, hit) = if last { self.stops.finish(&piece) } else { self.stops.push(&piece) };
-        if !on_token(i, &TokenEvent { id: next, text, position, candidates: Vec::new() }) {
-            self.stop = Some(StopReason::Aborted);
-        } else if hit {
-            self.stop = Some(StopReason::StopString);
-        } else if last {
-            self.stop = Some(StopReason::MaxTokens);
-        } else {
-            self.sampler.accept(next);
-        }
-        Ok(())
-    }
-
-    fn stats(self) -> Stats {
-        let decode_secs = self.decode_start.elapsed().as_secs_f64();
-        Stats {
-            prompt_tokens: self.prompt_len,
-            prefilled_tokens: self.prompt_len,
-            generated_tokens: self.generated,
-            ttft_ms: self.ttft * 1e3,
-            prefill_tok_s: self.prompt_len as f64 / self.ttft.max(1e-9),
-            decode_tok_s: self.decode_steps as f64 / decode_secs.max(1e-9),
-            stop_reason: self.stop.unwrap_or(StopReason::MaxTokens),
-            decode_steps: self.decode_steps,
-            decode_counters: None,
-            speculation: None,
-        }
-    }
-}
-
-/// Where a batch's sequences live: a KV-pool sequence each on the GPU, a cache each on the CPU.
-enum BatchBackend<'a> {
-    Cpu {
-        model: &'a CpuModel,
-        caches: Vec<CpuKvCache>,
-    },
-    /// `rows`: a step's rows, reused.
-    Gpu {
-        model: &'a mut GpuModel,
-        seqs: Vec<SeqId>,
-        argmax: Vec<u32>,
-        rows: Vec<(SeqId, u32, usize)>,
-    },
-}
-
-impl<'a> BatchBackend<'a> {
-    fn new(backend: &'a mut Backend, n: usize) -> Result<Self> {
-        Ok(match backend {
-            Backend::Cpu { model, .. } => BatchBackend::Cpu { caches: vec![model.new_cache(); n], model },
-            Backend::Gpu(model) => {
-                let mut seqs = Vec::with_capacity(n);
-                for _ in 0..n {
-                    match model.new_sequence() {
-                        Ok(seq) => seqs.push(seq),
-                        Err(e) => {
-                            seqs.into_iter().for_each(|s| model.free_sequence(s));
-                            return Err(e);
-                        }
-                    }
-                }
-                BatchBackend::Gpu { model, seqs, argmax: vec![0; n], rows: Vec::with_capacity(n) }
-            }
-        })
-    }
-
-    /// Runs sequence i's prompt; its last position's logits into `logits`.
-    async fn prefill(&mut self, i: usize, tokens: &[u32], logits: &mut [f32]) -> Result<()> {
-        match self {
-            BatchBackend::Cpu { model, caches } => {
-                logits.copy_from_slice(&model.forward(&mut caches[i], tokens, Logits::Last)?);
-            }
-            BatchBackend::Gpu { model, seqs, .. } => {
-                let chunks = tokens.chunks(PREFILL_CHUNK).count();
-                for (c, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
-                    let readback = if c + 1 == chunks { Readback::Logits(&mut *logits) } else { Readback::None };
-                    model.step_in(seqs[i], chunk, c * PREFILL_CHUNK, readback).await?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// One decode step of the rows (sequence, token, position): with `logits`, every row's logits
-    /// into it (row after row); else each row's argmax into `ids`.
-    async fn step(&mut self, rows: &[(usize, u32, usize)], logits: Option<&mut [f32]>, ids: &mut [u32]) -> Result<()> {
-        match self {
-            BatchBackend::Cpu { model, caches } => {
-                let vocab = model.config.vocab_size;
-                let mut logits = logits;
-                for (r, &(i, token, _)) in rows.iter().enumerate() {
-                    let out = model.forward(&mut caches[i], &[token], Logits::Last)?;
-                    match logits.as_deref_mut() {
-                        Some(all) => all[r * vocab..][..vocab].copy_from_slice(&out),
-                        None => ids[r] = argmax(&out),
-                    }
-                }
-            }
-            BatchBackend::Gpu { model, seqs, argmax, rows: gpu_rows } => {
-                gpu_rows.clear();
-                gpu_rows.extend(rows.iter().map(|&(i, t, p)| (seqs[i], t, p)));
-                match logits {
-                    Some(all) => model.decode_batch(gpu_rows, BatchReadback::Logits(all)).await?,
-                    None => {
-                        model.decode_batch(gpu_rows, BatchReadback::Argmax(argmax)).await?;
-                        ids[..rows.len()].copy_from_slice(&argmax[..rows.len()]);
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn finish(self) {
-        if let BatchBackend::Gpu { model, seqs, .. } = self {
-            seqs.into_iter().for_each(|s| model.free_sequence(s));
-        }
-    }
-}
-
-/// `generate_batch`'s loop: every prompt's prefill and first token, then decode steps of all
-/// unfinished sequences until none is left.
-async fn run_batch(
-    batch: &mut BatchBackend<'_>,
-    seqs: &mut [BatchSeq<'_>],
-    tok: &Tokenizer,
-    vocab: usize,
-    on_token: &mut dyn FnMut(usize, &TokenEvent) -> bool,
-) -> Result<()> {
-    let mut logits = vec![0f32; vocab];
-    for (i, s) in seqs.iter_mut().enumerate() {
-        s.start = Instant::now();
-        batch.prefill(i, &s.tokens, &mut logits).await?;
-        if !all_finite(&logits) {
-            return Err(Error::NonFiniteLogits { position: s.tokens.len() });
-        }
-        s.next = s.sampler.sample(&mut logits);
-        s.ttft = s.start.elapsed().as_secs_f64();
-        s.decode_start = Instant::now();
-        s.emit(tok, i, on_token)?;
-    }
-    let mut rows = Vec::with_capacity(seqs.len());
-    let mut ids = vec![0u32; seqs.len()];
-    let mut all_logits = Vec::new();
-    loop {
-        rows.clear();
-        for (i, s) in seqs.iter_mut().enumerate().filter(|(_, s)| s.stop.is_none()) {
-            rows.push((i, s.next, s.tokens.len()));
-            s.tokens.push(s.next);
-        }
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let want_logits = rows.iter().any(|r| seqs[r.0].sampler.needs_logits());
-        if want_logits {
-            all_logits.resize(rows.len() * vocab, 0.0);
-            batch.step(&rows, Some(&mut all_logits), &mut ids).await?;
-        } else {
-            batch.step(&rows, None, &mut ids).await?;
-        }
-        for (r, &(i, _, pos)) in rows.iter().enumerate() {
-            let s = &mut seqs[i];
-            s.next = if want_logits {
-                let row = &mut all_logits[r * vocab..][..vocab];
-                if !all_finite(row) {
-                    return Err(Error::NonFiniteLogits { position: pos + 1 });
-                }
-                s.sampler.sample(row)
-            } else {
-                ids[r]
-            };
-            if s.next as usize >= vocab {
-                return Err(Error::TokenOutOfRange { id: s.next, vocab_size: vocab });
-            }
-            s.decode_steps += 1;
-            s.emit(tok, i, on_token)?;
-        }
-    }
-}
-
-/// Beam search on the CPU reference: a KV cache per beam, copied when beams are reordered.
 struct CpuBeams<'a> {
     model: &'a CpuModel,
     slots: Vec<CpuKvCache>,
@@ -1111,18 +900,18 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 /// Finds stop strings in streamed text, holding back any tail that could start one.
-struct StopMatcher<'a> {
-    stops: &'a [String],
+pub(crate) struct StopMatcher {
+    stops: Vec<String>,
     held: String,
 }
 
-impl<'a> StopMatcher<'a> {
-    fn new(stops: &'a [String]) -> Self {
+impl StopMatcher {
+    pub(crate) fn new(stops: Vec<String>) -> Self {
         Self { stops, held: String::new() }
     }
 
     /// Adds a piece; returns the text safe to emit and whether a stop string was reached.
-    fn push(&mut self, piece: &str) -> (String, bool) {
+    pub(crate) fn push(&mut self, piece: &str) -> (String, bool) {
         self.held.push_str(piece);
         if let Some(at) = self.stops.iter().filter(|s| !s.is_empty()).filter_map(|s| self.held.find(s.as_str())).min() {
             let out = self.held[..at].to_string();
@@ -1140,7 +929,7 @@ impl<'a> StopMatcher<'a> {
     }
 
     /// Adds the final piece; returns all remaining text and whether a stop string was reached.
-    fn finish(&mut self, piece: &str) -> (String, bool) {
+    pub(crate) fn finish(&mut self, piece: &str) -> (String, bool) {
         let (mut out, hit) = self.push(piece);
         out.push_str(&std::mem::take(&mut self.held));
         (out, hit)

@@ -2,6 +2,7 @@
 //! and natively through wgpu. See DESIGN.md in the shared folder for the architecture.
 
 pub mod arch;
+pub mod batcher;
 pub mod beam;
 pub mod chat;
 pub mod deadline;

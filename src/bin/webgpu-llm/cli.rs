@@ -31,6 +31,9 @@ enum Command {
     Generate(GenerateArgs),
     /// Measure prefill and decode speed (greedy, EOS ignored) and what a decode step costs.
     Bench(BenchArgs),
+    /// Serve the model over HTTP: OpenAI-compatible chat and text completions, streamed as
+    /// server-sent events, many requests batched on one GPU.
+    Serve(crate::serve::ServeArgs),
     /// Write bench's random-weight model (--synthetic) to a GGUF file, to run it in another engine.
     Synthetic(SyntheticArgs),
 }
@@ -45,14 +48,15 @@ struct SyntheticArgs {
 }
 
 #[derive(Args)]
-struct ModelArgs {
+pub(crate) struct ModelArgs {
     /// GGUF model file [default: the default model fetched by scripts/fetch-model]
     #[arg(long)]
-    model: Option<PathBuf>,
+    pub(crate) model: Option<PathBuf>,
     /// Where the model runs [default: gpu when an adapter exists, else cpu]
     #[arg(long, value_enum)]
     backend: Option<Backend>,
-    /// Tokens the KV cache holds [default: min(model context, 4096)]
+    /// Tokens the KV cache holds (with `serve`: all streams together) [default: min(model
+    /// context, 4096)]
     #[arg(long, value_parser = at_least_one)]
     context_length: Option<usize>,
 }
@@ -165,7 +169,7 @@ struct GenerateArgs {
 }
 
 /// A count flag: a whole number of at least 1.
-fn at_least_one(s: &str) -> Result<usize, String> {
+pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
@@ -199,6 +203,17 @@ pub fn main() -> ExitCode {
             return ExitCode::from(e.exit_code() as u8);
         }
     };
+    if let Command::Serve(args) = cli.command {
+        // The server handles Ctrl-C and SIGTERM itself: streams end, then it exits.
+        return match crate::serve::main(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                end_progress_line();
+                eprintln!("error: {e}");
+                ExitCode::from(if is_usage(&e) { EXIT_USAGE } else { 1 })
+            }
+        };
+    }
     // Ctrl-C while generating ends the generation (what was generated and the stats are still
     // printed); a second one, or one while loading, quits at once.
     let _ = ctrlc::set_handler(|| {
@@ -211,6 +226,7 @@ pub fn main() -> ExitCode {
         Command::Generate(args) => pollster::block_on(generate(args)),
         Command::Bench(args) => pollster::block_on(bench(args)),
         Command::Synthetic(args) => write_synthetic(&args),
+        Command::Serve(_) => unreachable!("served above"),
     };
     match result {
         Ok(()) if INTERRUPTED.load(Ordering::SeqCst) => ExitCode::from(130),
@@ -266,7 +282,7 @@ fn split_parts(path: &std::path::Path) -> Vec<PathBuf> {
 }
 
 /// Loads the model; without --backend, the GPU when an adapter exists, else the CPU.
-async fn load(args: &ModelArgs) -> Result<Engine, Error> {
+pub(crate) async fn load(args: &ModelArgs) -> Result<Engine, Error> {
     let path = model_path(args.model.clone());
     eprintln!("loading {}", path.display());
     // Read in ranges: the header, then each tensor in pieces into GPU memory.

@@ -1,0 +1,458 @@
+//! Continuous batching: requests join and leave a running batch between decode steps.
+//!
+//! A `Batcher` holds the requests being generated, each in its own KV-pool sequence (its own
+//! cache on the CPU backend). `step` runs one round: up to `prefill_budget` prompt tokens of
+//! requests still being prefilled (in pieces of at most `PREFILL_CHUNK`, oldest request first),
+//! then one decode step of every prefilled request the caller says is ready, as one batch (each
+//! weight read once for all rows). Requests are admitted while the pool can hold them at their
+//! longest and a decode step has a row for them; finished ones leave at the end of the round and
+//! give their blocks back. Greedy output of a request is what it gives alone; a sampled request
+//! draws with its own seed what it draws alone.
+//!
+//! Between two decode steps of a running request there is at most one step of every row plus
+//! `prefill_budget` prompt tokens: that is the bound a newcomer's prefill puts on the others'
+//! inter-token latency.
+
+use crate::engine::{Backend, Engine, GenerateOptions, Prompt, Stats, StopMatcher, StopReason, TokenEvent};
+use crate::error::{Error, Result};
+use crate::gpu::{BatchReadback, Readback, PREFILL_CHUNK};
+use crate::kv_pool::SeqId;
+use crate::model::{CpuKvCache, Logits};
+use crate::sampling::{all_finite, argmax, Sampler};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use web_time::Instant;
+
+/// A request's handle, unique for the batcher's life.
+pub type RequestId = u64;
+
+/// What `Batcher::step` reports of a request.
+#[derive(Debug)]
+pub enum BatchEvent<'a> {
+    /// A token (the callback returns false to end the request: its client went away).
+    Token(&'a TokenEvent),
+    /// The request ended; it has left the batch and its blocks are free.
+    Done(Stats),
+    /// The request failed on its own (non-finite logits in its row); the others go on.
+    Failed(Error),
+}
+
+/// A request checked against the model (tokenized, options valid, fits the context), not yet
+/// admitted: kept by a caller's queue while the batch is full.
+pub struct Prepared {
+    tokens: Vec<u32>,
+    sampler: Sampler,
+    options: GenerateOptions,
+}
+
+impl Prepared {
+    pub fn prompt_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn options(&self) -> &GenerateOptions {
+        &self.options
+    }
+}
+
+/// Where a request's keys and values live.
+enum SeqKv {
+    Cpu(Box<CpuKvCache>),
+    Gpu(SeqId),
+}
+
+struct Request {
+    id: RequestId,
+    seq: BatchSeq,
+    kv: SeqKv,
+    /// Prompt tokens run so far.
+    prefilled: usize,
+    /// KV blocks the request holds at its longest (prompt + max_tokens).
+    blocks: usize,
+}
+
+pub struct Batcher {
+    requests: Vec<Request>,
+    next_id: RequestId,
+    prefill_budget: usize,
+    max_rows: usize,
+    /// A decode step's rows: (request index, token, position), reused.
+    rows: Vec<(usize, u32, usize)>,
+    gpu_rows: Vec<(SeqId, u32, usize)>,
+    ids: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+impl Batcher {
+    /// A batcher over `engine`'s KV pool. The conversation's cache is cleared: its blocks serve
+    /// the batch. `prefill_budget`: prompt tokens run per round (at least 1).
+    pub fn new(engine: &mut Engine, prefill_budget: usize) -> Self {
+        engine.truncate_cache(0);
+        let max_rows = match engine.gpu_model() {
+            Some(m) => m.max_batch(),
+            None => crate::gpu::kernels::MAX_BATCH,
+        };
+        Self {
+            requests: Vec::new(),
+            next_id: 0,
+            prefill_budget: prefill_budget.max(1),
+            max_rows,
+            rows: Vec::with_capacity(max_rows),
+            gpu_rows: Vec::with_capacity(max_rows),
+            ids: vec![0; max_rows],
+            logits: Vec::new(),
+        }
+    }
+
+    /// Requests one decode step takes at most (and so the most the batch admits).
+    pub fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+
+    pub fn len(&self) -> usize {
+        self.requests.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+
+    /// Requests whose prompt is not yet all run.
+    pub fn prefilling(&self) -> usize {
+        self.requests.iter().filter(|r| r.prefilled < r.seq.prompt_len).count()
+    }
+
+    /// Checks a request against the model: options, prompt tokens, context. Errors here are the
+    /// request's own (it can never run); `admit` then only says whether there is room now.
+    pub fn prepare(engine: &Engine, prompt: &Prompt, options: &GenerateOptions) -> Result<Prepared> {
+        options.validate()?;
+        if options.speculate.is_some() || options.top_candidates > 0 {
+            return Err(Error::InvalidOption {
+                name: "batch",
+                value: "speculate or candidates".into(),
+                expected: "batched sequences without speculation or per-token candidates (run those alone)".into(),
+            });
+        }
+        let tokens = engine.checked_prompt(prompt, options.max_tokens)?;
+        let mut sampler = Sampler::new(options.sampling.clone(), engine.config.vocab_size)?;
+        tokens.iter().for_each(|&id| sampler.accept(id));
+        Ok(Prepared { tokens, sampler, options: options.clone() })
+    }
+
+    /// KV blocks a request needs at its longest (0 on the CPU backend, which has no pool).
+    fn blocks_needed(engine: &Engine, p: &Prepared) -> usize {
+        engine.gpu_model().map_or(0, |m| (p.tokens.len() + p.options.max_tokens).div_ceil(m.pool().block_tokens()))
+    }
+
+    /// Blocks no admitted request will take: the pool's free blocks less what running requests
+    /// will still reserve as they grow.
+    fn uncommitted_blocks(&self, engine: &Engine) -> usize {
+        let Some(m) = engine.gpu_model() else { return usize::MAX };
+        let pool = m.pool();
+        let owed: usize = self
+            .requests
+            .iter()
+            .map(|r| match r.kv {
+                SeqKv::Gpu(seq) => r.blocks.saturating_sub(pool.table(seq).len()),
+                SeqKv::Cpu(_) => 0,
+            })
+            .sum();
+        pool.free_blocks().saturating_sub(owed)
+    }
+
+    /// Whether `p` could be admitted now (a row free, and the pool's room for it at its longest).
+    pub fn has_room(&self, engine: &Engine, p: &Prepared) -> bool {
+        self.requests.len() < self.max_rows && Self::blocks_needed(engine, p) <= self.uncommitted_blocks(engine)
+    }
+
+    /// Admits a prepared request: it is prefilled from the next `step` on. Refused, the request
+    /// comes back with the error (`TooManySequences` or `KvPoolFull`), to wait or be dropped.
+    pub fn admit(
+        &mut self,
+        engine: &mut Engine,
+        p: Prepared,
+    ) -> std::result::Result<RequestId, (Error, Box<Prepared>)> {
+        if self.requests.len() >= self.max_rows {
+            return Err((Error::TooManySequences { max: self.max_rows }, Box::new(p)));
+        }
+        let needed = Self::blocks_needed(engine, &p);
+        let free = self.uncommitted_blocks(engine);
+        let kv = match &mut engine.backend {
+            Backend::Cpu { model, .. } => SeqKv::Cpu(Box::new(model.new_cache())),
+            Backend::Gpu(model) => {
+                let bt = model.pool().block_tokens();
+                if needed > free {
+                    let capacity_tokens = model.pool().blocks() * bt;
+                    return Err((
+                        Error::KvPoolFull { needed_tokens: needed * bt, free_tokens: free * bt, capacity_tokens },
+                        Box::new(p),
+                    ));
+                }
+                match model.new_sequence() {
+                    Ok(seq) => SeqKv::Gpu(seq),
+                    Err(e) => return Err((e, Box::new(p))),
+                }
+            }
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        self.requests.push(Request { id, seq: BatchSeq::new(p), kv, prefilled: 0, blocks: needed });
+        Ok(id)
+    }
+
+    /// Ends a request now (its client went away): it leaves the batch and its blocks are free.
+    /// Returns its stats, or None when no such request is running.
+    pub fn cancel(&mut self, engine: &mut Engine, id: RequestId) -> Option<Stats> {
+        let i = self.requests.iter().position(|r| r.id == id)?;
+        let mut r = self.requests.remove(i);
+        r.seq.stop.get_or_insert(StopReason::Aborted);
+        free(engine, &r.kv);
+        Some(r.seq.stats())
+    }
+
+    /// Ends every request (after an error that is not one request's: a lost device).
+    pub fn clear(&mut self, engine: &mut Engine) -> Vec<RequestId> {
+        let ids = self.requests.iter().map(|r| r.id).collect();
+        for r in self.requests.drain(..) {
+            free(engine, &r.kv);
+        }
+        ids
+    }
+
+    /// One round: prefill within the budget, then one decode step of every prefilled request
+    /// for which `ready(id)` (a request whose reader is behind waits; its state is kept), then
+    /// the finished requests leave. Events go to `on_event`. Returns the decode step's rows.
+    /// An error here is not one request's (the batch should be cleared).
+    pub async fn step(
+        &mut self,
+        engine: &mut Engine,
+        ready: &mut dyn FnMut(RequestId) -> bool,
+        on_event: &mut dyn FnMut(RequestId, BatchEvent) -> bool,
+    ) -> Result<usize> {
+        let vocab = engine.config.vocab_size;
+        self.logits.resize(vocab.max(self.logits.len()), 0.0);
+        let mut budget = self.prefill_budget;
+        for i in 0..self.requests.len() {
+            if budget == 0 {
+                break;
+            }
+            let r = &mut self.requests[i];
+            if r.prefilled == r.seq.prompt_len {
+                continue;
+            }
+            if r.prefilled == 0 {
+                r.seq.start = Instant::now();
+            }
+            let n = budget.min(PREFILL_CHUNK).min(r.seq.prompt_len - r.prefilled);
+            let last = r.prefilled + n == r.seq.prompt_len;
+            let chunk = &r.seq.tokens[r.prefilled..r.prefilled + n];
+            let logits = &mut self.logits[..vocab];
+            match (&mut engine.backend, &mut r.kv) {
+                (Backend::Cpu { model, .. }, SeqKv::Cpu(cache)) => {
+                    let out = model.forward(cache, chunk, Logits::Last)?;
+                    logits.copy_from_slice(&out);
+                }
+                (Backend::Gpu(model), &mut SeqKv::Gpu(seq)) => {
+                    let readback = if last { Readback::Logits(logits) } else { Readback::None };
+                    model.step_in(seq, chunk, r.prefilled, readback).await?;
+                }
+                _ => unreachable!("a request's cache is on its engine's backend"),
+            }
+            r.prefilled += n;
+            budget -= n;
+            if !last {
+                continue;
+            }
+            if !all_finite(logits) {
+                r.seq.failed = Some(Error::NonFiniteLogits { position: r.seq.prompt_len });
+                continue;
+            }
+            r.seq.next = Some(r.seq.sampler.sample(logits));
+            r.seq.ttft = r.seq.start.elapsed().as_secs_f64();
+            r.seq.decode_start = Instant::now();
+            let id = r.id;
+            r.seq.emit(&engine.tokenizer, &mut |ev| on_event(id, BatchEvent::Token(ev)));
+        }
+
+        self.rows.clear();
+        for (i, r) in self.requests.iter_mut().enumerate() {
+            if let (Some(next), None, None) = (r.seq.next, r.seq.stop, &r.seq.failed) {
+                if ready(r.id) {
+                    self.rows.push((i, next, r.seq.tokens.len()));
+                }
+            }
+        }
+        let n = self.rows.len();
+        if n > 0 {
+            let want_logits = self.rows.iter().any(|r| self.requests[r.0].seq.sampler.needs_logits());
+            if want_logits {
+                self.logits.resize(n * vocab, 0.0);
+            }
+            match &mut engine.backend {
+                Backend::Cpu { model, .. } => {
+                    for (k, &(i, token, _)) in self.rows.iter().enumerate() {
+                        let SeqKv::Cpu(cache) = &mut self.requests[i].kv else { unreachable!() };
+                        let out = model.forward(cache, &[token], Logits::Last)?;
+                        if want_logits {
+                            self.logits[k * vocab..][..vocab].copy_from_slice(&out);
+                        } else {
+                            self.ids[k] = argmax(&out);
+                        }
+                    }
+                }
+                Backend::Gpu(model) => {
+                    self.gpu_rows.clear();
+                    for &(i, token, pos) in &self.rows {
+                        let SeqKv::Gpu(seq) = self.requests[i].kv else { unreachable!() };
+                        self.gpu_rows.push((seq, token, pos));
+                    }
+                    let readback = if want_logits {
+                        BatchReadback::Logits(&mut self.logits)
+                    } else {
+                        BatchReadback::Argmax(&mut self.ids)
+                    };
+                    model.decode_batch(&self.gpu_rows, readback).await?;
+                }
+            }
+            for (k, &(i, token, pos)) in self.rows.iter().enumerate() {
+                let r = &mut self.requests[i];
+                r.seq.tokens.push(token);
+                let next = if want_logits {
+                    let row = &mut self.logits[k * vocab..][..vocab];
+                    if !all_finite(row) {
+                        r.seq.failed = Some(Error::NonFiniteLogits { position: pos + 1 });
+                        continue;
+                    }
+                    r.seq.sampler.sample(row)
+                } else {
+                    self.ids[k]
+                };
+                if next as usize >= vocab {
+                    return Err(Error::TokenOutOfRange { id: next, vocab_size: vocab });
+                }
+                r.seq.next = Some(next);
+                r.seq.decode_steps += 1;
+                let id = r.id;
+                r.seq.emit(&engine.tokenizer, &mut |ev| on_event(id, BatchEvent::Token(ev)));
+            }
+        }
+
+        let mut i = 0;
+        while i < self.requests.len() {
+            let r = &self.requests[i];
+            if r.seq.stop.is_none() && r.seq.failed.is_none() {
+                i += 1;
+                continue;
+            }
+            let mut r = self.requests.remove(i);
+            free(engine, &r.kv);
+            let id = r.id;
+            match r.seq.failed.take() {
+                Some(e) => on_event(id, BatchEvent::Failed(e)),
+                None => on_event(id, BatchEvent::Done(r.seq.stats())),
+            };
+        }
+        Ok(n)
+    }
+}
+
+fn free(engine: &mut Engine, kv: &SeqKv) {
+    if let (SeqKv::Gpu(seq), Some(m)) = (kv, engine.gpu_model_mut()) {
+        m.free_sequence(*seq);
+    }
+}
+
+/// One request's generation state: what `Engine::generate` keeps in locals.
+struct BatchSeq {
+    prompt_len: usize,
+    /// The prompt, then every token fed back.
+    tokens: Vec<u32>,
+    sampler: Sampler,
+    options: GenerateOptions,
+    stream: StreamDecoder,
+    stops: StopMatcher,
+    /// The token emitted last, fed back by the next decode step (None until the prompt is run).
+    next: Option<u32>,
+    generated: usize,
+    decode_steps: usize,
+    stop: Option<StopReason>,
+    failed: Option<Error>,
+    start: Instant,
+    ttft: f64,
+    decode_start: Instant,
+}
+
+impl BatchSeq {
+    fn new(p: Prepared) -> Self {
+        let now = Instant::now();
+        Self {
+            prompt_len: p.tokens.len(),
+            tokens: p.tokens,
+            sampler: p.sampler,
+            stops: StopMatcher::new(p.options.stop.clone()),
+            options: p.options,
+            stream: StreamDecoder::new(),
+            next: None,
+            generated: 0,
+            decode_steps: 0,
+            stop: None,
+            failed: None,
+            start: now,
+            ttft: 0.0,
+            decode_start: now,
+        }
+    }
+
+    /// Emits `next` as `generate` does (end of sequence, stop strings, the token limit); sets
+    /// `stop` when the request ends.
+    fn emit(&mut self, tok: &Tokenizer, on_token: &mut dyn FnMut(&TokenEvent) -> bool) {
+        let Some(next) = self.next else { return };
+        if let Err(e) = self.emit_token(tok, next, on_token) {
+            self.failed = Some(e);
+        }
+    }
+
+    fn emit_token(&mut self, tok: &Tokenizer, next: u32, on_token: &mut dyn FnMut(&TokenEvent) -> bool) -> Result<()> {
+        let position = self.tokens.len() + 1;
+        if !self.options.ignore_eos && tok.stop_ids.contains(&next) {
+            let (tail, _) = self.stops.finish(&self.stream.finish(tok)?);
+            if !tail.is_empty() {
+                on_token(&TokenEvent { id: next, text: tail, position: position - 1, candidates: Vec::new() });
+            }
+            self.stop = Some(StopReason::Eos);
+            return Ok(());
+        }
+        self.generated += 1;
+        let last = self.generated >= self.options.max_tokens;
+        let mut piece = self.stream.push(tok, next)?;
+        if last {
+            piece.push_str(&self.stream.finish(tok)?);
+        }
+        let (text, hit) = if last { self.stops.finish(&piece) } else { self.stops.push(&piece) };
+        if !on_token(&TokenEvent { id: next, text, position, candidates: Vec::new() }) {
+            self.stop = Some(StopReason::Aborted);
+        } else if hit {
+            self.stop = Some(StopReason::StopString);
+        } else if last {
+            self.stop = Some(StopReason::MaxTokens);
+        } else {
+            self.sampler.accept(next);
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> Stats {
+        let decode_secs = self.decode_start.elapsed().as_secs_f64();
+        Stats {
+            prompt_tokens: self.prompt_len,
+            prefilled_tokens: self.prompt_len,
+            generated_tokens: self.generated,
+            ttft_ms: self.ttft * 1e3,
+            prefill_tok_s: self.prompt_len as f64 / self.ttft.max(1e-9),
+            decode_tok_s: self.decode_steps as f64 / decode_secs.max(1e-9),
+            stop_reason: self.stop.unwrap_or(StopReason::MaxTokens),
+            decode_steps: self.decode_steps,
+            decode_counters: None,
+            speculation: None,
+        }
+    }
+}

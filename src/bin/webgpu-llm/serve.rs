@@ -1,0 +1,1168 @@
+//! `webgpu-llm serve`: an OpenAI-compatible HTTP server over one engine, with continuous
+//! batching.
+//!
+//! One thread owns the engine and runs the `Batcher`'s rounds; HTTP handlers (axum on tokio)
+//! send it requests and read each request's events from a bounded channel. Between rounds the
+//! engine thread admits waiting requests (FIFO, while a decode row and the KV pool's room are
+//! free), ends requests whose client went away (their blocks are free for the next round), and
+//! leaves out of the next decode step any request whose reader is `--stream-buffer` events
+//! behind: a slow reader makes its own stream wait, never the others, and never grows memory.
+//! A full batch and a full queue answer 429 with Retry-After. SIGTERM or Ctrl-C: no new
+//! connections; running and waiting requests end with an error event ("server shutting down").
+
+use crate::cli::{at_least_one, load, ModelArgs};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use clap::Args;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot};
+use webgpu_llm::batcher::{BatchEvent, Batcher, Prepared, RequestId};
+use webgpu_llm::beam::{BeamOptions, EarlyStopping};
+use webgpu_llm::chat::Message;
+use webgpu_llm::engine::{Engine, GenerateOptions, Prompt, Stats, StopReason};
+use webgpu_llm::sampling::SamplingParams;
+use webgpu_llm::speculate::Speculation;
+use webgpu_llm::Error;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Requests decoded together at most (the rows of a decode step; capped by the GPU's).
+    #[arg(long, default_value_t = 16, value_parser = at_least_one)]
+    max_batch: usize,
+    /// Requests waiting for a place in the batch at most; past that, 429 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// Prompt tokens prefilled per round (between two decode steps of the running requests):
+    /// bounds what a newcomer's prompt adds to the others' inter-token latency.
+    #[arg(long, default_value_t = 128, value_parser = at_least_one)]
+    prefill_chunk: usize,
+    /// Events held per stream for a reader that is behind; when they are all unread, that
+    /// stream's decoding waits until the reader catches up.
+    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
+    stream_buffer: usize,
+    /// The largest request body, in bytes (413 past it).
+    #[arg(long, default_value_t = 1 << 20, value_parser = at_least_one)]
+    max_body: usize,
+}
+
+/// max_tokens when a request gives none.
+const DEFAULT_MAX_TOKENS: usize = 256;
+
+pub fn main(args: ServeArgs) -> Result<(), Error> {
+    let model_id = args
+        .model
+        .model
+        .as_deref()
+        .and_then(|p| p.file_stem())
+        .and_then(|s| s.to_str())
+        .unwrap_or("SmolLM2-135M-Instruct.Q4_1")
+        .to_string();
+    let engine = pollster::block_on(load(&args.model))?;
+    let max_batch = args.max_batch;
+    let metrics = Arc::new(Metrics::default());
+    let (commands, rx) = mpsc::unbounded_channel();
+    let config = EngineConfig {
+        max_batch,
+        max_queue: args.max_queue,
+        prefill_chunk: args.prefill_chunk,
+    };
+    let thread_metrics = metrics.clone();
+    let engine_thread = std::thread::Builder::new()
+        .name("engine".into())
+        .spawn(move || engine_loop(engine, rx, config, &thread_metrics))
+        .map_err(|e| Error::Io { path: "engine thread".into(), source: e })?;
+    let state = Arc::new(AppState {
+        model_id,
+        commands: commands.clone(),
+        metrics,
+        next_id: AtomicU64::new(1),
+        stream_buffer: args.stream_buffer,
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Io { path: "tokio runtime".into(), source: e })?;
+    let addr = format!("{}:{}", args.host, args.port);
+    let result = runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| Error::Io { path: addr.clone(), source: e })?;
+        let app = Router::new()
+            .route("/v1/chat/completions", post(chat_completions))
+            .route("/v1/completions", post(completions))
+            .route("/v1/models", get(models))
+            .route("/health", get(health))
+            .route("/metrics", get(metrics_text))
+            .fallback(not_found)
+            .layer(DefaultBodyLimit::max(args.max_body))
+            .with_state(state);
+        eprintln!("serving on http://{} (OpenAI-compatible: POST /v1/chat/completions, /v1/completions)", listener.local_addr().map_or(addr.clone(), |a| a.to_string()));
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                shutdown_signal().await;
+                eprintln!("shutting down: ending streams");
+                let _ = commands.send(Command::Shutdown);
+            })
+            .await
+            .map_err(|e| Error::Io { path: addr, source: e })
+    });
+    let _ = engine_thread.join();
+    result
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine thread
+
+struct EngineConfig {
+    max_batch: usize,
+    max_queue: usize,
+    prefill_chunk: usize,
+}
+
+enum Command {
+    Submit(Job, oneshot::Sender<Result<Accepted, ApiError>>),
+    Shutdown,
+}
+
+/// A request as the engine thread takes it: `n` choices of one prompt, or a beam search.
+struct Job {
+    prompt: Prompt,
+    options: GenerateOptions,
+    n: usize,
+    beams: Option<BeamOptions>,
+    events: mpsc::Sender<Out>,
+    received: Instant,
+}
+
+struct Accepted {
+    prompt_tokens: usize,
+}
+
+/// What a request's channel carries.
+enum Out {
+    Token { index: usize, text: String },
+    Done { index: usize, stats: Stats },
+    Beams(Vec<(Vec<u32>, String, f64)>),
+    Error(ApiError),
+}
+
+/// A choice being generated (or finished, with events its reader has not taken yet).
+struct Stream {
+    events: mpsc::Sender<Out>,
+    index: usize,
+    /// Events the channel had no room for; while any is held the choice is not decoded.
+    held: VecDeque<Out>,
+    done: bool,
+    received: Instant,
+    last_token: Option<Instant>,
+}
+
+impl Stream {
+    /// Sends or holds `out`; false when the reader is gone.
+    fn push(&mut self, out: Out) -> bool {
+        if !self.held.is_empty() {
+            self.held.push_back(out);
+            return true;
+        }
+        match self.events.try_send(out) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(out)) => {
+                self.held.push_back(out);
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+
+    /// Sends held events while the channel has room.
+    fn flush(&mut self) {
+        while let Some(out) = self.held.pop_front() {
+            match self.events.try_send(out) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(out)) => {
+                    self.held.push_front(out);
+                    return;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    self.held.clear();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+struct Waiting {
+    prepared: Prepared,
+    stream: Stream,
+}
+
+fn engine_loop(mut engine: Engine, mut commands: mpsc::UnboundedReceiver<Command>, config: EngineConfig, metrics: &Metrics) {
+    let mut batcher = Batcher::new(&mut engine, config.prefill_chunk);
+    let max_batch = config.max_batch.min(batcher.max_rows());
+    let mut waiting: VecDeque<Waiting> = VecDeque::new();
+    let mut streams: HashMap<RequestId, Stream> = HashMap::new();
+    // Streams of requests run alone (beams, speculation) have ids from the top down.
+    let mut solo_id = RequestId::MAX;
+    let mut shutting_down = false;
+    // Requests whose readers are behind: left out of the next decode step.
+    let mut paused: Vec<RequestId> = Vec::new();
+    loop {
+        let idle = batcher.is_empty() && waiting.is_empty() && streams.is_empty();
+        if idle {
+            if shutting_down {
+                return;
+            }
+            match commands.blocking_recv() {
+                Some(c) => handle(c, &mut engine, &mut batcher, &mut waiting, &mut streams, &mut solo_id, &config, &mut shutting_down),
+                None => return,
+            }
+        }
+        while let Ok(c) = commands.try_recv() {
+            handle(c, &mut engine, &mut batcher, &mut waiting, &mut streams, &mut solo_id, &config, &mut shutting_down);
+        }
+        if shutting_down {
+            for id in batcher.clear(&mut engine) {
+                if let Some(s) = streams.get_mut(&id) {
+                    s.push(Out::Error(ApiError::shutting_down()));
+                    s.done = true;
+                }
+            }
+            for mut w in waiting.drain(..) {
+                w.stream.push(Out::Error(ApiError::shutting_down()));
+            }
+            // Readers that are behind get what fits; the rest is dropped with the thread.
+            streams.values_mut().for_each(Stream::flush);
+            return;
+        }
+        // Readers gone: their requests end now (blocks free for this round's admissions).
+        streams.retain(|&id, s| {
+            if !s.events.is_closed() {
+                return true;
+            }
+            batcher.cancel(&mut engine, id);
+            false
+        });
+        waiting.retain(|w| !w.stream.events.is_closed());
+        streams.values_mut().for_each(Stream::flush);
+        streams.retain(|_, s| !(s.done && s.held.is_empty()));
+        while let Some(w) = waiting.front() {
+            if batcher.len() >= max_batch || !batcher.has_room(&engine, &w.prepared) {
+                break;
+            }
+            let w = waiting.pop_front().expect("front exists");
+            match batcher.admit(&mut engine, w.prepared) {
+                Ok(id) => {
+                    streams.insert(id, w.stream);
+                }
+                Err((e, _)) => {
+                    let mut s = w.stream;
+                    s.push(Out::Error(ApiError::from_engine(&e, "prompt")));
+                }
+            }
+        }
+        metrics.queue_depth.store(waiting.len(), Ordering::Relaxed);
+        metrics.running.store(batcher.len(), Ordering::Relaxed);
+        if batcher.is_empty() {
+            if !streams.is_empty() {
+                // Only finished streams whose readers are behind: wait for them.
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            continue;
+        }
+        let round = Instant::now();
+        let prefilling = batcher.prefilling();
+        paused.clear();
+        paused.extend(streams.iter().filter(|(_, s)| !s.held.is_empty()).map(|(&id, _)| id));
+        let result = pollster::block_on(batcher.step(
+            &mut engine,
+            &mut |id| !paused.contains(&id),
+            &mut |id, event| {
+                let Some(s) = streams.get_mut(&id) else { return false };
+                match event {
+                    BatchEvent::Token(ev) => {
+                        let now = Instant::now();
+                        match s.last_token {
+                            None => metrics.ttft.lock().unwrap().observe((now - s.received).as_secs_f64()),
+                            Some(t) => metrics.itl.lock().unwrap().observe((now - t).as_secs_f64()),
+                        }
+                        s.last_token = Some(now);
+                        metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
+                        if ev.text.is_empty() {
+                            return !s.events.is_closed();
+                        }
+                        s.push(Out::Token { index: s.index, text: ev.text.clone() })
+                    }
+                    BatchEvent::Done(stats) => {
+                        metrics.prompt_tokens.fetch_add(stats.prompt_tokens as u64, Ordering::Relaxed);
+                        s.done = true;
+                        s.push(Out::Done { index: s.index, stats })
+                    }
+                    BatchEvent::Failed(e) => {
+                        s.done = true;
+                        s.push(Out::Error(ApiError::from_engine(&e, "prompt")))
+                    }
+                }
+            },
+        ));
+        match result {
+            Ok(rows) => {
+                metrics.batch_rows.store(rows, Ordering::Relaxed);
+                let secs = round.elapsed().as_secs_f64();
+                if rows > 0 && prefilling == 0 {
+                    *metrics.decode_tok_s.lock().unwrap() = rows as f64 / secs.max(1e-9);
+                }
+                if rows == 0 && prefilling == 0 {
+                    // Every running request waits for its reader.
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+            Err(e) => {
+                eprintln!("error in a batch step: {e}");
+                let err = ApiError::from_engine(&e, "prompt");
+                for id in batcher.clear(&mut engine) {
+                    if let Some(s) = streams.get_mut(&id) {
+                        s.push(Out::Error(err.clone()));
+                        s.done = true;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn handle(
+    command: Command,
+    engine: &mut Engine,
+    batcher: &mut Batcher,
+    waiting: &mut VecDeque<Waiting>,
+    streams: &mut HashMap<RequestId, Stream>,
+    solo_id: &mut RequestId,
+    config: &EngineConfig,
+    shutting_down: &mut bool,
+) {
+    let (job, reply) = match command {
+        Command::Shutdown => {
+            *shutting_down = true;
+            return;
+        }
+        Command::Submit(job, reply) => (job, reply),
+    };
+    if *shutting_down {
+        let _ = reply.send(Err(ApiError::shutting_down()));
+        return;
+    }
+    let stream = |index| Stream {
+        events: job.events.clone(),
+        index,
+        held: VecDeque::new(),
+        done: false,
+        received: job.received,
+        last_token: None,
+    };
+    let param = if matches!(job.prompt, Prompt::Chat(_)) { "messages" } else { "prompt" };
+    // Beam search and speculation run alone, between two rounds of the batch.
+    if let Some(beams) = &job.beams {
+        let tokens = match engine.prompt_tokens(&job.prompt) {
+            Ok(t) => t.len(),
+            Err(e) => {
+                let _ = reply.send(Err(ApiError::from_engine(&e, param)));
+                return;
+            }
+        };
+        let found = pollster::block_on(engine.beam_search(&job.prompt, beams));
+        engine.clear_conversation();
+        match found {
+            Ok(found) => {
+                let _ = reply.send(Ok(Accepted { prompt_tokens: tokens }));
+                let beams = found.into_iter().map(|(h, text)| (h.ids, text, h.score)).collect();
+                let mut s = stream(0);
+                s.push(Out::Beams(beams));
+                s.done = true;
+                streams.insert(*solo_id, s);
+                *solo_id -= 1;
+            }
+            Err(e) => {
+                let _ = reply.send(Err(ApiError::from_engine(&e, param)));
+            }
+        }
+        return;
+    }
+    if job.options.speculate.is_some() {
+        let tokens = match engine.prompt_tokens(&job.prompt) {
+            Ok(t) => t.len(),
+            Err(e) => {
+                let _ = reply.send(Err(ApiError::from_engine(&e, param)));
+                return;
+            }
+        };
+        let mut s = stream(0);
+        let mut replied = Some(reply);
+        let mut on_token = |ev: &webgpu_llm::engine::TokenEvent| {
+            if let Some(r) = replied.take() {
+                let _ = r.send(Ok(Accepted { prompt_tokens: tokens }));
+            }
+            ev.text.is_empty() || s.push(Out::Token { index: 0, text: ev.text.clone() })
+        };
+        let result = pollster::block_on(engine.generate(&job.prompt, &job.options, &mut on_token));
+        engine.clear_conversation();
+        match (result, replied) {
+            (Err(e), Some(r)) => {
+                let _ = r.send(Err(ApiError::from_engine(&e, param)));
+                return;
+            }
+            (Err(e), None) => s.push(Out::Error(ApiError::from_engine(&e, param))),
+            (Ok(stats), Some(r)) => {
+                let _ = r.send(Ok(Accepted { prompt_tokens: stats.prompt_tokens }));
+                s.push(Out::Done { index: 0, stats })
+            }
+            (Ok(stats), None) => s.push(Out::Done { index: 0, stats }),
+        };
+        s.done = true;
+        streams.insert(*solo_id, s);
+        *solo_id -= 1;
+        return;
+    }
+    let mut prepared = Vec::with_capacity(job.n);
+    for i in 0..job.n {
+        let mut options = job.options.clone();
+        options.sampling.seed = options.sampling.seed.wrapping_add(i as u64);
+        match Batcher::prepare(engine, &job.prompt, &options) {
+            Ok(p) => prepared.push(p),
+            Err(e) => {
+                let _ = reply.send(Err(ApiError::from_engine(&e, param)));
+                return;
+            }
+        }
+    }
+    let running = batcher.len();
+    let free_rows = config.max_batch.min(batcher.max_rows()).saturating_sub(running);
+    if job.n > free_rows + config.max_queue.saturating_sub(waiting.len()) {
+        let _ = reply.send(Err(ApiError::busy(waiting.len(), running)));
+        return;
+    }
+    let prompt_tokens = prepared[0].prompt_tokens();
+    for (i, p) in prepared.into_iter().enumerate() {
+        waiting.push_back(Waiting { prepared: p, stream: stream(i) });
+    }
+    let _ = reply.send(Ok(Accepted { prompt_tokens }));
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP
+
+struct AppState {
+    model_id: String,
+    commands: mpsc::UnboundedSender<Command>,
+    metrics: Arc<Metrics>,
+    next_id: AtomicU64,
+    /// Events a stream's channel holds (`--stream-buffer`).
+    stream_buffer: usize,
+}
+
+type Shared = Arc<AppState>;
+
+/// An OpenAI-style error: `{"error": {"message", "type", "param", "code"}}` with its status.
+#[derive(Debug, Clone)]
+struct ApiError {
+    status: StatusCode,
+    message: String,
+    kind: &'static str,
+    param: Option<String>,
+    code: Option<String>,
+    retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self { status, message: message.into(), kind, param: None, code: None, retry_after: None }
+    }
+
+    fn with_code(mut self, code: &str) -> Self {
+        self.code = Some(code.into());
+        self
+    }
+
+    fn invalid(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            param: Some(param.into()),
+            code: Some("invalid_value".into()),
+            ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
+    }
+
+    fn shutting_down() -> Self {
+        Self {
+            code: Some("shutting_down".into()),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the server is shutting down")
+        }
+    }
+
+    fn busy(waiting: usize, running: usize) -> Self {
+        Self {
+            code: Some("rate_limit_exceeded".into()),
+            retry_after: Some(1),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!("the server is at capacity ({running} requests running, {waiting} waiting); retry later"),
+            )
+        }
+    }
+
+    /// An engine error about a request (`param`: the field holding the prompt).
+    fn from_engine(e: &Error, param: &str) -> Self {
+        let message = e.to_string();
+        match e {
+            Error::InvalidSamplingParameter { name, .. } | Error::InvalidOption { name, .. } => {
+                Self::invalid(name, message)
+            }
+            Error::ContextOverflow { .. } => Self {
+                param: Some(param.into()),
+                code: Some("context_length_exceeded".into()),
+                ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+            },
+            Error::EmptyPrompt
+            | Error::TokenOutOfRange { .. }
+            | Error::ChatTemplate(_)
+            | Error::NoChatTemplate
+            | Error::Tokenizer(_) => Self::invalid(param, message),
+            Error::KvPoolFull { .. } | Error::TooManySequences { .. } => Self {
+                code: Some("rate_limit_exceeded".into()),
+                retry_after: Some(1),
+                ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
+            },
+            _ => Self { code: Some(e.code().into()), ..Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message) },
+        }
+    }
+
+    fn body(&self) -> Value {
+        json!({ "error": { "message": self.message, "type": self.kind, "param": self.param, "code": self.code } })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        response
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// The fields both endpoints take (OpenAI's, then the engine's extensions).
+#[derive(Deserialize)]
+struct Common {
+    model: Option<String>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<usize>,
+    max_completion_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    seed: Option<u64>,
+    stop: Option<OneOrMany>,
+    n: Option<usize>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    logprobs: Option<Value>,
+    top_logprobs: Option<usize>,
+    // Extensions.
+    top_k: Option<usize>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
+    #[serde(default)]
+    ignore_eos: bool,
+    beams: Option<usize>,
+    length_penalty: Option<f64>,
+    early_stopping: Option<Value>,
+    speculate: Option<String>,
+    draft_tokens: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    role: String,
+    content: Option<Content>,
+}
+
+#[derive(Deserialize)]
+struct ChatRequest {
+    messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum CompletionPrompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Deserialize)]
+struct CompletionRequest {
+    prompt: CompletionPrompt,
+    #[serde(flatten)]
+    common: Common,
+}
+
+/// Parses a body: 400 for what is not JSON, 422 for JSON of the wrong shape, 413 past the limit.
+fn parse<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let body = body.map_err(|r| {
+        let status = r.status();
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "request_too_large" } else { "invalid_body" };
+        ApiError::new(status, "invalid_request_error", r.body_text()).with_code(code)
+    })?;
+    let value: Value = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("the body is not valid JSON: {e}"))
+            .with_code("invalid_json")
+    })?;
+    serde_json::from_value(value).map_err(|e| {
+        let message = format!("the request does not have the expected fields: {e}");
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error", message).with_code("invalid_request")
+    })
+}
+
+/// The engine's options from a request's fields; errors name the field.
+fn options(state: &AppState, c: &Common) -> Result<(GenerateOptions, usize, Option<BeamOptions>), ApiError> {
+    if let Some(m) = c.model.as_deref().filter(|m| !m.is_empty() && *m != state.model_id) {
+        return Err(ApiError {
+            param: Some("model".into()),
+            code: Some("model_not_found".into()),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!("the model '{m}' does not exist; this server runs '{}'", state.model_id),
+            )
+        });
+    }
+    if c.logprobs.as_ref().is_some_and(|v| v.as_bool() == Some(true) || v.as_u64().is_some_and(|n| n > 0))
+        || c.top_logprobs.is_some_and(|n| n > 0)
+    {
+        return Err(ApiError::invalid("logprobs", "logprobs are not supported by this server yet"));
+    }
+    let defaults = SamplingParams::default();
+    let seed = c.seed.unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+    let sampling = SamplingParams {
+        temperature: c.temperature.unwrap_or(defaults.temperature),
+        top_p: c.top_p.unwrap_or(defaults.top_p),
+        top_k: c.top_k.unwrap_or(defaults.top_k),
+        min_p: c.min_p.unwrap_or(defaults.min_p),
+        repetition_penalty: c.repetition_penalty.unwrap_or(defaults.repetition_penalty),
+        presence_penalty: c.presence_penalty.unwrap_or(defaults.presence_penalty),
+        frequency_penalty: c.frequency_penalty.unwrap_or(defaults.frequency_penalty),
+        seed,
+    };
+    let stop = match &c.stop {
+        None => Vec::new(),
+        Some(OneOrMany::One(s)) => vec![s.clone()],
+        Some(OneOrMany::Many(v)) if v.len() <= 4 => v.clone(),
+        Some(OneOrMany::Many(v)) => return Err(ApiError::invalid("stop", format!("at most 4 stop strings ({} given)", v.len()))),
+    };
+    let max_tokens = c.max_completion_tokens.or(c.max_tokens).unwrap_or(DEFAULT_MAX_TOKENS);
+    let speculate = match &c.speculate {
+        None => None,
+        Some(s) => {
+            let drafter = s.parse().map_err(|e: Error| ApiError::invalid("speculate", e.to_string()))?;
+            Some(Speculation { drafter, draft_tokens: c.draft_tokens.unwrap_or(4) })
+        }
+    };
+    let n = c.n.unwrap_or(1);
+    if n == 0 || n > 8 {
+        return Err(ApiError::invalid("n", format!("n = {n}: from 1 to 8 choices")));
+    }
+    let options = GenerateOptions { max_tokens, sampling, stop, ignore_eos: c.ignore_eos, top_candidates: 0, speculate };
+    options.validate().map_err(|e| ApiError::from_engine(&e, "prompt"))?;
+    if options.speculate.is_some() && n > 1 {
+        return Err(ApiError::invalid("n", "speculate runs one choice"));
+    }
+    let beams = match c.beams {
+        None => None,
+        Some(beams) => {
+            if n > 1 || options.speculate.is_some() {
+                return Err(ApiError::invalid("beams", "beams return the N best choices themselves: no n or speculate with them"));
+            }
+            let early_stopping = match &c.early_stopping {
+                None | Some(Value::Bool(false)) => EarlyStopping::Heuristic,
+                Some(Value::Bool(true)) => EarlyStopping::Done,
+                Some(Value::String(s)) if s == "never" => EarlyStopping::Never,
+                Some(v) => return Err(ApiError::invalid("early_stopping", format!("{v}: true, false or \"never\""))),
+            };
+            let b = BeamOptions {
+                beams,
+                max_tokens,
+                stop_ids: Vec::new(),
+                length_penalty: c.length_penalty.unwrap_or(1.0),
+                early_stopping,
+            };
+            b.validate().map_err(|e| ApiError::from_engine(&e, "beams"))?;
+            Some(b)
+        }
+    };
+    Ok((options, n, beams))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Endpoint {
+    Chat,
+    Completions,
+}
+
+async fn chat_completions(State(state): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    let result = async {
+        let req: ChatRequest = parse(body)?;
+        let mut messages = Vec::with_capacity(req.messages.len());
+        for (i, m) in req.messages.into_iter().enumerate() {
+            let content = match m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t,
+                Some(Content::Parts(parts)) => {
+                    let mut text = String::new();
+                    for p in parts {
+                        match (p.kind.as_str(), p.text) {
+                            ("text", Some(t)) => text.push_str(&t),
+                            (kind, _) => {
+                                return Err(ApiError::invalid(
+                                    &format!("messages[{i}].content"),
+                                    format!("content parts of type '{kind}' are not supported (text only)"),
+                                ))
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            messages.push(Message::new(m.role, content));
+        }
+        if messages.is_empty() {
+            return Err(ApiError::invalid("messages", "at least one message is needed"));
+        }
+        run(&state, Prompt::Chat(messages), &req.common, Endpoint::Chat).await
+    }
+    .await;
+    finish(&state, "/v1/chat/completions", result)
+}
+
+async fn completions(State(state): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    let result = async {
+        let req: CompletionRequest = parse(body)?;
+        let prompt = match req.prompt {
+            CompletionPrompt::Text(t) => Prompt::Text(t),
+            CompletionPrompt::Texts(mut v) if v.len() == 1 => Prompt::Text(v.remove(0)),
+            CompletionPrompt::Texts(_) => {
+                return Err(ApiError::invalid("prompt", "one prompt per request (send several requests: they batch)"))
+            }
+            CompletionPrompt::Tokens(ids) => Prompt::Tokens(ids),
+        };
+        run(&state, prompt, &req.common, Endpoint::Completions).await
+    }
+    .await;
+    finish(&state, "/v1/completions", result)
+}
+
+fn finish(state: &AppState, endpoint: &'static str, result: Result<Response, ApiError>) -> Response {
+    let response = result.unwrap_or_else(IntoResponse::into_response);
+    state.metrics.count(endpoint, response.status().as_u16());
+    response
+}
+
+async fn run(state: &Shared, prompt: Prompt, c: &Common, endpoint: Endpoint) -> Result<Response, ApiError> {
+    let (options, n, beams) = options(state, c)?;
+    // The channel's bound is what a slow reader can leave unread before its stream waits.
+    let (tx, rx) = mpsc::channel(state.stream_buffer);
+    let (reply, accepted) = oneshot::channel();
+    let job = Job { prompt, options, n, beams, events: tx, received: Instant::now() };
+    state.commands.send(Command::Submit(job, reply)).map_err(|_| ApiError::shutting_down())?;
+    let accepted = accepted.await.map_err(|_| ApiError::shutting_down())??;
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let meta = Meta {
+        id: match endpoint {
+            Endpoint::Chat => format!("chatcmpl-{id:016x}"),
+            Endpoint::Completions => format!("cmpl-{id:016x}"),
+        },
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        model: state.model_id.clone(),
+        endpoint,
+        prompt_tokens: accepted.prompt_tokens,
+        n,
+        include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
+    };
+    if c.stream {
+        Ok(stream_response(meta, rx))
+    } else {
+        whole_response(meta, rx).await
+    }
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    endpoint: Endpoint,
+    prompt_tokens: usize,
+    n: usize,
+    include_usage: bool,
+}
+
+impl Meta {
+    fn object(&self, stream: bool) -> &'static str {
+        match (self.endpoint, stream) {
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Completions, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, stream: bool, choices: Vec<Value>) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(stream),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": choices,
+        })
+    }
+
+    /// A choice of a stream chunk: a chat `delta` or a completion's `text`.
+    fn chunk_choice(&self, index: usize, text: Option<&str>, first: bool, finish: Option<&str>) -> Value {
+        match self.endpoint {
+            Endpoint::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first {
+                    delta.insert("role".into(), json!("assistant"));
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), json!(t));
+                }
+                json!({ "index": index, "delta": delta, "logprobs": null, "finish_reason": finish })
+            }
+            Endpoint::Completions => {
+                json!({ "index": index, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish })
+            }
+        }
+    }
+
+    fn usage(&self, completion_tokens: usize) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.prompt_tokens + completion_tokens,
+        })
+    }
+}
+
+fn finish_reason(stats: &Stats) -> &'static str {
+    match stats.stop_reason {
+        StopReason::MaxTokens => "length",
+        StopReason::Eos | StopReason::StopString | StopReason::Aborted => "stop",
+    }
+}
+
+fn stream_response(meta: Meta, rx: mpsc::Receiver<Out>) -> Response {
+    struct St {
+        meta: Meta,
+        rx: mpsc::Receiver<Out>,
+        started: Vec<bool>,
+        done: usize,
+        completion_tokens: usize,
+        queue: VecDeque<Event>,
+        ended: bool,
+    }
+    let started = vec![false; meta.n];
+    let st = St { meta, rx, started, done: 0, completion_tokens: 0, queue: VecDeque::new(), ended: false };
+    let events = futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(e) = st.queue.pop_front() {
+                return Some((Ok::<Event, Infallible>(e), st));
+            }
+            if st.ended {
+                return None;
+            }
+            let data = |v: Value| Event::default().data(v.to_string());
+            match st.rx.recv().await {
+                Some(Out::Token { index, text }) => {
+                    let first = !std::mem::replace(&mut st.started[index], true);
+                    let choice = st.meta.chunk_choice(index, Some(&text), first, None);
+                    st.queue.push_back(data(st.meta.envelope(true, vec![choice])));
+                }
+                Some(Out::Done { index, stats }) => {
+                    let first = !std::mem::replace(&mut st.started[index], true);
+                    st.completion_tokens += stats.generated_tokens;
+                    let text = (first && st.meta.endpoint == Endpoint::Chat).then_some("");
+                    let choice = st.meta.chunk_choice(index, text, first, Some(finish_reason(&stats)));
+                    st.queue.push_back(data(st.meta.envelope(true, vec![choice])));
+                    st.done += 1;
+                    if st.done == st.meta.n {
+                        if st.meta.include_usage {
+                            let mut v = st.meta.envelope(true, Vec::new());
+                            v["usage"] = st.meta.usage(st.completion_tokens);
+                            st.queue.push_back(data(v));
+                        }
+                        st.queue.push_back(Event::default().data("[DONE]"));
+                        st.ended = true;
+                    }
+                }
+                Some(Out::Beams(beams)) => {
+                    for (index, (ids, text, score)) in beams.iter().enumerate() {
+                        let mut choice = st.meta.chunk_choice(index, Some(text), true, Some("stop"));
+                        choice["score"] = json!(score);
+                        choice["ids"] = json!(ids);
+                        st.queue.push_back(data(st.meta.envelope(true, vec![choice])));
+                    }
+                    st.queue.push_back(Event::default().data("[DONE]"));
+                    st.ended = true;
+                }
+                Some(Out::Error(e)) => {
+                    st.queue.push_back(data(e.body()));
+                    st.queue.push_back(Event::default().data("[DONE]"));
+                    st.ended = true;
+                }
+                None => {
+                    let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the engine stopped");
+                    st.queue.push_back(data(e.body()));
+                    st.ended = true;
+                }
+            }
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+}
+
+async fn whole_response(meta: Meta, mut rx: mpsc::Receiver<Out>) -> Result<Response, ApiError> {
+    let mut texts = vec![String::new(); meta.n];
+    let mut reasons: Vec<Option<&'static str>> = vec![None; meta.n];
+    let mut completion_tokens = 0;
+    let mut extra: Vec<Option<(Vec<u32>, f64)>> = vec![None; meta.n];
+    let mut done = 0;
+    while done < meta.n {
+        match rx.recv().await {
+            Some(Out::Token { index, text }) => texts[index].push_str(&text),
+            Some(Out::Done { index, stats }) => {
+                completion_tokens += stats.generated_tokens;
+                reasons[index] = Some(finish_reason(&stats));
+                done += 1;
+            }
+            Some(Out::Beams(beams)) => {
+                texts = beams.iter().map(|b| b.1.clone()).collect();
+                reasons = vec![Some("stop"); beams.len()];
+                completion_tokens = beams.iter().map(|b| b.0.len()).sum();
+                extra = beams.into_iter().map(|(ids, _, score)| Some((ids, score))).collect();
+                break;
+            }
+            Some(Out::Error(e)) => return Err(e),
+            None => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the engine stopped")),
+        }
+    }
+    let choices = texts
+        .into_iter()
+        .zip(reasons)
+        .zip(extra)
+        .enumerate()
+        .map(|(index, ((text, reason), extra))| {
+            let mut choice = match meta.endpoint {
+                Endpoint::Chat => json!({
+                    "index": index,
+                    "message": { "role": "assistant", "content": text },
+                    "logprobs": null,
+                    "finish_reason": reason,
+                }),
+                Endpoint::Completions => json!({ "index": index, "text": text, "logprobs": null, "finish_reason": reason }),
+            };
+            if let Some((ids, score)) = extra {
+                choice["score"] = json!(score);
+                choice["ids"] = json!(ids);
+            }
+            choice
+        })
+        .collect();
+    let mut body = meta.envelope(false, choices);
+    body["usage"] = meta.usage(completion_tokens);
+    Ok(axum::Json(body).into_response())
+}
+
+async fn models(State(state): State<Shared>) -> Response {
+    let body = json!({
+        "object": "list",
+        "data": [{ "id": state.model_id, "object": "model", "created": 0, "owned_by": "webgpu-llm" }],
+    });
+    finish(&state, "/v1/models", Ok(axum::Json(body).into_response()))
+}
+
+async fn health(State(state): State<Shared>) -> Response {
+    let body = json!({
+        "status": "ok",
+        "running": state.metrics.running.load(Ordering::Relaxed),
+        "waiting": state.metrics.queue_depth.load(Ordering::Relaxed),
+    });
+    finish(&state, "/health", Ok(axum::Json(body).into_response()))
+}
+
+async fn not_found(State(state): State<Shared>, uri: axum::http::Uri) -> Response {
+    let e = ApiError {
+        code: Some("not_found".into()),
+        ..ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("no route {}", uri.path()))
+    };
+    finish(&state, "other", Err(e))
+}
+
+async fn metrics_text(State(state): State<Shared>) -> Response {
+    let text = state.metrics.render();
+    let mut response = text.into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+    response
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metrics (Prometheus text format)
+
+/// Latency buckets, seconds.
+const BUCKETS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+
+#[derive(Default)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, v: f64) {
+        if let Some(i) = BUCKETS.iter().position(|&b| v <= b) {
+            self.counts[i] += 1;
+        }
+        self.count += 1;
+        self.sum += v;
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        use std::fmt::Write;
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (b, c) in BUCKETS.iter().zip(self.counts) {
+            cumulative += c;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}", self.count, self.sum, self.count);
+    }
+}
+
+#[derive(Default)]
+struct Metrics {
+    requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
+    queue_depth: AtomicUsize,
+    running: AtomicUsize,
+    batch_rows: AtomicUsize,
+    generated_tokens: AtomicU64,
+    prompt_tokens: AtomicU64,
+    decode_tok_s: Mutex<f64>,
+    ttft: Mutex<Histogram>,
+    itl: Mutex<Histogram>,
+}
+
+impl Metrics {
+    fn count(&self, endpoint: &'static str, status: u16) {
+        *self.requests.lock().unwrap().entry((endpoint, status)).or_default() += 1;
+    }
+
+    fn render(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(out, "# HELP webgpu_llm_requests_total HTTP requests answered, by endpoint and status.");
+        let _ = writeln!(out, "# TYPE webgpu_llm_requests_total counter");
+        for ((endpoint, status), n) in self.requests.lock().unwrap().iter() {
+            let _ = writeln!(out, "webgpu_llm_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}");
+        }
+        let gauges = [
+            ("webgpu_llm_queue_depth", "Requests waiting for a place in the batch.", self.queue_depth.load(Ordering::Relaxed) as f64),
+            ("webgpu_llm_running_requests", "Requests in the running batch.", self.running.load(Ordering::Relaxed) as f64),
+            ("webgpu_llm_batch_size", "Rows of the last decode step.", self.batch_rows.load(Ordering::Relaxed) as f64),
+            ("webgpu_llm_decode_tokens_per_second", "Tokens per second of the last decode round without prefill (all rows).", *self.decode_tok_s.lock().unwrap()),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        let counters = [
+            ("webgpu_llm_generated_tokens_total", "Tokens generated.", self.generated_tokens.load(Ordering::Relaxed)),
+            ("webgpu_llm_prompt_tokens_total", "Prompt tokens of finished requests.", self.prompt_tokens.load(Ordering::Relaxed)),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        }
+        self.ttft.lock().unwrap().render("webgpu_llm_time_to_first_token_seconds", "From a request's arrival to its first token.", &mut out);
+        self.itl.lock().unwrap().render("webgpu_llm_inter_token_latency_seconds", "Between two tokens of a request.", &mut out);
+        out
+    }
+}
