@@ -18,6 +18,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::Router;
 use clap::Args;
 use serde::Deserialize;
@@ -58,6 +59,10 @@ pub struct ServeArgs {
     /// stream's decoding waits until the reader catches up.
     #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     stream_buffer: usize,
+    /// Each connection's kernel send buffer, in bytes: with the stream buffer, what a reader that
+    /// is behind can leave unread before its stream waits.
+    #[arg(long, default_value_t = 64 << 10, value_parser = at_least_one)]
+    send_buffer: usize,
     /// The largest request body, in bytes (413 past it).
     #[arg(long, default_value_t = 1 << 20, value_parser = at_least_one)]
     max_body: usize,
@@ -104,6 +109,13 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
     let addr = format!("{}:{}", args.host, args.port);
     let result = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| Error::Io { path: addr.clone(), source: e })?;
+        let local = listener.local_addr().map_or(addr.clone(), |a| a.to_string());
+        let send_buffer = args.send_buffer;
+        let listener = listener.tap_io(move |tcp| {
+            // Tokens go out as they come, not held for a fuller packet.
+            let _ = tcp.set_nodelay(true);
+            set_send_buffer(tcp, send_buffer);
+        });
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
             .route("/v1/completions", post(completions))
@@ -113,7 +125,7 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
             .fallback(not_found)
             .layer(DefaultBodyLimit::max(args.max_body))
             .with_state(state);
-        eprintln!("serving on http://{} (OpenAI-compatible: POST /v1/chat/completions, /v1/completions)", listener.local_addr().map_or(addr.clone(), |a| a.to_string()));
+        eprintln!("serving on http://{local} (OpenAI-compatible: POST /v1/chat/completions, /v1/completions)");
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 shutdown_signal().await;
@@ -126,6 +138,27 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
     let _ = engine_thread.join();
     result
 }
+
+/// Caps a connection's kernel send buffer (Linux doubles the value for its bookkeeping).
+#[cfg(unix)]
+fn set_send_buffer(tcp: &tokio::net::TcpStream, bytes: usize) {
+    use std::os::fd::AsRawFd;
+    let value = bytes.min(i32::MAX as usize) as libc::c_int;
+    // SAFETY: the descriptor is `tcp`'s open socket, and the option value is a c_int whose size
+    // is passed with it.
+    unsafe {
+        libc::setsockopt(
+            tcp.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn set_send_buffer(_tcp: &tokio::net::TcpStream, _bytes: usize) {}
 
 async fn shutdown_signal() {
     let ctrl_c = async {
@@ -299,6 +332,9 @@ fn engine_loop(mut engine: Engine, mut commands: mpsc::UnboundedReceiver<Command
                 }
             }
         }
+        paused.clear();
+        paused.extend(streams.iter().filter(|(_, s)| !s.held.is_empty() && !s.done).map(|(&id, _)| id));
+        metrics.paused.store(paused.len(), Ordering::Relaxed);
         metrics.queue_depth.store(waiting.len(), Ordering::Relaxed);
         metrics.running.store(batcher.len(), Ordering::Relaxed);
         if batcher.is_empty() {
@@ -310,8 +346,6 @@ fn engine_loop(mut engine: Engine, mut commands: mpsc::UnboundedReceiver<Command
         }
         let round = Instant::now();
         let prefilling = batcher.prefilling();
-        paused.clear();
-        paused.extend(streams.iter().filter(|(_, s)| !s.held.is_empty()).map(|(&id, _)| id));
         let result = pollster::block_on(batcher.step(
             &mut engine,
             &mut |id| !paused.contains(&id),
@@ -1124,6 +1158,7 @@ struct Metrics {
     requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
     queue_depth: AtomicUsize,
     running: AtomicUsize,
+    paused: AtomicUsize,
     batch_rows: AtomicUsize,
     generated_tokens: AtomicU64,
     prompt_tokens: AtomicU64,
@@ -1148,6 +1183,7 @@ impl Metrics {
         let gauges = [
             ("webgpu_llm_queue_depth", "Requests waiting for a place in the batch.", self.queue_depth.load(Ordering::Relaxed) as f64),
             ("webgpu_llm_running_requests", "Requests in the running batch.", self.running.load(Ordering::Relaxed) as f64),
+            ("webgpu_llm_paused_streams", "Running requests whose readers are behind (not decoded until they read).", self.paused.load(Ordering::Relaxed) as f64),
             ("webgpu_llm_batch_size", "Rows of the last decode step.", self.batch_rows.load(Ordering::Relaxed) as f64),
             ("webgpu_llm_decode_tokens_per_second", "Tokens per second of the last decode round without prefill (all rows).", *self.decode_tok_s.lock().unwrap()),
         ];
