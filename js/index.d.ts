@@ -53,6 +53,53 @@ export interface GenerateOptions {
   draftTokens?: number;
 }
 
+/** OpenAI's chat completion request (the fields this engine takes; others are ignored). */
+export interface ChatCompletionRequest {
+  messages: { role: string; content: string | { type: "text"; text: string }[] }[];
+  model?: string;
+  stream?: boolean;
+  stream_options?: { include_usage?: boolean };
+  max_tokens?: number;
+  max_completion_tokens?: number;
+  temperature?: number;
+  top_p?: number;
+  seed?: number;
+  stop?: string | string[];
+  /** Only 1: make several calls instead (they run as one batch). */
+  n?: number;
+  presence_penalty?: number;
+  frequency_penalty?: number;
+  /** The engine's extensions. */
+  top_k?: number;
+  min_p?: number;
+  repetition_penalty?: number;
+  ignore_eos?: boolean;
+}
+
+export interface ChatCompletionUsage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: "chat.completion";
+  created: number;
+  model: string;
+  choices: { index: number; message: { role: "assistant"; content: string }; logprobs: null; finish_reason: "stop" | "length" }[];
+  usage: ChatCompletionUsage;
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: "chat.completion.chunk";
+  created: number;
+  model: string;
+  choices: { index: number; delta: { role?: "assistant"; content?: string }; logprobs: null; finish_reason: "stop" | "length" | null }[];
+  usage?: ChatCompletionUsage;
+}
+
 export interface BeamOptions {
   /** Beams kept and hypotheses returned (1 to 32). Default 4. */
   beams?: number;
@@ -239,7 +286,17 @@ export declare class Engine {
   /** Bytes of the engine's wasm linear memory (its high-water mark: wasm memory never shrinks). */
   static wasmMemoryBytes(): Promise<number>;
   generate(prompt: string, options?: GenerateOptions): AsyncIterableIterator<TokenEvent>;
-  chat(messages: Message[], options?: GenerateOptions): AsyncIterableIterator<TokenEvent>;
+  /**
+   * The conversation: chat completion with the model's chat template, the KV cache reused across
+   * turns. `chat.completions.create` is OpenAI's API on the batch (concurrent calls share every
+   * decode step).
+   */
+  chat: ((messages: Message[], options?: GenerateOptions) => AsyncIterableIterator<TokenEvent>) & {
+    completions: {
+      create(request: ChatCompletionRequest & { stream: true }): Promise<AsyncIterable<ChatCompletionChunk>>;
+      create(request: ChatCompletionRequest & { stream?: false }): Promise<ChatCompletion>;
+    };
+  };
   /** Beam search (transformers' num_beams semantics) from a raw prompt or chat messages: the N best, best first. */
   beamSearch(prompt: string | Message[], options?: BeamOptions): Promise<Beam[]>;
   abort(): void;

@@ -540,10 +540,17 @@ async function fit(info) {
 export class Engine {
   #inner;
   #fromCache;
+  #model;
 
   constructor(inner, fromCache) {
     this.#inner = inner;
     this.#fromCache = fromCache;
+    this.#model = inner.info().modelName;
+    // engine.chat(messages, options) is the conversation (its KV cache reused across turns);
+    // engine.chat.completions.create(request) is OpenAI's API, on the batch.
+    const chat = (messages, options = {}) => this.#stream(messages, true, options);
+    chat.completions = { create: (request) => this.#create(request) };
+    this.chat = chat;
   }
 
   /**
@@ -641,22 +648,26 @@ export class Engine {
     return this.#stream(prompt, false, options);
   }
 
-  /** Chat completion with the model's chat template; reuses the KV cache across turns. */
-  chat(messages, options = {}) {
-    return this.#stream(messages, true, options);
-  }
-
-  async *#stream(prompt, chat, options) {
+  /**
+   * Streams the token events of one generation: the conversation's (`batched` false: the KV cache
+   * reused across turns, one at a time) or the batch's (`batched`: requests running at once share
+   * every decode step). The iterator's return value is the generation's stats.
+   */
+  async *#stream(prompt, chat, options, batched = false) {
     const queue = [];
     let wake = null;
     let finished = false;
     let failure = null;
-    const done = this.#inner.generate(prompt, chat, options, (ev) => {
+    let stats = null;
+    let cancelled = false;
+    const onToken = (ev) => {
       queue.push(ev);
       wake?.();
-    });
+      return !cancelled;
+    };
+    const done = batched ? this.#inner.submit(prompt, chat, options, onToken) : this.#inner.generate(prompt, chat, options, onToken);
     done.then(
-      () => { finished = true; wake?.(); },
+      (s) => { stats = s; finished = true; wake?.(); },
       (e) => { failure = toError(e); finished = true; wake?.(); },
     );
     try {
@@ -667,17 +678,92 @@ export class Engine {
         }
         if (finished) {
           if (failure) throw failure;
-          return;
+          return stats;
         }
         await new Promise((resolve) => (wake = resolve));
         wake = null;
       }
     } finally {
       if (!finished) {
-        this.#inner.abort();
+        cancelled = true;
+        if (!batched) this.#inner.abort();
         await done.catch(() => {});
       }
     }
+  }
+
+  /**
+   * OpenAI's chat completion on this engine (`engine.chat.completions.create`): resolves to a
+   * `chat.completion`, or with `stream: true` to an async iterable of `chat.completion.chunk`s.
+   * Calls made while others run join them in one batch. The sampling fields are OpenAI's
+   * (temperature, top_p, max_tokens | max_completion_tokens, seed, stop, presence_penalty,
+   * frequency_penalty, stream_options.include_usage) and the engine's (top_k, min_p,
+   * repetition_penalty, ignore_eos).
+   */
+  async #create(request) {
+    if (!request || !Array.isArray(request.messages)) {
+      throw Object.assign(new TypeError("chat.completions.create: messages must be an array of {role, content}"), { code: "invalid-option" });
+    }
+    if ((request.n ?? 1) !== 1) {
+      throw Object.assign(new RangeError("chat.completions.create: n must be 1 (make n calls: they run as one batch)"), { code: "invalid-option" });
+    }
+    const messages = request.messages.map((m) => ({
+      role: String(m.role),
+      content: typeof m.content === "string" ? m.content : (m.content ?? []).map((p) => p.text ?? "").join(""),
+    }));
+    const defined = (o) => Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined && v !== null));
+    const options = defined({
+      maxTokens: request.max_completion_tokens ?? request.max_tokens,
+      temperature: request.temperature,
+      topP: request.top_p,
+      topK: request.top_k,
+      minP: request.min_p,
+      repetitionPenalty: request.repetition_penalty,
+      presencePenalty: request.presence_penalty,
+      frequencyPenalty: request.frequency_penalty,
+      seed: request.seed,
+      stop: typeof request.stop === "string" ? [request.stop] : request.stop,
+      ignoreEos: request.ignore_eos,
+    });
+    const id = `chatcmpl-${Math.random().toString(16).slice(2, 14)}`;
+    const created = Math.floor(Date.now() / 1000);
+    const base = { id, created, model: this.#model, system_fingerprint: null };
+    const finishReason = (s) => (s.stopReason === "maxtokens" ? "length" : "stop");
+    const usage = (s) => ({ prompt_tokens: s.promptTokens, completion_tokens: s.generatedTokens, total_tokens: s.promptTokens + s.generatedTokens });
+    const tokens = this.#stream(messages, true, options, true);
+    if (!request.stream) {
+      let content = "";
+      let step;
+      while (!(step = await tokens.next()).done) content += step.value.text;
+      const stats = step.value;
+      return {
+        ...base,
+        object: "chat.completion",
+        choices: [{ index: 0, message: { role: "assistant", content }, logprobs: null, finish_reason: finishReason(stats) }],
+        usage: usage(stats),
+      };
+    }
+    // The first token is awaited here, so a request the engine refuses rejects create() itself.
+    const first = await tokens.next();
+    const chunk = (delta, finish) => ({ ...base, object: "chat.completion.chunk", choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }] });
+    const includeUsage = !!request.stream_options?.include_usage;
+    return (async function* () {
+      let step = first;
+      let role = true;
+      try {
+        while (!step.done) {
+          if (step.value.text || role) {
+            yield chunk(role ? { role: "assistant", content: step.value.text } : { content: step.value.text }, null);
+            role = false;
+          }
+          step = await tokens.next();
+        }
+        yield chunk({}, finishReason(step.value));
+        if (includeUsage) yield { ...base, object: "chat.completion.chunk", choices: [], usage: usage(step.value) };
+      } finally {
+        await tokens.return();
+      }
+    })();
   }
 
   /**

@@ -187,6 +187,19 @@ pub struct WasmEngine {
     aborted: Rc<Cell<bool>>,
     busy: Rc<Cell<bool>>,
     last_stats: Rc<RefCell<Option<Stats>>>,
+    /// Requests for the batch (`submit`) the pump has not taken yet.
+    submitted: Rc<RefCell<Vec<Submitted>>>,
+    /// A pump is running the batch.
+    pumping: Rc<Cell<bool>>,
+}
+
+/// A request `submit` queued: its prompt and options, its token callback and its promise's ends.
+struct Submitted {
+    prompt: Prompt,
+    options: GenerateOptions,
+    on_token: js_sys::Function,
+    resolve: js_sys::Function,
+    reject: js_sys::Function,
 }
 
 #[wasm_bindgen]
@@ -242,6 +255,8 @@ impl WasmEngine {
             aborted: Rc::new(Cell::new(false)),
             busy: Rc::new(Cell::new(false)),
             last_stats: Rc::new(RefCell::new(None)),
+            submitted: Rc::new(RefCell::new(Vec::new())),
+            pumping: Rc::new(Cell::new(false)),
         })
     }
 
@@ -301,6 +316,33 @@ impl WasmEngine {
         })
     }
 
+    /// Queues a generation for the batch: requests submitted while others run join them between
+    /// decode steps (each weight read once per step for all). `on_token({id, text, position})`
+    /// per token, returning false ends the request; resolves to its stats. The conversation's
+    /// KV cache is not used (each request runs its whole prompt).
+    pub fn submit(&self, prompt: JsValue, chat: bool, options: JsValue, on_token: js_sys::Function) -> js_sys::Promise {
+        let mut parsed = Some(js_prompt(prompt, chat).and_then(|p| Ok((p, js_generate_options(options)?))));
+        let (engine, busy, submitted, pumping) =
+            (self.engine.clone(), self.busy.clone(), self.submitted.clone(), self.pumping.clone());
+        js_sys::Promise::new(&mut |resolve, reject| match parsed.take() {
+            Some(Ok((prompt, options))) => {
+                submitted.borrow_mut().push(Submitted { prompt, options, on_token: on_token.clone(), resolve, reject });
+                if !pumping.replace(true) {
+                    wasm_bindgen_futures::spawn_local(pump(
+                        engine.clone(),
+                        busy.clone(),
+                        submitted.clone(),
+                        pumping.clone(),
+                    ));
+                }
+            }
+            Some(Err(e)) => {
+                let _ = reject.call1(&JsValue::NULL, &e);
+            }
+            None => {}
+        })
+    }
+
     /// Beam search from a raw prompt (string) or chat messages: resolves to the N best
     /// hypotheses, best first, as [{ids, text, score}] (`BeamOptions`: beams, maxTokens,
     /// lengthPenalty, earlyStopping false | true | "never", ignoreEos).
@@ -349,12 +391,43 @@ async fn generate(
     options: JsValue,
     on_token: &js_sys::Function,
 ) -> Result<Stats, JsValue> {
+    let prompt = js_prompt(prompt, chat)?;
+    let options = js_generate_options(options)?;
+    // The engine is taken out for the duration, so a concurrent info()/unload() gets an error
+    // instead of a borrow panic.
+    let mut e = engine.borrow_mut().take().ok_or_else(|| js_err("the model was unloaded"))?;
+    aborted.set(false);
+    let mut callback_error = None;
+    let result = {
+        let mut on = |ev: &crate::engine::TokenEvent| match serde_wasm_bindgen::to_value(ev)
+            .map_err(JsValue::from)
+            .and_then(|v| on_token.call1(&JsValue::NULL, &v))
+        {
+            Ok(_) => !aborted.get(),
+            Err(err) => {
+                callback_error = Some(err);
+                false
+            }
+        };
+        e.generate(&prompt, &options, &mut on).await
+    };
+    *engine.borrow_mut() = Some(e);
+    if let Some(err) = callback_error {
+        return Err(js_err(format!(
+            "the token callback threw: {}",
+            err.as_string().unwrap_or_else(|| format!("{err:?}"))
+        )));
+    }
+    result.map_err(engine_err)
+}
+
+/// The package's generation options (camelCase, every field optional) as the engine's.
+fn js_generate_options(options: JsValue) -> Result<GenerateOptions, JsValue> {
     let o: JsGenerateOptions = if options.is_undefined() || options.is_null() {
         Default::default()
     } else {
         serde_wasm_bindgen::from_value(options)?
     };
-    let prompt = js_prompt(prompt, chat)?;
     let seed = match o.seed {
         Some(s) if s.is_finite() && s >= 0.0 => s as u64,
         Some(s) => return Err(js_err(format!("invalid seed {s}: use a non-negative integer"))),
@@ -383,32 +456,111 @@ async fn generate(
             None => None,
         },
     };
-    // The engine is taken out for the duration, so a concurrent info()/unload() gets an error
-    // instead of a borrow panic.
-    let mut e = engine.borrow_mut().take().ok_or_else(|| js_err("the model was unloaded"))?;
-    aborted.set(false);
-    let mut callback_error = None;
-    let result = {
-        let mut on = |ev: &crate::engine::TokenEvent| match serde_wasm_bindgen::to_value(ev)
-            .map_err(JsValue::from)
-            .and_then(|v| on_token.call1(&JsValue::NULL, &v))
-        {
-            Ok(_) => !aborted.get(),
-            Err(err) => {
-                callback_error = Some(err);
-                false
-            }
-        };
-        e.generate(&prompt, &options, &mut on).await
-    };
-    *engine.borrow_mut() = Some(e);
-    if let Some(err) = callback_error {
-        return Err(js_err(format!(
-            "the token callback threw: {}",
-            err.as_string().unwrap_or_else(|| format!("{err:?}"))
-        )));
+    Ok(options)
+}
+
+/// Runs the submitted requests as one batch until none is left: admits what the KV pool and a
+/// decode step's rows allow (the rest waits, in order), steps, hands each token to its request's
+/// callback (which returns false to end it) and settles each request's promise with its stats.
+async fn pump(
+    engine: Rc<RefCell<Option<Engine>>>,
+    busy: Rc<Cell<bool>>,
+    submitted: Rc<RefCell<Vec<Submitted>>>,
+    pumping: Rc<Cell<bool>>,
+) {
+    struct Live {
+        on_token: js_sys::Function,
+        resolve: js_sys::Function,
+        reject: js_sys::Function,
     }
-    result.map_err(engine_err)
+    let reject_all = |why: &str| {
+        for s in submitted.borrow_mut().drain(..) {
+            let _ = s.reject.call1(&JsValue::NULL, &js_err(why));
+        }
+    };
+    if busy.replace(true) {
+        reject_all("a generation is already running: await it or call abort() first");
+        pumping.set(false);
+        return;
+    }
+    let Some(mut e) = engine.borrow_mut().take() else {
+        reject_all("the model was unloaded");
+        busy.set(false);
+        pumping.set(false);
+        return;
+    };
+    let mut batcher = crate::batcher::Batcher::new(&mut e, crate::engine::PREFILL_CHUNK);
+    let mut waiting = std::collections::VecDeque::new();
+    let mut live = std::collections::HashMap::new();
+    loop {
+        let taken: Vec<Submitted> = submitted.borrow_mut().drain(..).collect();
+        for s in taken {
+            match crate::batcher::Batcher::prepare(&e, &s.prompt, &s.options) {
+                Ok(p) => waiting.push_back((p, Live { on_token: s.on_token, resolve: s.resolve, reject: s.reject })),
+                Err(err) => {
+                    let _ = s.reject.call1(&JsValue::NULL, &engine_err(err));
+                }
+            }
+        }
+        // In order; a request the empty batch cannot hold is refused (admit says why).
+        while let Some((p, _)) = waiting.front() {
+            if !batcher.is_empty() && !batcher.has_room(&e, p) {
+                break;
+            }
+            let (p, l) = waiting.pop_front().expect("front exists");
+            match batcher.admit(&mut e, p) {
+                Ok(id) => {
+                    live.insert(id, l);
+                }
+                Err((err, _)) => {
+                    let _ = l.reject.call1(&JsValue::NULL, &engine_err(err));
+                }
+            }
+        }
+        if batcher.is_empty() {
+            break;
+        }
+        let result = batcher
+            .step(&mut e, &mut |_| true, &mut |id, event| {
+                let Some(l) = live.get(&id) else { return false };
+                match event {
+                    crate::batcher::BatchEvent::Token(ev) => match serde_wasm_bindgen::to_value(ev)
+                        .map_err(JsValue::from)
+                        .and_then(|v| l.on_token.call1(&JsValue::NULL, &v))
+                    {
+                        Ok(keep) => keep.as_bool() != Some(false),
+                        Err(_) => false,
+                    },
+                    crate::batcher::BatchEvent::Done(stats) => {
+                        let l = live.remove(&id).expect("a live request");
+                        match serde_wasm_bindgen::to_value(&JsStats::from(&stats)) {
+                            Ok(v) => l.resolve.call1(&JsValue::NULL, &v),
+                            Err(err) => l.reject.call1(&JsValue::NULL, &err.into()),
+                        }
+                        .is_ok()
+                    }
+                    crate::batcher::BatchEvent::Failed(err) => {
+                        let l = live.remove(&id).expect("a live request");
+                        let _ = l.reject.call1(&JsValue::NULL, &engine_err(err));
+                        true
+                    }
+                }
+            })
+            .await;
+        if let Err(err) = result {
+            let code = err.code();
+            for id in batcher.clear(&mut e) {
+                if let Some(l) = live.remove(&id) {
+                    let js = js_err(&err);
+                    let _ = js_sys::Reflect::set(&js, &"code".into(), &code.into());
+                    let _ = l.reject.call1(&JsValue::NULL, &js);
+                }
+            }
+        }
+    }
+    *engine.borrow_mut() = Some(e);
+    busy.set(false);
+    pumping.set(false);
 }
 
 #[derive(Deserialize)]

@@ -78,6 +78,43 @@ window.finished = true;`;
     beams.forEach((b, i) => assert.ok(Math.abs(b.score - beamCase.beams[i].score) < 1e-3, `beam ${i}: ${b.score} vs ${beamCase.beams[i].score}`));
     const badBeams = await tab.evaluate(() => window.engine.beamSearch("Hi", { beams: 0 }).then(() => null, (e) => [e.message, e.code]));
     assert.equal(badBeams[1], "invalid-option", badBeams[0]);
+
+    // OpenAI's API on the batch: two chat.completions.create streams consumed at once both
+    // stream (each one's chunks arrive before the other ends) and each gives its golden text;
+    // a whole completion gives the golden text and usage.
+    const capital = golden.cases.find((c) => c.name === "chat_capital_france");
+    const both = await tab.evaluate(async ([a, b]) => {
+      const order = [];
+      const run = async (messages, tag) => {
+        const stream = await window.engine.chat.completions.create({ messages, stream: true, temperature: 0, max_tokens: 64, stream_options: { include_usage: true } });
+        let text = "", finish = null, usage = null;
+        for await (const chunk of stream) {
+          if (chunk.usage) usage = chunk.usage;
+          for (const c of chunk.choices) {
+            if (c.delta.content) { text += c.delta.content; order.push(tag); }
+            if (c.finish_reason) finish = c.finish_reason;
+          }
+        }
+        order.push(tag + "-end");
+        return { text, finish, usage, object: stream[Symbol.asyncIterator] ? "iterable" : "?" };
+      };
+      const [ra, rb] = await Promise.all([run(a, "a"), run(b, "b")]);
+      return { ra, rb, order };
+    }, [capital.messages, colors.messages]);
+    assert.equal(both.ra.text, capital.greedy_text_before_first_eos);
+    assert.equal(both.rb.text, colors.greedy_text_before_first_eos);
+    assert.equal(both.ra.finish, "stop");
+    assert.equal(both.rb.usage.completion_tokens, colors.first_eos_index);
+    assert.equal(both.rb.usage.prompt_tokens, colors.n_prompt_tokens);
+    // Interleaved: b's first token comes before a ends, and a's first before b ends.
+    assert.ok(both.order.indexOf("b") < both.order.indexOf("a-end") && both.order.indexOf("a") < both.order.indexOf("b-end"), both.order.join(" "));
+    const whole = await tab.evaluate((messages) => window.engine.chat.completions.create({ messages, temperature: 0, max_tokens: 64 }), capital.messages);
+    assert.equal(whole.object, "chat.completion");
+    assert.equal(whole.choices[0].message.content, capital.greedy_text_before_first_eos);
+    assert.equal(whole.choices[0].finish_reason, "stop");
+    assert.equal(whole.usage.completion_tokens, capital.first_eos_index);
+    const badRequest = await tab.evaluate(() => window.engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], temperature: -1 }).then(() => null, (e) => [e.message, e.code]));
+    assert.equal(badRequest[1], "invalid-option", badRequest[0]);
   } finally {
     await browser.close();
     server.close();
