@@ -541,6 +541,10 @@ export class Engine {
   #inner;
   #fromCache;
   #model;
+  /** Ends each running batched generation (`abort`). */
+  #cancels = new Set();
+  /** The stats of the generation that ended last. */
+  #lastStats = null;
 
   constructor(inner, fromCache) {
     this.#inner = inner;
@@ -643,9 +647,13 @@ export class Engine {
     if (typeof caches !== "undefined") await caches.delete(CACHE_NAME);
   }
 
-  /** Raw-text completion: an async iterator of {id, text}. */
+  /**
+   * Raw-text completion: an async iterator of {id, text, position}. Generations started while
+   * others run join them in one batch (each decode step serves all); with `candidates` or
+   * `speculate` a generation runs alone.
+   */
   generate(prompt, options = {}) {
-    return this.#stream(prompt, false, options);
+    return this.#stream(prompt, false, options, !(options?.candidates > 0 || options?.speculate));
   }
 
   /**
@@ -665,9 +673,11 @@ export class Engine {
       wake?.();
       return !cancelled;
     };
+    const cancel = () => { cancelled = true; };
+    if (batched) this.#cancels.add(cancel);
     const done = batched ? this.#inner.submit(prompt, chat, options, onToken) : this.#inner.generate(prompt, chat, options, onToken);
     done.then(
-      (s) => { stats = s; finished = true; wake?.(); },
+      (s) => { stats = s; this.#lastStats = s; finished = true; wake?.(); },
       (e) => { failure = toError(e); finished = true; wake?.(); },
     );
     try {
@@ -689,6 +699,7 @@ export class Engine {
         if (!batched) this.#inner.abort();
         await done.catch(() => {});
       }
+      this.#cancels.delete(cancel);
     }
   }
 
@@ -778,14 +789,15 @@ export class Engine {
     }
   }
 
-  /** Stops the running generation; the engine stays usable. */
+  /** Stops the running generations (the conversation's and the batch's); the engine stays usable. */
   abort() {
+    for (const cancel of this.#cancels) cancel();
     this.#inner.abort();
   }
 
-  /** {promptTokens, prefilledTokens, generatedTokens, ttftMs, prefillTokS, decodeTokS, stopReason} of the last generation. */
+  /** {promptTokens, prefilledTokens, generatedTokens, ttftMs, prefillTokS, decodeTokS, stopReason} of the generation that ended last. */
   stats() {
-    return this.#inner.stats();
+    return this.#lastStats ?? this.#inner.stats();
   }
 
   /** {modelName, architecture, contextLength, adapter, f16, subgroups, ...}; fromCache: loaded from Cache Storage. */

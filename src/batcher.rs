@@ -13,12 +13,14 @@
 //! `prefill_budget` prompt tokens: that is the bound a newcomer's prefill puts on the others'
 //! inter-token latency.
 
-use crate::engine::{Backend, Engine, GenerateOptions, Prompt, Stats, StopMatcher, StopReason, TokenEvent};
+use crate::engine::{
+    Backend, Engine, GenerateOptions, Prompt, Stats, StopMatcher, StopReason, TokenCandidate, TokenEvent, TokenLogprob,
+};
 use crate::error::{Error, Result};
 use crate::gpu::{BatchReadback, Readback, PREFILL_CHUNK};
 use crate::kv_pool::SeqId;
 use crate::model::{CpuKvCache, Logits};
-use crate::sampling::{all_finite, argmax, Sampler};
+use crate::sampling::{all_finite, argmax, Candidate, Sampler};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use web_time::Instant;
 
@@ -125,11 +127,11 @@ impl Batcher {
     /// request's own (it can never run); `admit` then only says whether there is room now.
     pub fn prepare(engine: &Engine, prompt: &Prompt, options: &GenerateOptions) -> Result<Prepared> {
         options.validate()?;
-        if options.speculate.is_some() || options.top_candidates > 0 {
+        if let Some(spec) = &options.speculate {
             return Err(Error::InvalidOption {
-                name: "batch",
-                value: "speculate or candidates".into(),
-                expected: "batched sequences without speculation or per-token candidates (run those alone)".into(),
+                name: "speculate",
+                value: format!("{:?}", spec.drafter),
+                expected: "batched sequences without speculation (run it alone)".into(),
             });
         }
         let tokens = engine.checked_prompt(prompt, options.max_tokens)?;
@@ -266,7 +268,7 @@ impl Batcher {
                 r.seq.failed = Some(Error::NonFiniteLogits { position: r.seq.prompt_len });
                 continue;
             }
-            r.seq.next = Some(r.seq.sampler.sample(logits));
+            r.seq.next = Some(r.seq.choose(&engine.tokenizer, logits));
             r.seq.ttft = r.seq.start.elapsed().as_secs_f64();
             r.seq.decode_start = Instant::now();
             let id = r.id;
@@ -283,7 +285,7 @@ impl Batcher {
         }
         let n = self.rows.len();
         if n > 0 {
-            let want_logits = self.rows.iter().any(|r| self.requests[r.0].seq.sampler.needs_logits());
+            let want_logits = self.rows.iter().any(|r| self.requests[r.0].seq.wants_logits());
             if want_logits {
                 self.logits.resize(n * vocab, 0.0);
             }
@@ -322,7 +324,7 @@ impl Batcher {
                         r.seq.failed = Some(Error::NonFiniteLogits { position: pos + 1 });
                         continue;
                     }
-                    r.seq.sampler.sample(row)
+                    r.seq.choose(&engine.tokenizer, row)
                 } else {
                     self.ids[k]
                 };
@@ -372,6 +374,9 @@ struct BatchSeq {
     stops: StopMatcher,
     /// The token emitted last, fed back by the next decode step (None until the prompt is run).
     next: Option<u32>,
+    /// `next`'s candidates and log-probability (with `top_candidates`), until it is emitted.
+    candidates: Vec<TokenCandidate>,
+    logprob: Option<TokenLogprob>,
     generated: usize,
     decode_steps: usize,
     stop: Option<StopReason>,
@@ -392,6 +397,8 @@ impl BatchSeq {
             options: p.options,
             stream: StreamDecoder::new(),
             next: None,
+            candidates: Vec::new(),
+            logprob: None,
             generated: 0,
             decode_steps: 0,
             stop: None,
@@ -400,6 +407,38 @@ impl BatchSeq {
             ttft: 0.0,
             decode_start: now,
         }
+    }
+
+    /// Whether choosing the next token needs the logits on the host (a sampler, or candidates).
+    fn wants_logits(&self) -> bool {
+        self.sampler.needs_logits() || self.options.top_candidates > 0
+    }
+
+    /// Samples the next token from `logits` (which it changes); with `top_candidates`, keeps the
+    /// distribution's most likely tokens and the chosen one's log-probability for its event.
+    fn choose(&mut self, tok: &Tokenizer, logits: &mut [f32]) -> u32 {
+        let n = self.options.top_candidates;
+        if n == 0 {
+            return self.sampler.sample(logits);
+        }
+        let original = logits.to_vec();
+        self.candidates = self
+            .sampler
+            .top_candidates(&original, n)
+            .into_iter()
+            .map(|Candidate { id, prob, kept }| TokenCandidate {
+                id,
+                text: tok.decode(&[id]).unwrap_or_default(),
+                prob,
+                kept,
+            })
+            .collect();
+        let id = self.sampler.sample(logits);
+        self.logprob = Some(TokenLogprob {
+            logprob: self.sampler.probability_of(&original, id).ln(),
+            token: tok.decode(&[id]).unwrap_or_default(),
+        });
+        id
     }
 
     /// Emits `next` as `generate` does (end of sequence, stop strings, the token limit); sets
@@ -416,7 +455,13 @@ impl BatchSeq {
         if !self.options.ignore_eos && tok.stop_ids.contains(&next) {
             let (tail, _) = self.stops.finish(&self.stream.finish(tok)?);
             if !tail.is_empty() {
-                on_token(&TokenEvent { id: next, text: tail, position: position - 1, candidates: Vec::new() });
+                on_token(&TokenEvent {
+                    id: next,
+                    text: tail,
+                    position: position - 1,
+                    candidates: Vec::new(),
+                    logprob: None,
+                });
             }
             self.stop = Some(StopReason::Eos);
             return Ok(());
@@ -428,7 +473,9 @@ impl BatchSeq {
             piece.push_str(&self.stream.finish(tok)?);
         }
         let (text, hit) = if last { self.stops.finish(&piece) } else { self.stops.push(&piece) };
-        if !on_token(&TokenEvent { id: next, text, position, candidates: Vec::new() }) {
+        let candidates = std::mem::take(&mut self.candidates);
+        let logprob = self.logprob.take();
+        if !on_token(&TokenEvent { id: next, text, position, candidates, logprob }) {
             self.stop = Some(StopReason::Aborted);
         } else if hit {
             self.stop = Some(StopReason::StopString);

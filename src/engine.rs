@@ -120,6 +120,17 @@ pub struct TokenEvent {
     /// The distribution this token was drawn from (when `top_candidates` > 0).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub candidates: Vec<TokenCandidate>,
+    /// The token's log-probability in that distribution (batched generation with
+    /// `top_candidates` > 0: the server's `logprobs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprob: Option<TokenLogprob>,
+}
+
+/// A sampled token's log-probability and its own text (the event's `text` may hold it back).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    pub token: String,
 }
 
 /// A candidate of the sampling distribution, with its text.
@@ -368,6 +379,7 @@ impl Engine {
                 // have cached tokens that are still to be emitted).
                 position: tokens.len() + generated,
                 candidates: std::mem::take(&mut candidates),
+                logprob: None,
             };
             if !on_token(&event) {
                 break StopReason::Aborted;
@@ -400,6 +412,7 @@ impl Engine {
                     text: tail,
                     position: tokens.len() + generated,
                     candidates: Vec::new(),
+                    logprob: None,
                 });
             }
         }

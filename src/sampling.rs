@@ -293,6 +293,27 @@ impl Sampler {
     /// The distribution the last `sample` drew from: the `n` most likely tokens after temperature,
     /// with the ones top-k/top-p/min-p kept marked. For display; allocates.
     pub fn top_candidates(&mut self, logits: &[f32], n: usize) -> Vec<Candidate> {
+        let all = self.distribution(logits);
+        let mut penalized = logits.to_vec();
+        self.apply_penalties(&mut penalized);
+        let kept: Vec<u32> = if self.params.is_greedy() {
+            vec![argmax(&penalized)]
+        } else {
+            self.filter(&penalized);
+            self.candidates.iter().map(|c| c.0).collect()
+        };
+        all.iter().take(n).map(|&(id, prob)| Candidate { id, prob, kept: kept.contains(&id) }).collect()
+    }
+
+    /// The probability of `id` in the distribution `top_candidates` reports (penalties and
+    /// temperature applied, before the top-k/top-p/min-p cut; temperature 1 when greedy): what an
+    /// API reports as the token's logprob. Allocates.
+    pub fn probability_of(&self, logits: &[f32], id: u32) -> f32 {
+        self.distribution(logits).iter().find(|c| c.0 == id).map_or(0.0, |c| c.1)
+    }
+
+    /// Every token's probability after penalties and temperature, most likely first.
+    fn distribution(&self, logits: &[f32]) -> Vec<(u32, f32)> {
         let mut logits = logits.to_vec();
         self.apply_penalties(&mut logits);
         let temperature = if self.params.temperature > 0.0 { self.params.temperature } else { 1.0 };
@@ -304,13 +325,7 @@ impl Sampler {
         }
         sort_desc(&mut all);
         softmax_pairs(&mut all);
-        let kept: Vec<u32> = if self.params.is_greedy() {
-            vec![argmax(&logits)]
-        } else {
-            self.filter(&logits);
-            self.candidates.iter().map(|c| c.0).collect()
-        };
-        all.iter().take(n).map(|&(id, prob)| Candidate { id, prob, kept: kept.contains(&id) }).collect()
+        all
     }
 
     fn apply_penalties(&self, logits: &mut [f32]) {

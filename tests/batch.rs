@@ -131,3 +131,82 @@ fn a_batch_the_kv_pool_cannot_hold_is_refused_before_any_work() {
         Err(Error::InvalidOption { name: "batch", .. })
     ));
 }
+
+/// Continuous batching (`Batcher`): requests that join a running batch between steps, one left
+/// out of several steps (its reader behind) and one cancelled midway each give what they give
+/// alone, and every KV block is back in the pool at the end.
+#[test]
+fn requests_joining_pausing_and_leaving_a_running_batch_give_the_golden_tokens() {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    use webgpu_llm::batcher::{BatchEvent, Batcher, RequestId};
+    let cases = common::golden("generations.json")["cases"].as_array().unwrap().clone();
+    let prompt = |i: usize| Prompt::Tokens(common::ids(&cases[i]["prompt_ids"]));
+    let want = |i: usize, n: usize| common::ids(&cases[i]["generated_ids"])[..n].to_vec();
+    for backend in BACKENDS {
+        let mut e = engine(backend, 1024);
+        let free_at_start = e.gpu_model().map(|m| m.pool().free_blocks());
+        // A small prefill budget: prompts take several rounds, beside running decodes.
+        let mut b = Batcher::new(&mut e, 16);
+        let ids: RefCell<HashMap<RequestId, Vec<u32>>> = RefCell::default();
+        let done: RefCell<HashMap<RequestId, StopReason>> = RefCell::default();
+        let mut which: HashMap<RequestId, usize> = HashMap::new();
+        let admit = |b: &mut Batcher, e: &mut Engine, i: usize, n: usize, which: &mut HashMap<RequestId, usize>| {
+            let p = Batcher::prepare(e, &prompt(i), &greedy(n)).unwrap();
+            let id = b.admit(e, p).map_err(|(e, _)| e).unwrap();
+            which.insert(id, i);
+            id
+        };
+        let round = |b: &mut Batcher, e: &mut Engine, paused: Option<RequestId>, cancel: Option<RequestId>| {
+            pollster::block_on(b.step(e, &mut |id| Some(id) != paused, &mut |id, ev| match ev {
+                BatchEvent::Token(t) => {
+                    ids.borrow_mut().entry(id).or_default().push(t.id);
+                    Some(id) != cancel
+                }
+                BatchEvent::Done(s) => {
+                    done.borrow_mut().insert(id, s.stop_reason);
+                    true
+                }
+                BatchEvent::Failed(err) => panic!("{err}"),
+            }))
+            .unwrap()
+        };
+        let first = admit(&mut b, &mut e, 1, 16, &mut which);
+        for _ in 0..3 {
+            round(&mut b, &mut e, None, None);
+        }
+        let second = admit(&mut b, &mut e, 4, 16, &mut which);
+        let third = admit(&mut b, &mut e, 3, 16, &mut which);
+        // The second waits (its reader behind) for 4 rounds once it has its first token.
+        for _ in 0..4 {
+            round(&mut b, &mut e, Some(second), None);
+        }
+        // The third is cancelled at its next token.
+        let mut rounds = 0;
+        while !done.borrow().contains_key(&third) {
+            round(&mut b, &mut e, None, Some(third));
+            rounds += 1;
+            assert!(rounds < 10, "{backend:?}: the cancelled request does not end");
+        }
+        let fourth = admit(&mut b, &mut e, 6, 16, &mut which);
+        let mut rounds = 0;
+        while !b.is_empty() {
+            round(&mut b, &mut e, None, None);
+            rounds += 1;
+            assert!(rounds < 100, "{backend:?}: the batch does not end");
+        }
+        let (ids, done) = (ids.into_inner(), done.into_inner());
+        for id in [first, second, fourth] {
+            let i = which[&id];
+            let eos = cases[i]["first_eos_index"].as_u64().map_or(16, |n| n as usize);
+            // ignore_eos: each runs its 16 tokens.
+            assert_eq!(ids[&id], want(i, 16), "{backend:?}: {} (eos at {eos})", cases[i]["name"]);
+            assert_eq!(done[&id], StopReason::MaxTokens);
+        }
+        assert_eq!(done[&third], StopReason::Aborted, "{backend:?}");
+        let n = ids[&third].len();
+        assert_eq!(ids[&third], want(3, n), "{backend:?}: the cancelled request's tokens");
+        assert!(n < 16);
+        assert_eq!(e.gpu_model().map(|m| m.pool().free_blocks()), free_at_start, "{backend:?}: blocks left taken");
+    }
+}

@@ -108,6 +108,24 @@ window.finished = true;`;
     assert.equal(both.rb.usage.prompt_tokens, colors.n_prompt_tokens);
     // Interleaved: b's first token comes before a ends, and a's first before b ends.
     assert.ok(both.order.indexOf("b") < both.order.indexOf("a-end") && both.order.indexOf("a") < both.order.indexOf("b-end"), both.order.join(" "));
+    // Two engine.generate iterators consumed at once: both stream, one batch, the golden ids.
+    const [fib, primes] = ["raw_fibonacci", "raw_primes"].map((n) => golden.cases.find((c) => c.name === n));
+    const pair = await tab.evaluate(async ([a, b]) => {
+      const order = [];
+      const run = async (prompt, tag) => {
+        const ids = [];
+        for await (const ev of window.engine.generate(prompt, { temperature: 0, maxTokens: 12, ignoreEos: true })) {
+          ids.push(ev.id);
+          order.push(tag);
+        }
+        order.push(tag + "-end");
+        return ids;
+      };
+      return { ids: await Promise.all([run(a, "a"), run(b, "b")]), order };
+    }, [fib.prompt_text, primes.prompt_text]);
+    assert.deepEqual(pair.ids[0], fib.generated_ids.slice(0, 12));
+    assert.deepEqual(pair.ids[1], primes.generated_ids.slice(0, 12));
+    assert.ok(pair.order.indexOf("b") < pair.order.indexOf("a-end") && pair.order.indexOf("a") < pair.order.indexOf("b-end"), pair.order.join(" "));
     const whole = await tab.evaluate((messages) => window.engine.chat.completions.create({ messages, temperature: 0, max_tokens: 64 }), capital.messages);
     assert.equal(whole.object, "chat.completion");
     assert.equal(whole.choices[0].message.content, capital.greedy_text_before_first_eos);

@@ -177,6 +177,31 @@ class ServerTest(unittest.TestCase):
         models = sync.models.list()
         self.assertEqual([m.id for m in models.data], [MODEL])
 
+    def test_2b_logprobs_match_transformers(self):
+        # The chosen token's logprob and the top alternatives at the recorded steps, against
+        # transformers' log-softmax (f16 KV cache on the GPU: within 0.1).
+        sync = openai.OpenAI(base_url=self.server.url + "/v1", api_key="none", max_retries=0, timeout=600)
+        chat = CASES["chat_capital_france"]
+        r = sync.chat.completions.create(model=MODEL, messages=chat["messages"], temperature=0, max_tokens=6,
+                                         logprobs=True, top_logprobs=5)
+        content = r.choices[0].logprobs.content
+        self.assertEqual(len(content), 6)
+        raw = CASES["raw_capital_france"]
+        r2 = sync.completions.create(model=MODEL, prompt=raw["prompt_text"], temperature=0, max_tokens=6, logprobs=3)
+        lp = r2.choices[0].logprobs
+        self.assertEqual("".join(lp.tokens), r2.choices[0].text)
+        for case, chosen, tops in [
+            (chat, [c.logprob for c in content], [[t.logprob for t in c.top_logprobs] for c in content]),
+            (raw, lp.token_logprobs, [list(t.values()) for t in lp.top_logprobs]),
+        ]:
+            for rec in case["top_logprobs"]:
+                step = rec["step"]
+                if step >= len(chosen):
+                    continue
+                self.assertLess(abs(chosen[step] - rec["logprobs"][0]), 0.1, f"{case['name']} step {step}")
+                for got, want in zip(tops[step], rec["logprobs"]):
+                    self.assertLess(abs(got - want), 0.1, f"{case['name']} step {step}: {tops[step]}")
+
     def test_3_curl_shows_the_events(self):
         raw = CASES["raw_capital_france"]
         body = json.dumps({"prompt": raw["prompt_text"], "temperature": 0, "max_tokens": 40, "stream": True})

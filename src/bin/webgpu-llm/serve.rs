@@ -211,10 +211,17 @@ struct Accepted {
 
 /// What a request's channel carries.
 enum Out {
-    Token { index: usize, text: String },
+    Token { index: usize, text: String, logprobs: Option<Logprobs> },
     Done { index: usize, stats: Stats },
     Beams(Vec<(Vec<u32>, String, f64)>),
     Error(ApiError),
+}
+
+/// A token's log-probability and the most likely alternatives (`logprobs` requests).
+struct Logprobs {
+    token: String,
+    logprob: f32,
+    top: Vec<(String, f32)>,
 }
 
 /// A choice being generated (or finished, with events its reader has not taken yet).
@@ -360,10 +367,15 @@ fn engine_loop(mut engine: Engine, mut commands: mpsc::UnboundedReceiver<Command
                         }
                         s.last_token = Some(now);
                         metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
-                        if ev.text.is_empty() {
+                        let logprobs = ev.logprob.as_ref().map(|lp| Logprobs {
+                            token: lp.token.clone(),
+                            logprob: lp.logprob,
+                            top: ev.candidates.iter().map(|c| (c.text.clone(), c.prob.ln())).collect(),
+                        });
+                        if ev.text.is_empty() && logprobs.is_none() {
                             return !s.events.is_closed();
                         }
-                        s.push(Out::Token { index: s.index, text: ev.text.clone() })
+                        s.push(Out::Token { index: s.index, text: ev.text.clone(), logprobs })
                     }
                     BatchEvent::Done(stats) => {
                         metrics.prompt_tokens.fetch_add(stats.prompt_tokens as u64, Ordering::Relaxed);
@@ -475,7 +487,7 @@ fn handle(
             if let Some(r) = replied.take() {
                 let _ = r.send(Ok(Accepted { prompt_tokens: tokens }));
             }
-            ev.text.is_empty() || s.push(Out::Token { index: 0, text: ev.text.clone() })
+            ev.text.is_empty() || s.push(Out::Token { index: 0, text: ev.text.clone(), logprobs: None })
         };
         let result = pollster::block_on(engine.generate(&job.prompt, &job.options, &mut on_token));
         engine.clear_conversation();
@@ -728,7 +740,10 @@ fn parse<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>) ->
 }
 
 /// The engine's options from a request's fields; errors name the field.
-fn options(state: &AppState, c: &Common) -> Result<(GenerateOptions, usize, Option<BeamOptions>), ApiError> {
+/// The engine's options, `n`, beam search's options and the alternatives per token in `logprobs`.
+type Parsed = (GenerateOptions, usize, Option<BeamOptions>, usize);
+
+fn options(state: &AppState, c: &Common) -> Result<Parsed, ApiError> {
     if let Some(m) = c.model.as_deref().filter(|m| !m.is_empty() && *m != state.model_id) {
         return Err(ApiError {
             param: Some("model".into()),
@@ -740,10 +755,18 @@ fn options(state: &AppState, c: &Common) -> Result<(GenerateOptions, usize, Opti
             )
         });
     }
-    if c.logprobs.as_ref().is_some_and(|v| v.as_bool() == Some(true) || v.as_u64().is_some_and(|n| n > 0))
-        || c.top_logprobs.is_some_and(|n| n > 0)
-    {
-        return Err(ApiError::invalid("logprobs", "logprobs are not supported by this server yet"));
+    // Chat: `logprobs: true` with `top_logprobs: k`; completions: `logprobs: k`.
+    let top_logprobs = match (&c.logprobs, c.top_logprobs) {
+        (None | Some(Value::Null) | Some(Value::Bool(false)), None) => None,
+        (None | Some(Value::Null) | Some(Value::Bool(false)), Some(_)) => {
+            return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs: true"))
+        }
+        (Some(Value::Bool(true)), k) => Some(k.unwrap_or(0)),
+        (Some(Value::Number(n)), None) => Some(n.as_u64().unwrap_or(u64::MAX) as usize),
+        (Some(v), _) => return Err(ApiError::invalid("logprobs", format!("{v}: true or false (chat), a count (completions)"))),
+    };
+    if top_logprobs.is_some_and(|k| k > 20) {
+        return Err(ApiError::invalid("top_logprobs", "at most 20 alternatives per token"));
     }
     let defaults = SamplingParams::default();
     let seed = c.seed.unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
@@ -775,7 +798,9 @@ fn options(state: &AppState, c: &Common) -> Result<(GenerateOptions, usize, Opti
     if n == 0 || n > 8 {
         return Err(ApiError::invalid("n", format!("n = {n}: from 1 to 8 choices")));
     }
-    let options = GenerateOptions { max_tokens, sampling, stop, ignore_eos: c.ignore_eos, top_candidates: 0, speculate };
+    // The candidates carry the alternatives; one at least, so the token's own logprob comes too.
+    let top_candidates = top_logprobs.map_or(0, |k| k.max(1));
+    let options = GenerateOptions { max_tokens, sampling, stop, ignore_eos: c.ignore_eos, top_candidates, speculate };
     options.validate().map_err(|e| ApiError::from_engine(&e, "prompt"))?;
     if options.speculate.is_some() && n > 1 {
         return Err(ApiError::invalid("n", "speculate runs one choice"));
@@ -783,8 +808,8 @@ fn options(state: &AppState, c: &Common) -> Result<(GenerateOptions, usize, Opti
     let beams = match c.beams {
         None => None,
         Some(beams) => {
-            if n > 1 || options.speculate.is_some() {
-                return Err(ApiError::invalid("beams", "beams return the N best choices themselves: no n or speculate with them"));
+            if n > 1 || options.speculate.is_some() || top_logprobs.is_some() {
+                return Err(ApiError::invalid("beams", "beams return the N best choices themselves: no n, speculate or logprobs with them"));
             }
             let early_stopping = match &c.early_stopping {
                 None | Some(Value::Bool(false)) => EarlyStopping::Heuristic,
@@ -803,7 +828,7 @@ fn options(state: &AppState, c: &Common) -> Result<(GenerateOptions, usize, Opti
             Some(b)
         }
     };
-    Ok((options, n, beams))
+    Ok((options, n, beams, top_logprobs.unwrap_or(0)))
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -871,7 +896,7 @@ fn finish(state: &AppState, endpoint: &'static str, result: Result<Response, Api
 }
 
 async fn run(state: &Shared, prompt: Prompt, c: &Common, endpoint: Endpoint) -> Result<Response, ApiError> {
-    let (options, n, beams) = options(state, c)?;
+    let (options, n, beams, top_logprobs) = options(state, c)?;
     // The channel's bound is what a slow reader can leave unread before its stream waits.
     let (tx, rx) = mpsc::channel(state.stream_buffer);
     let (reply, accepted) = oneshot::channel();
@@ -890,6 +915,7 @@ async fn run(state: &Shared, prompt: Prompt, c: &Common, endpoint: Endpoint) -> 
         prompt_tokens: accepted.prompt_tokens,
         n,
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        top_logprobs,
     };
     if c.stream {
         Ok(stream_response(meta, rx))
@@ -906,6 +932,8 @@ struct Meta {
     prompt_tokens: usize,
     n: usize,
     include_usage: bool,
+    /// Alternatives per token in `logprobs` (when asked for).
+    top_logprobs: usize,
 }
 
 impl Meta {
@@ -930,6 +958,10 @@ impl Meta {
 
     /// A choice of a stream chunk: a chat `delta` or a completion's `text`.
     fn chunk_choice(&self, index: usize, text: Option<&str>, first: bool, finish: Option<&str>) -> Value {
+        self.chunk_choice_with(index, text, first, finish, Value::Null)
+    }
+
+    fn chunk_choice_with(&self, index: usize, text: Option<&str>, first: bool, finish: Option<&str>, logprobs: Value) -> Value {
         match self.endpoint {
             Endpoint::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -939,10 +971,46 @@ impl Meta {
                 if let Some(t) = text {
                     delta.insert("content".into(), json!(t));
                 }
-                json!({ "index": index, "delta": delta, "logprobs": null, "finish_reason": finish })
+                json!({ "index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish })
             }
             Endpoint::Completions => {
-                json!({ "index": index, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish })
+                json!({ "index": index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish })
+            }
+        }
+    }
+
+    /// `logprobs` of tokens in OpenAI's shape: chat's `{content: [{token, logprob, bytes,
+    /// top_logprobs}]}`, or completions' `{tokens, token_logprobs, top_logprobs, text_offset}`
+    /// (offsets into the completion's text, from `offset`).
+    fn logprobs(&self, tokens: &[Logprobs], mut offset: usize) -> Value {
+        let k = self.top_logprobs;
+        match self.endpoint {
+            Endpoint::Chat => {
+                let entry = |t: &str, l: f32| json!({ "token": t, "logprob": l, "bytes": t.as_bytes() });
+                let content: Vec<Value> = tokens
+                    .iter()
+                    .map(|lp| {
+                        let mut e = entry(&lp.token, lp.logprob);
+                        e["top_logprobs"] = lp.top.iter().take(k).map(|(t, l)| entry(t, *l)).collect();
+                        e
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Endpoint::Completions => {
+                let mut text_offset = Vec::with_capacity(tokens.len());
+                for lp in tokens {
+                    text_offset.push(offset);
+                    offset += lp.token.len();
+                }
+                json!({
+                    "tokens": tokens.iter().map(|lp| lp.token.as_str()).collect::<Vec<_>>(),
+                    "token_logprobs": tokens.iter().map(|lp| lp.logprob).collect::<Vec<_>>(),
+                    "top_logprobs": tokens.iter().map(|lp| {
+                        lp.top.iter().take(k).map(|(t, l)| (t.clone(), json!(l))).collect::<serde_json::Map<_, _>>()
+                    }).collect::<Vec<_>>(),
+                    "text_offset": text_offset,
+                })
             }
         }
     }
@@ -968,13 +1036,16 @@ fn stream_response(meta: Meta, rx: mpsc::Receiver<Out>) -> Response {
         meta: Meta,
         rx: mpsc::Receiver<Out>,
         started: Vec<bool>,
+        /// Bytes of each choice's text so far (completions' `text_offset`).
+        offsets: Vec<usize>,
         done: usize,
         completion_tokens: usize,
         queue: VecDeque<Event>,
         ended: bool,
     }
     let started = vec![false; meta.n];
-    let st = St { meta, rx, started, done: 0, completion_tokens: 0, queue: VecDeque::new(), ended: false };
+    let offsets = vec![0; meta.n];
+    let st = St { meta, rx, started, offsets, done: 0, completion_tokens: 0, queue: VecDeque::new(), ended: false };
     let events = futures_util::stream::unfold(st, |mut st| async move {
         loop {
             if let Some(e) = st.queue.pop_front() {
@@ -985,9 +1056,16 @@ fn stream_response(meta: Meta, rx: mpsc::Receiver<Out>) -> Response {
             }
             let data = |v: Value| Event::default().data(v.to_string());
             match st.rx.recv().await {
-                Some(Out::Token { index, text }) => {
+                Some(Out::Token { index, text, logprobs }) => {
                     let first = !std::mem::replace(&mut st.started[index], true);
-                    let choice = st.meta.chunk_choice(index, Some(&text), first, None);
+                    let lp = match &logprobs {
+                        Some(lp) => st.meta.logprobs(std::slice::from_ref(lp), st.offsets[index]),
+                        None => Value::Null,
+                    };
+                    if let Some(lp) = &logprobs {
+                        st.offsets[index] += lp.token.len();
+                    }
+                    let choice = st.meta.chunk_choice_with(index, Some(&text), first, None, lp);
                     st.queue.push_back(data(st.meta.envelope(true, vec![choice])));
                 }
                 Some(Out::Done { index, stats }) => {
@@ -1038,10 +1116,14 @@ async fn whole_response(meta: Meta, mut rx: mpsc::Receiver<Out>) -> Result<Respo
     let mut reasons: Vec<Option<&'static str>> = vec![None; meta.n];
     let mut completion_tokens = 0;
     let mut extra: Vec<Option<(Vec<u32>, f64)>> = vec![None; meta.n];
+    let mut logprobs: Vec<Vec<Logprobs>> = (0..meta.n).map(|_| Vec::new()).collect();
     let mut done = 0;
     while done < meta.n {
         match rx.recv().await {
-            Some(Out::Token { index, text }) => texts[index].push_str(&text),
+            Some(Out::Token { index, text, logprobs: lp }) => {
+                texts[index].push_str(&text);
+                logprobs[index].extend(lp);
+            }
             Some(Out::Done { index, stats }) => {
                 completion_tokens += stats.generated_tokens;
                 reasons[index] = Some(finish_reason(&stats));
@@ -1062,16 +1144,19 @@ async fn whole_response(meta: Meta, mut rx: mpsc::Receiver<Out>) -> Result<Respo
         .into_iter()
         .zip(reasons)
         .zip(extra)
+        .zip(logprobs.iter().map(|lp| (!lp.is_empty()).then(|| meta.logprobs(lp, 0)).unwrap_or(Value::Null)).collect::<Vec<_>>())
         .enumerate()
-        .map(|(index, ((text, reason), extra))| {
+        .map(|(index, (((text, reason), extra), logprobs))| {
             let mut choice = match meta.endpoint {
                 Endpoint::Chat => json!({
                     "index": index,
                     "message": { "role": "assistant", "content": text },
-                    "logprobs": null,
+                    "logprobs": logprobs,
                     "finish_reason": reason,
                 }),
-                Endpoint::Completions => json!({ "index": index, "text": text, "logprobs": null, "finish_reason": reason }),
+                Endpoint::Completions => {
+                    json!({ "index": index, "text": text, "logprobs": logprobs, "finish_reason": reason })
+                }
             };
             if let Some((ids, score)) = extra {
                 choice["score"] = json!(score);
