@@ -14,13 +14,14 @@
 //! inter-token latency.
 
 use crate::engine::{
-    Backend, Engine, GenerateOptions, Prompt, Stats, StopMatcher, StopReason, TokenCandidate, TokenEvent, TokenLogprob,
+    token_candidates, Backend, Engine, GenerateOptions, Prompt, Stats, StopMatcher, StopReason, TokenCandidate,
+    TokenEvent, TokenLogprob,
 };
 use crate::error::{Error, Result};
 use crate::gpu::{BatchReadback, Readback, PREFILL_CHUNK};
 use crate::kv_pool::SeqId;
 use crate::model::{CpuKvCache, Logits};
-use crate::sampling::{all_finite, argmax, Candidate, Sampler};
+use crate::sampling::{all_finite, argmax, Sampler};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use web_time::Instant;
 
@@ -422,17 +423,7 @@ impl BatchSeq {
             return self.sampler.sample(logits);
         }
         let original = logits.to_vec();
-        self.candidates = self
-            .sampler
-            .top_candidates(&original, n)
-            .into_iter()
-            .map(|Candidate { id, prob, kept }| TokenCandidate {
-                id,
-                text: tok.decode(&[id]).unwrap_or_default(),
-                prob,
-                kept,
-            })
-            .collect();
+        self.candidates = token_candidates(tok, &mut self.sampler, &original, n);
         let id = self.sampler.sample(logits);
         self.logprob = Some(TokenLogprob {
             logprob: self.sampler.probability_of(&original, id).ln(),

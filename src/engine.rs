@@ -620,17 +620,7 @@ impl Engine {
             return Err(Error::NonFiniteLogits { position: self.cached.len() });
         }
         if top > 0 {
-            let tok = &self.tokenizer;
-            *candidates = sampler
-                .top_candidates(&self.logits, top)
-                .into_iter()
-                .map(|Candidate { id, prob, kept }| TokenCandidate {
-                    id,
-                    text: tok.decode(&[id]).unwrap_or_default(),
-                    prob,
-                    kept,
-                })
-                .collect();
+            *candidates = token_candidates(&self.tokenizer, sampler, &self.logits, top);
         }
         let vocab = self.config.vocab_size;
         let id = match greedy_id {
@@ -699,8 +689,10 @@ impl Engine {
                 expected: format!("from 1 to {max} prompts at once"),
             });
         }
-        let prepared =
-            requests.iter().map(|(prompt, options)| Batcher::prepare(self, prompt, options)).collect::<Result<Vec<_>>>()?;
+        let prepared = requests
+            .iter()
+            .map(|(prompt, options)| Batcher::prepare(self, prompt, options))
+            .collect::<Result<Vec<_>>>()?;
         // The pool must hold every sequence at its longest (the conversation's blocks given back
         // to it): refused before any work, the conversation kept.
         if let Backend::Gpu(m) = &self.backend {
@@ -906,6 +898,25 @@ impl BeamModel for GpuBeams<'_> {
             self.model.free_sequence(seq);
         }
     }
+}
+
+/// The `n` most likely tokens of the distribution `sampler` draws from, with their texts.
+pub(crate) fn token_candidates(
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    logits: &[f32],
+    n: usize,
+) -> Vec<TokenCandidate> {
+    sampler
+        .top_candidates(logits, n)
+        .into_iter()
+        .map(|Candidate { id, prob, kept }| TokenCandidate {
+            id,
+            text: tok.decode(&[id]).unwrap_or_default(),
+            prob,
+            kept,
+        })
+        .collect()
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

@@ -192,7 +192,7 @@ class ServerTest(unittest.TestCase):
         self.assertEqual("".join(lp.tokens), r2.choices[0].text)
         for case, chosen, tops in [
             (chat, [c.logprob for c in content], [[t.logprob for t in c.top_logprobs] for c in content]),
-            (raw, lp.token_logprobs, [list(t.values()) for t in lp.top_logprobs]),
+            (raw, lp.token_logprobs, [sorted(t.values(), reverse=True) for t in lp.top_logprobs]),
         ]:
             for rec in case["top_logprobs"]:
                 step = rec["step"]

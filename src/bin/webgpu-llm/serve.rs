@@ -84,11 +84,7 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
     let max_batch = args.max_batch;
     let metrics = Arc::new(Metrics::default());
     let (commands, rx) = mpsc::unbounded_channel();
-    let config = EngineConfig {
-        max_batch,
-        max_queue: args.max_queue,
-        prefill_chunk: args.prefill_chunk,
-    };
+    let config = EngineConfig { max_batch, max_queue: args.max_queue, prefill_chunk: args.prefill_chunk };
     let thread_metrics = metrics.clone();
     let engine_thread = std::thread::Builder::new()
         .name("engine".into())
@@ -108,7 +104,8 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
         .map_err(|e| Error::Io { path: "tokio runtime".into(), source: e })?;
     let addr = format!("{}:{}", args.host, args.port);
     let result = runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| Error::Io { path: addr.clone(), source: e })?;
+        let listener =
+            tokio::net::TcpListener::bind(&addr).await.map_err(|e| Error::Io { path: addr.clone(), source: e })?;
         let local = listener.local_addr().map_or(addr.clone(), |a| a.to_string());
         let send_buffer = args.send_buffer;
         let listener = listener.tap_io(move |tcp| {
@@ -191,7 +188,7 @@ struct EngineConfig {
 }
 
 enum Command {
-    Submit(Job, oneshot::Sender<Result<Accepted, ApiError>>),
+    Submit(Box<Job>, oneshot::Sender<Result<Accepted, ApiError>>),
     Shutdown,
 }
 
@@ -275,7 +272,12 @@ struct Waiting {
     stream: Stream,
 }
 
-fn engine_loop(mut engine: Engine, mut commands: mpsc::UnboundedReceiver<Command>, config: EngineConfig, metrics: &Metrics) {
+fn engine_loop(
+    mut engine: Engine,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    config: EngineConfig,
+    metrics: &Metrics,
+) {
     let mut batcher = Batcher::new(&mut engine, config.prefill_chunk);
     let max_batch = config.max_batch.min(batcher.max_rows());
     let mut waiting: VecDeque<Waiting> = VecDeque::new();
@@ -292,7 +294,16 @@ fn engine_loop(mut engine: Engine, mut commands: mpsc::UnboundedReceiver<Command
                 return;
             }
             match commands.blocking_recv() {
-                Some(c) => handle(c, &mut engine, &mut batcher, &mut waiting, &mut streams, &mut solo_id, &config, &mut shutting_down),
+                Some(c) => handle(
+                    c,
+                    &mut engine,
+                    &mut batcher,
+                    &mut waiting,
+                    &mut streams,
+                    &mut solo_id,
+                    &config,
+                    &mut shutting_down,
+                ),
                 None => return,
             }
         }
@@ -353,10 +364,8 @@ fn engine_loop(mut engine: Engine, mut commands: mpsc::UnboundedReceiver<Command
         }
         let round = Instant::now();
         let prefilling = batcher.prefilling();
-        let result = pollster::block_on(batcher.step(
-            &mut engine,
-            &mut |id| !paused.contains(&id),
-            &mut |id, event| {
+        let result =
+            pollster::block_on(batcher.step(&mut engine, &mut |id| !paused.contains(&id), &mut |id, event| {
                 let Some(s) = streams.get_mut(&id) else { return false };
                 match event {
                     BatchEvent::Token(ev) => {
@@ -387,8 +396,7 @@ fn engine_loop(mut engine: Engine, mut commands: mpsc::UnboundedReceiver<Command
                         s.push(Out::Error(ApiError::from_engine(&e, "prompt")))
                     }
                 }
-            },
-        ));
+            }));
         match result {
             Ok(rows) => {
                 metrics.batch_rows.store(rows, Ordering::Relaxed);
@@ -448,6 +456,10 @@ fn handle(
     let param = if matches!(job.prompt, Prompt::Chat(_)) { "messages" } else { "prompt" };
     // Beam search and speculation run alone, between two rounds of the batch.
     if let Some(beams) = &job.beams {
+        let mut beams = beams.clone();
+        if !job.options.ignore_eos {
+            beams.stop_ids = engine.tokenizer.stop_ids.clone();
+        }
         let tokens = match engine.prompt_tokens(&job.prompt) {
             Ok(t) => t.len(),
             Err(e) => {
@@ -455,7 +467,7 @@ fn handle(
                 return;
             }
         };
-        let found = pollster::block_on(engine.beam_search(&job.prompt, beams));
+        let found = pollster::block_on(engine.beam_search(&job.prompt, &beams));
         engine.clear_conversation();
         match found {
             Ok(found) => {
@@ -617,7 +629,10 @@ impl ApiError {
                 retry_after: Some(1),
                 ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
             },
-            _ => Self { code: Some(e.code().into()), ..Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message) },
+            _ => Self {
+                code: Some(e.code().into()),
+                ..Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+            },
         }
     }
 
@@ -763,13 +778,16 @@ fn options(state: &AppState, c: &Common) -> Result<Parsed, ApiError> {
         }
         (Some(Value::Bool(true)), k) => Some(k.unwrap_or(0)),
         (Some(Value::Number(n)), None) => Some(n.as_u64().unwrap_or(u64::MAX) as usize),
-        (Some(v), _) => return Err(ApiError::invalid("logprobs", format!("{v}: true or false (chat), a count (completions)"))),
+        (Some(v), _) => {
+            return Err(ApiError::invalid("logprobs", format!("{v}: true or false (chat), a count (completions)")))
+        }
     };
     if top_logprobs.is_some_and(|k| k > 20) {
         return Err(ApiError::invalid("top_logprobs", "at most 20 alternatives per token"));
     }
     let defaults = SamplingParams::default();
-    let seed = c.seed.unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+    let seed =
+        c.seed.unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
     let sampling = SamplingParams {
         temperature: c.temperature.unwrap_or(defaults.temperature),
         top_p: c.top_p.unwrap_or(defaults.top_p),
@@ -784,7 +802,9 @@ fn options(state: &AppState, c: &Common) -> Result<Parsed, ApiError> {
         None => Vec::new(),
         Some(OneOrMany::One(s)) => vec![s.clone()],
         Some(OneOrMany::Many(v)) if v.len() <= 4 => v.clone(),
-        Some(OneOrMany::Many(v)) => return Err(ApiError::invalid("stop", format!("at most 4 stop strings ({} given)", v.len()))),
+        Some(OneOrMany::Many(v)) => {
+            return Err(ApiError::invalid("stop", format!("at most 4 stop strings ({} given)", v.len())))
+        }
     };
     let max_tokens = c.max_completion_tokens.or(c.max_tokens).unwrap_or(DEFAULT_MAX_TOKENS);
     let speculate = match &c.speculate {
@@ -809,7 +829,10 @@ fn options(state: &AppState, c: &Common) -> Result<Parsed, ApiError> {
         None => None,
         Some(beams) => {
             if n > 1 || options.speculate.is_some() || top_logprobs.is_some() {
-                return Err(ApiError::invalid("beams", "beams return the N best choices themselves: no n, speculate or logprobs with them"));
+                return Err(ApiError::invalid(
+                    "beams",
+                    "beams return the N best choices themselves: no n, speculate or logprobs with them",
+                ));
             }
             let early_stopping = match &c.early_stopping {
                 None | Some(Value::Bool(false)) => EarlyStopping::Heuristic,
@@ -901,7 +924,7 @@ async fn run(state: &Shared, prompt: Prompt, c: &Common, endpoint: Endpoint) -> 
     let (tx, rx) = mpsc::channel(state.stream_buffer);
     let (reply, accepted) = oneshot::channel();
     let job = Job { prompt, options, n, beams, events: tx, received: Instant::now() };
-    state.commands.send(Command::Submit(job, reply)).map_err(|_| ApiError::shutting_down())?;
+    state.commands.send(Command::Submit(Box::new(job), reply)).map_err(|_| ApiError::shutting_down())?;
     let accepted = accepted.await.map_err(|_| ApiError::shutting_down())??;
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
     let meta = Meta {
@@ -961,7 +984,14 @@ impl Meta {
         self.chunk_choice_with(index, text, first, finish, Value::Null)
     }
 
-    fn chunk_choice_with(&self, index: usize, text: Option<&str>, first: bool, finish: Option<&str>, logprobs: Value) -> Value {
+    fn chunk_choice_with(
+        &self,
+        index: usize,
+        text: Option<&str>,
+        first: bool,
+        finish: Option<&str>,
+        logprobs: Value,
+    ) -> Value {
         match self.endpoint {
             Endpoint::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -1140,11 +1170,16 @@ async fn whole_response(meta: Meta, mut rx: mpsc::Receiver<Out>) -> Result<Respo
             None => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the engine stopped")),
         }
     }
+    // n choices, or a beam search's N beams.
+    let n = texts.len();
     let choices = texts
         .into_iter()
         .zip(reasons)
         .zip(extra)
-        .zip(logprobs.iter().map(|lp| (!lp.is_empty()).then(|| meta.logprobs(lp, 0)).unwrap_or(Value::Null)).collect::<Vec<_>>())
+        .zip((0..n).map(|i| match logprobs.get(i) {
+            Some(lp) if !lp.is_empty() => meta.logprobs(lp, 0),
+            _ => Value::Null,
+        }))
         .enumerate()
         .map(|(index, (((text, reason), extra), logprobs))| {
             let mut choice = match meta.endpoint {
@@ -1234,7 +1269,11 @@ impl Histogram {
             cumulative += c;
             let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}", self.count, self.sum, self.count);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}",
+            self.count, self.sum, self.count
+        );
     }
 }
 
@@ -1266,24 +1305,52 @@ impl Metrics {
             let _ = writeln!(out, "webgpu_llm_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}");
         }
         let gauges = [
-            ("webgpu_llm_queue_depth", "Requests waiting for a place in the batch.", self.queue_depth.load(Ordering::Relaxed) as f64),
-            ("webgpu_llm_running_requests", "Requests in the running batch.", self.running.load(Ordering::Relaxed) as f64),
-            ("webgpu_llm_paused_streams", "Running requests whose readers are behind (not decoded until they read).", self.paused.load(Ordering::Relaxed) as f64),
+            (
+                "webgpu_llm_queue_depth",
+                "Requests waiting for a place in the batch.",
+                self.queue_depth.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "webgpu_llm_running_requests",
+                "Requests in the running batch.",
+                self.running.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "webgpu_llm_paused_streams",
+                "Running requests whose readers are behind (not decoded until they read).",
+                self.paused.load(Ordering::Relaxed) as f64,
+            ),
             ("webgpu_llm_batch_size", "Rows of the last decode step.", self.batch_rows.load(Ordering::Relaxed) as f64),
-            ("webgpu_llm_decode_tokens_per_second", "Tokens per second of the last decode round without prefill (all rows).", *self.decode_tok_s.lock().unwrap()),
+            (
+                "webgpu_llm_decode_tokens_per_second",
+                "Tokens per second of the last decode round without prefill (all rows).",
+                *self.decode_tok_s.lock().unwrap(),
+            ),
         ];
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
         let counters = [
             ("webgpu_llm_generated_tokens_total", "Tokens generated.", self.generated_tokens.load(Ordering::Relaxed)),
-            ("webgpu_llm_prompt_tokens_total", "Prompt tokens of finished requests.", self.prompt_tokens.load(Ordering::Relaxed)),
+            (
+                "webgpu_llm_prompt_tokens_total",
+                "Prompt tokens of finished requests.",
+                self.prompt_tokens.load(Ordering::Relaxed),
+            ),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
         }
-        self.ttft.lock().unwrap().render("webgpu_llm_time_to_first_token_seconds", "From a request's arrival to its first token.", &mut out);
-        self.itl.lock().unwrap().render("webgpu_llm_inter_token_latency_seconds", "Between two tokens of a request.", &mut out);
+        self.ttft.lock().unwrap().render(
+            "webgpu_llm_time_to_first_token_seconds",
+            "From a request's arrival to its first token.",
+            &mut out,
+        );
+        self.itl.lock().unwrap().render(
+            "webgpu_llm_inter_token_latency_seconds",
+            "Between two tokens of a request.",
+            &mut out,
+        );
         out
     }
 }
