@@ -45,9 +45,19 @@ pub struct Prepared {
     tokens: Vec<u32>,
     sampler: Sampler,
     options: GenerateOptions,
+    vocab_size: usize,
 }
 
 impl Prepared {
+    /// The same request with another seed (one more choice of it), without tokenizing again.
+    pub fn with_seed(&self, seed: u64) -> Result<Prepared> {
+        let mut options = self.options.clone();
+        options.sampling.seed = seed;
+        let mut sampler = Sampler::new(options.sampling.clone(), self.vocab_size)?;
+        self.tokens.iter().for_each(|&id| sampler.accept(id));
+        Ok(Prepared { tokens: self.tokens.clone(), sampler, options, vocab_size: self.vocab_size })
+    }
+
     pub fn prompt_tokens(&self) -> usize {
         self.tokens.len()
     }
@@ -138,7 +148,7 @@ impl Batcher {
         let tokens = engine.checked_prompt(prompt, options.max_tokens)?;
         let mut sampler = Sampler::new(options.sampling.clone(), engine.config.vocab_size)?;
         tokens.iter().for_each(|&id| sampler.accept(id));
-        Ok(Prepared { tokens, sampler, options: options.clone() })
+        Ok(Prepared { tokens, sampler, options: options.clone(), vocab_size: engine.config.vocab_size })
     }
 
     /// KV blocks a request needs at its longest (0 on the CPU backend, which has no pool).
@@ -298,7 +308,8 @@ impl Batcher {
                         if want_logits {
                             self.logits[k * vocab..][..vocab].copy_from_slice(&out);
                         } else {
-                            self.ids[k] = argmax(&out);
+                            // As the GPU's argmax does: non-finite logits flag the row.
+                            self.ids[k] = if all_finite(&out) { argmax(&out) } else { u32::MAX };
                         }
                     }
                 }
@@ -313,7 +324,12 @@ impl Batcher {
                     } else {
                         BatchReadback::Argmax(&mut self.ids)
                     };
-                    model.decode_batch(&self.gpu_rows, readback).await?;
+                    match model.decode_batch(&self.gpu_rows, readback).await {
+                        // The argmax flags a row with non-finite logits (u32::MAX): that
+                        // request fails below; the other rows' ids are read.
+                        Err(Error::NonFiniteLogits { .. }) if !want_logits => {}
+                        other => other?,
+                    }
                 }
             }
             for (k, &(i, token, pos)) in self.rows.iter().enumerate() {
@@ -326,6 +342,9 @@ impl Batcher {
                         continue;
                     }
                     r.seq.choose(&engine.tokenizer, row)
+                } else if self.ids[k] == u32::MAX {
+                    r.seq.failed = Some(Error::NonFiniteLogits { position: pos + 1 });
+                    continue;
                 } else {
                     self.ids[k]
                 };

@@ -709,7 +709,8 @@ impl Engine {
                 });
             }
         }
-        // Every prompt is prefilled before the first decode step (as a batch run alone would).
+        // Every prompt is prefilled in the first round (prompts over PREFILL_CHUNK tokens take a
+        // pass per chunk per round).
         let budget = prepared.iter().map(Prepared::prompt_tokens).sum();
         let mut batcher = Batcher::new(self, budget);
         let mut index = std::collections::HashMap::new();

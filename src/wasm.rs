@@ -472,6 +472,8 @@ async fn pump(
         on_token: js_sys::Function,
         resolve: js_sys::Function,
         reject: js_sys::Function,
+        /// What the token callback threw (the request then ends, and its promise rejects).
+        thrown: Option<JsValue>,
     }
     let reject_all = |why: &str| {
         for s in submitted.borrow_mut().drain(..) {
@@ -496,7 +498,8 @@ async fn pump(
         let taken: Vec<Submitted> = submitted.borrow_mut().drain(..).collect();
         for s in taken {
             match crate::batcher::Batcher::prepare(&e, &s.prompt, &s.options) {
-                Ok(p) => waiting.push_back((p, Live { on_token: s.on_token, resolve: s.resolve, reject: s.reject })),
+                Ok(p) => waiting
+                    .push_back((p, Live { on_token: s.on_token, resolve: s.resolve, reject: s.reject, thrown: None })),
                 Err(err) => {
                     let _ = s.reject.call1(&JsValue::NULL, &engine_err(err));
                 }
@@ -522,17 +525,25 @@ async fn pump(
         }
         let result = batcher
             .step(&mut e, &mut |_| true, &mut |id, event| {
-                let Some(l) = live.get(&id) else { return false };
+                let Some(l) = live.get_mut(&id) else { return false };
                 match event {
                     crate::batcher::BatchEvent::Token(ev) => match serde_wasm_bindgen::to_value(ev)
                         .map_err(JsValue::from)
                         .and_then(|v| l.on_token.call1(&JsValue::NULL, &v))
                     {
                         Ok(keep) => keep.as_bool() != Some(false),
-                        Err(_) => false,
+                        Err(err) => {
+                            l.thrown = Some(err);
+                            false
+                        }
                     },
                     crate::batcher::BatchEvent::Done(stats) => {
                         let l = live.remove(&id).expect("a live request");
+                        if let Some(err) = l.thrown {
+                            let why = err.as_string().unwrap_or_else(|| format!("{err:?}"));
+                            let _ = l.reject.call1(&JsValue::NULL, &js_err(format!("the token callback threw: {why}")));
+                            return true;
+                        }
                         match serde_wasm_bindgen::to_value(&JsStats::from(&stats)) {
                             Ok(v) => l.resolve.call1(&JsValue::NULL, &v),
                             Err(err) => l.reject.call1(&JsValue::NULL, &err.into()),

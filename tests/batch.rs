@@ -189,6 +189,13 @@ fn requests_joining_pausing_and_leaving_a_running_batch_give_the_golden_tokens()
             assert!(rounds < 10, "{backend:?}: the cancelled request does not end");
         }
         let fourth = admit(&mut b, &mut e, 6, 16, &mut which);
+        // A fifth leaves by `cancel` (its client gone) after two rounds.
+        let fifth = admit(&mut b, &mut e, 0, 16, &mut which);
+        round(&mut b, &mut e, None, None);
+        round(&mut b, &mut e, None, None);
+        let stats = b.cancel(&mut e, fifth).expect("the fifth is running");
+        assert_eq!(stats.stop_reason, StopReason::Aborted);
+        assert!(b.cancel(&mut e, fifth).is_none(), "cancelled twice");
         let mut rounds = 0;
         while !b.is_empty() {
             round(&mut b, &mut e, None, None);
@@ -207,6 +214,9 @@ fn requests_joining_pausing_and_leaving_a_running_batch_give_the_golden_tokens()
         let n = ids[&third].len();
         assert_eq!(ids[&third], want(3, n), "{backend:?}: the cancelled request's tokens");
         assert!(n < 16);
+        assert!(!done.contains_key(&fifth), "{backend:?}: a cancelled request reports nothing more");
+        let fifth_ids = ids.get(&fifth).cloned().unwrap_or_default();
+        assert_eq!(fifth_ids, want(0, fifth_ids.len()), "{backend:?}: the fifth's tokens before it left");
         assert_eq!(e.gpu_model().map(|m| m.pool().free_blocks()), free_at_start, "{backend:?}: blocks left taken");
     }
 }

@@ -59,6 +59,10 @@ pub struct ServeArgs {
     /// stream's decoding waits until the reader catches up.
     #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     stream_buffer: usize,
+    /// Seconds a stream may stay paused (its reader not taking events) before its request is
+    /// ended and its KV blocks freed: a reader that stops for good does not hold a row forever.
+    #[arg(long, default_value_t = 60, value_parser = at_least_one)]
+    pause_timeout: usize,
     /// Each connection's kernel send buffer, in bytes: with the stream buffer, what a reader that
     /// is behind can leave unread before its stream waits.
     #[arg(long, default_value_t = 64 << 10, value_parser = at_least_one)]
@@ -70,6 +74,8 @@ pub struct ServeArgs {
 
 /// max_tokens when a request gives none.
 const DEFAULT_MAX_TOKENS: usize = 256;
+/// The longest stop string (each is searched for in the held-back text at every token).
+const MAX_STOP_BYTES: usize = 1024;
 
 pub fn main(args: ServeArgs) -> Result<(), Error> {
     let model_id = args
@@ -84,7 +90,12 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
     let max_batch = args.max_batch;
     let metrics = Arc::new(Metrics::default());
     let (commands, rx) = mpsc::unbounded_channel();
-    let config = EngineConfig { max_batch, max_queue: args.max_queue, prefill_chunk: args.prefill_chunk };
+    let config = EngineConfig {
+        max_batch,
+        pause_timeout: Duration::from_secs(args.pause_timeout as u64),
+        max_queue: args.max_queue,
+        prefill_chunk: args.prefill_chunk,
+    };
     let thread_metrics = metrics.clone();
     let engine_thread = std::thread::Builder::new()
         .name("engine".into())
@@ -183,6 +194,7 @@ async fn shutdown_signal() {
 
 struct EngineConfig {
     max_batch: usize,
+    pause_timeout: Duration,
     max_queue: usize,
     prefill_chunk: usize,
 }
@@ -230,6 +242,8 @@ struct Stream {
     done: bool,
     received: Instant,
     last_token: Option<Instant>,
+    /// Since when events have been held (the reader behind).
+    behind_since: Option<Instant>,
 }
 
 impl Stream {
@@ -335,6 +349,23 @@ fn engine_loop(
         waiting.retain(|w| !w.stream.events.is_closed());
         streams.values_mut().for_each(Stream::flush);
         streams.retain(|_, s| !(s.done && s.held.is_empty()));
+        // A reader behind for longer than the pause timeout: its request ends (the stream closes
+        // after what it has been sent), its blocks go back to the pool.
+        let now = Instant::now();
+        streams.retain(|&id, s| {
+            if s.held.is_empty() {
+                s.behind_since = None;
+                return true;
+            }
+            let since = *s.behind_since.get_or_insert(now);
+            if now - since < config.pause_timeout {
+                return true;
+            }
+            if !s.done {
+                batcher.cancel(&mut engine, id);
+            }
+            false
+        });
         while let Some(w) = waiting.front() {
             if batcher.len() >= max_batch || !batcher.has_room(&engine, &w.prepared) {
                 break;
@@ -452,6 +483,7 @@ fn handle(
         done: false,
         received: job.received,
         last_token: None,
+        behind_since: None,
     };
     let param = if matches!(job.prompt, Prompt::Chat(_)) { "messages" } else { "prompt" };
     // Beam search and speculation run alone, between two rounds of the batch.
@@ -520,11 +552,24 @@ fn handle(
         *solo_id -= 1;
         return;
     }
+    // Capacity first (no work for a request that is refused): the batch's rows and the queue.
+    let running = batcher.len();
+    let capacity = config.max_batch.min(batcher.max_rows()) + config.max_queue;
+    if running + waiting.len() + job.n > capacity {
+        let _ = reply.send(Err(ApiError::busy(waiting.len(), running)));
+        return;
+    }
+    // Tokenized once; choice i samples with seed + i.
+    let first = match Batcher::prepare(engine, &job.prompt, &job.options) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = reply.send(Err(ApiError::from_engine(&e, param)));
+            return;
+        }
+    };
     let mut prepared = Vec::with_capacity(job.n);
-    for i in 0..job.n {
-        let mut options = job.options.clone();
-        options.sampling.seed = options.sampling.seed.wrapping_add(i as u64);
-        match Batcher::prepare(engine, &job.prompt, &options) {
+    for i in 1..job.n {
+        match first.with_seed(job.options.sampling.seed.wrapping_add(i as u64)) {
             Ok(p) => prepared.push(p),
             Err(e) => {
                 let _ = reply.send(Err(ApiError::from_engine(&e, param)));
@@ -532,12 +577,7 @@ fn handle(
             }
         }
     }
-    let running = batcher.len();
-    let free_rows = config.max_batch.min(batcher.max_rows()).saturating_sub(running);
-    if job.n > free_rows + config.max_queue.saturating_sub(waiting.len()) {
-        let _ = reply.send(Err(ApiError::busy(waiting.len(), running)));
-        return;
-    }
+    prepared.insert(0, first);
     let prompt_tokens = prepared[0].prompt_tokens();
     for (i, p) in prepared.into_iter().enumerate() {
         waiting.push_back(Waiting { prepared: p, stream: stream(i) });
@@ -806,6 +846,12 @@ fn options(state: &AppState, c: &Common) -> Result<Parsed, ApiError> {
             return Err(ApiError::invalid("stop", format!("at most 4 stop strings ({} given)", v.len())))
         }
     };
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("a stop string of {} bytes: at most {MAX_STOP_BYTES}", long.len()),
+        ));
+    }
     let max_tokens = c.max_completion_tokens.or(c.max_tokens).unwrap_or(DEFAULT_MAX_TOKENS);
     let speculate = match &c.speculate {
         None => None,
@@ -1131,7 +1177,8 @@ fn stream_response(meta: Meta, rx: mpsc::Receiver<Out>) -> Response {
                     st.ended = true;
                 }
                 None => {
-                    let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the engine stopped");
+                    let message = "the stream was ended by the server (its reader was paused past --pause-timeout, or the engine stopped)";
+                    let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message);
                     st.queue.push_back(data(e.body()));
                     st.ended = true;
                 }
@@ -1214,6 +1261,11 @@ async fn models(State(state): State<Shared>) -> Response {
 }
 
 async fn health(State(state): State<Shared>) -> Response {
+    if state.commands.is_closed() {
+        let e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the engine thread has stopped")
+            .with_code("engine_stopped");
+        return finish(&state, "/health", Err(e));
+    }
     let body = json!({
         "status": "ok",
         "running": state.metrics.running.load(Ordering::Relaxed),
