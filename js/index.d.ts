@@ -69,6 +69,10 @@ export interface ChatCompletionRequest {
   n?: number;
   presence_penalty?: number;
   frequency_penalty?: number;
+  /** Each token's log-probability (in the distribution it was drawn from: after temperature and penalties). */
+  logprobs?: boolean;
+  /** With logprobs: the most likely alternatives per token (0 to 20). */
+  top_logprobs?: number;
   /** The engine's extensions. */
   top_k?: number;
   min_p?: number;
@@ -82,12 +86,27 @@ export interface ChatCompletionUsage {
   total_tokens: number;
 }
 
+export interface TopLogprob {
+  token: string;
+  logprob: number;
+  bytes: number[];
+  /** Inside the top-k/top-p/min-p cut (the engine's extension). */
+  kept: boolean;
+}
+
+export interface TokenLogprobs {
+  token: string;
+  logprob: number;
+  bytes: number[];
+  top_logprobs: TopLogprob[];
+}
+
 export interface ChatCompletion {
   id: string;
   object: "chat.completion";
   created: number;
   model: string;
-  choices: { index: number; message: { role: "assistant"; content: string }; logprobs: null; finish_reason: "stop" | "length" }[];
+  choices: { index: number; message: { role: "assistant"; content: string }; logprobs: { content: TokenLogprobs[] } | null; finish_reason: "stop" | "length" }[];
   usage: ChatCompletionUsage;
 }
 
@@ -96,7 +115,9 @@ export interface ChatCompletionChunk {
   object: "chat.completion.chunk";
   created: number;
   model: string;
-  choices: { index: number; delta: { role?: "assistant"; content?: string }; logprobs: null; finish_reason: "stop" | "length" | null }[];
+  /** The engine's extension, on a token's chunk: tokens in the KV cache once it is fed back. */
+  position?: number;
+  choices: { index: number; delta: { role?: "assistant"; content?: string }; logprobs: { content: TokenLogprobs[] } | null; finish_reason: "stop" | "length" | null }[];
   usage?: ChatCompletionUsage;
 }
 

@@ -706,18 +706,20 @@ export class Engine {
   /**
    * OpenAI's chat completion on this engine (`engine.chat.completions.create`): resolves to a
    * `chat.completion`, or with `stream: true` to an async iterable of `chat.completion.chunk`s.
-   * Calls made while others run join them in one batch. The sampling fields are OpenAI's
-   * (temperature, top_p, max_tokens | max_completion_tokens, seed, stop, presence_penalty,
-   * frequency_penalty, stream_options.include_usage) and the engine's (top_k, min_p,
-   * repetition_penalty, ignore_eos).
+   * Calls made while others run join them in one batch; a call whose messages start as an
+   * ended one's did (a chat's next turn) reuses that call's KV blocks and prefills only the
+   * rest. The fields are OpenAI's (temperature, top_p, max_tokens | max_completion_tokens,
+   * seed, stop, presence_penalty, frequency_penalty, logprobs, top_logprobs,
+   * stream_options.include_usage) and the engine's (top_k, min_p, repetition_penalty,
+   * ignore_eos).
    */
   async #create(request) {
-    if (!request || !Array.isArray(request.messages)) {
-      throw Object.assign(new TypeError("chat.completions.create: messages must be an array of {role, content}"), { code: "invalid-option" });
-    }
-    if ((request.n ?? 1) !== 1) {
-      throw Object.assign(new RangeError("chat.completions.create: n must be 1 (make n calls: they run as one batch)"), { code: "invalid-option" });
-    }
+    const invalid = (Kind, message) => Object.assign(new Kind(`chat.completions.create: ${message}`), { code: "invalid-option" });
+    if (!request || !Array.isArray(request.messages)) throw invalid(TypeError, "messages must be an array of {role, content}");
+    if ((request.n ?? 1) !== 1) throw invalid(RangeError, "n must be 1 (make n calls: they run as one batch)");
+    const top = request.top_logprobs ?? 0;
+    if (top && !request.logprobs) throw invalid(TypeError, "top_logprobs needs logprobs: true");
+    if (!Number.isInteger(top) || top < 0 || top > 20) throw invalid(RangeError, `top_logprobs must be an integer from 0 to 20, not ${top}`);
     const messages = request.messages.map((m) => ({
       role: String(m.role),
       content: typeof m.content === "string" ? m.content : (m.content ?? []).map((p) => p.text ?? "").join(""),
@@ -735,36 +737,58 @@ export class Engine {
       seed: request.seed,
       stop: typeof request.stop === "string" ? [request.stop] : request.stop,
       ignoreEos: request.ignore_eos,
+      // The candidates carry the alternatives; one at least, so the token's own logprob comes too.
+      candidates: request.logprobs ? Math.max(top, 1) : undefined,
     });
     const id = `chatcmpl-${Math.random().toString(16).slice(2, 14)}`;
     const created = Math.floor(Date.now() / 1000);
     const base = { id, created, model: this.#model, system_fingerprint: null };
     const finishReason = (s) => (s.stopReason === "maxtokens" ? "length" : "stop");
     const usage = (s) => ({ prompt_tokens: s.promptTokens, completion_tokens: s.generatedTokens, total_tokens: s.promptTokens + s.generatedTokens });
+    const utf8 = new TextEncoder();
+    // OpenAI's entry for a token: its logprob and the top alternatives (each with `kept`: inside
+    // the top-k/top-p/min-p cut, the engine's extension).
+    const logprob = (ev) =>
+      ev.logprob && {
+        token: ev.logprob.token,
+        logprob: ev.logprob.logprob,
+        bytes: [...utf8.encode(ev.logprob.token)],
+        top_logprobs: (ev.candidates ?? []).slice(0, top).map((c) => ({ token: c.text, logprob: Math.log(c.prob), bytes: [...utf8.encode(c.text)], kept: c.kept })),
+      };
     const tokens = this.#stream(messages, true, options, true);
     if (!request.stream) {
       let content = "";
+      const entries = [];
       let step;
-      while (!(step = await tokens.next()).done) content += step.value.text;
+      while (!(step = await tokens.next()).done) {
+        content += step.value.text;
+        if (request.logprobs) entries.push(logprob(step.value));
+      }
       const stats = step.value;
       return {
         ...base,
         object: "chat.completion",
-        choices: [{ index: 0, message: { role: "assistant", content }, logprobs: null, finish_reason: finishReason(stats) }],
+        choices: [{ index: 0, message: { role: "assistant", content }, logprobs: request.logprobs ? { content: entries } : null, finish_reason: finishReason(stats) }],
         usage: usage(stats),
       };
     }
     // The first token is awaited here, so a request the engine refuses rejects create() itself.
     const first = await tokens.next();
-    const chunk = (delta, finish) => ({ ...base, object: "chat.completion.chunk", choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }] });
+    // `position` (the engine's extension): tokens in the KV cache once this one is fed back.
+    const chunk = (delta, finish, ev) => ({
+      ...base,
+      object: "chat.completion.chunk",
+      ...(ev && { position: ev.position }),
+      choices: [{ index: 0, delta, logprobs: ev && request.logprobs ? { content: [logprob(ev)] } : null, finish_reason: finish }],
+    });
     const includeUsage = !!request.stream_options?.include_usage;
     return (async function* () {
       let step = first;
       let role = true;
       try {
         while (!step.done) {
-          if (step.value.text || role) {
-            yield chunk(role ? { role: "assistant", content: step.value.text } : { content: step.value.text }, null);
+          if (step.value.text || role || request.logprobs) {
+            yield chunk(role ? { role: "assistant", content: step.value.text } : { content: step.value.text }, null, step.value);
             role = false;
           }
           step = await tokens.next();

@@ -12,6 +12,12 @@
 //! Between two decode steps of a running request there is at most one step of every row plus
 //! `prefill_budget` prompt tokens: that is the bound a newcomer's prefill puts on the others'
 //! inter-token latency.
+//!
+//! Prefix cache (GPU): a request that ends keeps its sequence (its KV blocks) as long as nothing
+//! needs the room. A later request whose prompt starts with the same tokens (a chat's next turn
+//! resends the whole conversation; requests share a system prompt) forks the longest such
+//! sequence, sharing its blocks, and prefills only the rest. Kept sequences are evicted oldest
+//! first whenever a request needs their blocks or their slot, so they never refuse a request.
 
 use crate::engine::{
     token_candidates, Backend, Engine, GenerateOptions, Prompt, Stats, StopMatcher, StopReason, TokenCandidate,
@@ -77,14 +83,23 @@ struct Request {
     id: RequestId,
     seq: BatchSeq,
     kv: SeqKv,
-    /// Prompt tokens run so far.
+    /// Prompt tokens run so far (from the prefix cache, then prefilled).
     prefilled: usize,
     /// KV blocks the request holds at its longest (prompt + max_tokens).
     blocks: usize,
 }
 
+/// An ended request's sequence, kept for a later prompt that starts with `tokens` (whose keys
+/// and values it holds).
+struct Kept {
+    seq: SeqId,
+    tokens: Vec<u32>,
+}
+
 pub struct Batcher {
     requests: Vec<Request>,
+    /// The prefix cache, oldest first; at most `max_rows` sequences.
+    kept: Vec<Kept>,
     next_id: RequestId,
     prefill_budget: usize,
     max_rows: usize,
@@ -106,6 +121,7 @@ impl Batcher {
         };
         Self {
             requests: Vec::new(),
+            kept: Vec::new(),
             next_id: 0,
             prefill_budget: prefill_budget.max(1),
             max_rows,
@@ -151,9 +167,13 @@ impl Batcher {
         Ok(Prepared { tokens, sampler, options: options.clone(), vocab_size: engine.config.vocab_size })
     }
 
-    /// KV blocks a request needs at its longest (0 on the CPU backend, which has no pool).
-    fn blocks_needed(engine: &Engine, p: &Prepared) -> usize {
-        engine.gpu_model().map_or(0, |m| (p.tokens.len() + p.options.max_tokens).div_ceil(m.pool().block_tokens()))
+    /// KV blocks a request needs at its longest (0 on the CPU backend, which has no pool), less
+    /// the whole blocks it shares with the kept sequence it forks (`reused` positions).
+    fn blocks_needed(engine: &Engine, p: &Prepared, reused: usize) -> usize {
+        engine.gpu_model().map_or(0, |m| {
+            let bt = m.pool().block_tokens();
+            (p.tokens.len() + p.options.max_tokens).div_ceil(bt) - reused / bt
+        })
     }
 
     /// Blocks no admitted request will take: the pool's free blocks less what running requests
@@ -172,13 +192,55 @@ impl Batcher {
         pool.free_blocks().saturating_sub(owed)
     }
 
-    /// Whether `p` could be admitted now (a row free, and the pool's room for it at its longest).
-    pub fn has_room(&self, engine: &Engine, p: &Prepared) -> bool {
-        self.requests.len() < self.max_rows && Self::blocks_needed(engine, p) <= self.uncommitted_blocks(engine)
+    /// The kept sequence `p` would fork and the prompt positions it takes from it: the longest
+    /// common prefix (the most recent on a tie), short of the prompt's last token (whose logits
+    /// the request needs from its own prefill), in whole blocks (shared as they are: the
+    /// request writes only blocks of its own, and needs exactly the blocks past them).
+    fn reuse(&self, engine: &Engine, p: &Prepared) -> Option<(usize, usize)> {
+        let bt = engine.gpu_model()?.pool().block_tokens();
+        let mut best: Option<(usize, usize)> = None;
+        for (i, k) in self.kept.iter().enumerate() {
+            let common = k.tokens.iter().zip(&p.tokens).take_while(|(a, b)| a == b).count();
+            let len = common.min(p.tokens.len() - 1) / bt * bt;
+            if len > 0 && best.is_none_or(|(_, l)| len >= l) {
+                best = Some((i, len));
+            }
+        }
+        best
     }
 
-    /// Admits a prepared request: it is prefilled from the next `step` on. Refused, the request
-    /// comes back with the error (`TooManySequences` or `KvPoolFull`), to wait or be dropped.
+    /// Whether `p` fits now, evicting kept sequences (oldest first, the one it would fork
+    /// last) until it does or none is left: a row, a sequence slot and the pool's room for it at
+    /// its longest.
+    fn make_room(&mut self, engine: &mut Engine, p: &Prepared) -> bool {
+        if self.requests.len() >= self.max_rows {
+            return false;
+        }
+        loop {
+            let reuse = self.reuse(engine, p);
+            let needed = Self::blocks_needed(engine, p, reuse.map_or(0, |r| r.1));
+            let slot = engine.gpu_model().is_none_or(|m| m.pool().free_slots() > 0);
+            if slot && needed <= self.uncommitted_blocks(engine) {
+                return true;
+            }
+            let forked = reuse.map(|r| r.0);
+            let Some(victim) = (0..self.kept.len()).find(|&i| Some(i) != forked).or(forked) else {
+                return false;
+            };
+            let k = self.kept.remove(victim);
+            free(engine, &SeqKv::Gpu(k.seq));
+        }
+    }
+
+    /// Whether `p` could be admitted now (a row free, and the pool's room for it at its longest,
+    /// once kept sequences are evicted as needed).
+    pub fn has_room(&mut self, engine: &mut Engine, p: &Prepared) -> bool {
+        self.make_room(engine, p)
+    }
+
+    /// Admits a prepared request: it is prefilled from the next `step` on (past the prefix a
+    /// kept sequence holds). Refused, the request comes back with the error
+    /// (`TooManySequences` or `KvPoolFull`), to wait or be dropped.
     pub fn admit(
         &mut self,
         engine: &mut Engine,
@@ -187,28 +249,41 @@ impl Batcher {
         if self.requests.len() >= self.max_rows {
             return Err((Error::TooManySequences { max: self.max_rows }, Box::new(p)));
         }
-        let needed = Self::blocks_needed(engine, &p);
-        let free = self.uncommitted_blocks(engine);
+        let fits = self.make_room(engine, &p);
+        let reuse = self.reuse(engine, &p);
+        let needed = Self::blocks_needed(engine, &p, reuse.map_or(0, |r| r.1));
+        let free_blocks = self.uncommitted_blocks(engine);
+        let mut reused = 0;
         let kv = match &mut engine.backend {
             Backend::Cpu { model, .. } => SeqKv::Cpu(Box::new(model.new_cache())),
             Backend::Gpu(model) => {
                 let bt = model.pool().block_tokens();
-                if needed > free {
+                if !fits && needed > free_blocks {
                     let capacity_tokens = model.pool().blocks() * bt;
                     return Err((
-                        Error::KvPoolFull { needed_tokens: needed * bt, free_tokens: free * bt, capacity_tokens },
+                        Error::KvPoolFull { needed_tokens: needed * bt, free_tokens: free_blocks * bt, capacity_tokens },
                         Box::new(p),
                     ));
                 }
-                match model.new_sequence() {
+                let seq = match reuse {
+                    Some((i, len)) => {
+                        reused = len;
+                        model.fork_sequence(self.kept[i].seq, len)
+                    }
+                    None => model.new_sequence(),
+                };
+                match seq {
                     Ok(seq) => SeqKv::Gpu(seq),
                     Err(e) => return Err((e, Box::new(p))),
                 }
             }
         };
+        let blocks = needed + engine.gpu_model().map_or(0, |m| reused / m.pool().block_tokens());
         let id = self.next_id;
         self.next_id += 1;
-        self.requests.push(Request { id, seq: BatchSeq::new(p), kv, prefilled: 0, blocks: needed });
+        let mut seq = BatchSeq::new(p);
+        seq.reused = reused;
+        self.requests.push(Request { id, seq, kv, prefilled: reused, blocks });
         Ok(id)
     }
 
@@ -218,17 +293,53 @@ impl Batcher {
         let i = self.requests.iter().position(|r| r.id == id)?;
         let mut r = self.requests.remove(i);
         r.seq.stop.get_or_insert(StopReason::Aborted);
-        free(engine, &r.kv);
-        Some(r.seq.stats())
+        let stats = r.seq.stats();
+        self.retire(engine, r);
+        Some(stats)
     }
 
-    /// Ends every request (after an error that is not one request's: a lost device).
+    /// Ends every request (after an error that is not one request's: a lost device) and frees
+    /// the kept sequences: every block the batcher held is back in the pool.
     pub fn clear(&mut self, engine: &mut Engine) -> Vec<RequestId> {
         let ids = self.requests.iter().map(|r| r.id).collect();
         for r in self.requests.drain(..) {
             free(engine, &r.kv);
         }
+        self.forget_prefixes(engine);
         ids
+    }
+
+    /// Frees the kept sequences (before work that needs the pool's blocks outside the batch).
+    pub fn forget_prefixes(&mut self, engine: &mut Engine) {
+        for k in self.kept.drain(..) {
+            free(engine, &SeqKv::Gpu(k.seq));
+        }
+    }
+
+    /// Prompt tokens the kept sequences hold (the prefix cache's size), for the caller's figures.
+    pub fn kept_tokens(&self) -> usize {
+        self.kept.iter().map(|k| k.tokens.len()).sum()
+    }
+
+    /// A request leaves: its sequence is kept for a later prompt with the same start (the
+    /// positions whose keys and values it wrote), unless it failed or holds nothing.
+    fn retire(&mut self, engine: &mut Engine, r: Request) {
+        let SeqKv::Gpu(seq) = r.kv else { return };
+        let written = if r.prefilled < r.seq.prompt_len { r.prefilled } else { r.seq.tokens.len() };
+        if r.seq.failed.is_some() || written == 0 {
+            free(engine, &r.kv);
+            return;
+        }
+        let mut tokens = r.seq.tokens;
+        tokens.truncate(written);
+        if let Some(m) = engine.gpu_model_mut() {
+            m.truncate_sequence(seq, written);
+        }
+        self.kept.push(Kept { seq, tokens });
+        if self.kept.len() > self.max_rows {
+            let k = self.kept.remove(0);
+            free(engine, &SeqKv::Gpu(k.seq));
+        }
     }
 
     /// One round: prefill within the budget, then one decode step of every prefilled request
@@ -252,7 +363,7 @@ impl Batcher {
             if r.prefilled == r.seq.prompt_len {
                 continue;
             }
-            if r.prefilled == 0 {
+            if r.prefilled == r.seq.reused {
                 r.seq.start = Instant::now();
             }
             let n = budget.min(PREFILL_CHUNK).min(r.seq.prompt_len - r.prefilled);
@@ -366,11 +477,17 @@ impl Batcher {
                 continue;
             }
             let mut r = self.requests.remove(i);
-            free(engine, &r.kv);
             let id = r.id;
             match r.seq.failed.take() {
-                Some(e) => on_event(id, BatchEvent::Failed(e)),
-                None => on_event(id, BatchEvent::Done(r.seq.stats())),
+                Some(e) => {
+                    free(engine, &r.kv);
+                    on_event(id, BatchEvent::Failed(e))
+                }
+                None => {
+                    let stats = r.seq.stats();
+                    self.retire(engine, r);
+                    on_event(id, BatchEvent::Done(stats))
+                }
             };
         }
         Ok(n)
@@ -386,6 +503,8 @@ fn free(engine: &mut Engine, kv: &SeqKv) {
 /// One request's generation state: what `Engine::generate` keeps in locals.
 struct BatchSeq {
     prompt_len: usize,
+    /// Prompt positions forked from a kept sequence (not prefilled).
+    reused: usize,
     /// The prompt, then every token fed back.
     tokens: Vec<u32>,
     sampler: Sampler,
@@ -411,6 +530,7 @@ impl BatchSeq {
         let now = Instant::now();
         Self {
             prompt_len: p.tokens.len(),
+            reused: 0,
             tokens: p.tokens,
             sampler: p.sampler,
             stops: StopMatcher::new(p.options.stop.clone()),
@@ -501,10 +621,10 @@ impl BatchSeq {
         let decode_secs = self.decode_start.elapsed().as_secs_f64();
         Stats {
             prompt_tokens: self.prompt_len,
-            prefilled_tokens: self.prompt_len,
+            prefilled_tokens: self.prompt_len - self.reused,
             generated_tokens: self.generated,
             ttft_ms: self.ttft * 1e3,
-            prefill_tok_s: self.prompt_len as f64 / self.ttft.max(1e-9),
+            prefill_tok_s: (self.prompt_len - self.reused) as f64 / self.ttft.max(1e-9),
             decode_tok_s: self.decode_steps as f64 / decode_secs.max(1e-9),
             stop_reason: self.stop.unwrap_or(StopReason::MaxTokens),
             decode_steps: self.decode_steps,

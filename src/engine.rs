@@ -748,6 +748,7 @@ impl Engine {
                 return Err(e);
             }
         }
+        batcher.clear(self);
         Ok(stats.into_iter().map(|s| s.expect("every request ends with its stats")).collect())
     }
 

@@ -85,6 +85,11 @@ impl KvPool {
         self.slots.len()
     }
 
+    /// Sequence slots not in use: how many more sequences `create` or `fork` can make.
+    pub fn free_slots(&self) -> usize {
+        self.slots.iter().filter(|s| !s.live).count()
+    }
+
     /// The longest table a sequence can have, for sizing the GPU's table buffer: the whole pool,
     /// since a single sequence may use every block.
     pub fn max_blocks_per_seq(&self) -> usize {

@@ -191,6 +191,16 @@ pub struct WasmEngine {
     submitted: Rc<RefCell<Vec<Submitted>>>,
     /// A pump is running the batch.
     pumping: Rc<Cell<bool>>,
+    /// The batch, kept between pumps for its prefix cache (a chat's next turn forks the blocks
+    /// of the last); dropped, its blocks freed, when the conversation or beam search runs.
+    batch: Rc<RefCell<Option<crate::batcher::Batcher>>>,
+}
+
+/// Frees the batch's blocks (its prefix cache) before work outside it takes the pool.
+fn release_batch(batch: &Rc<RefCell<Option<crate::batcher::Batcher>>>, e: &mut Engine) {
+    if let Some(mut b) = batch.borrow_mut().take() {
+        b.clear(e);
+    }
 }
 
 /// A request `submit` queued: its prompt and options, its token callback and its promise's ends.
@@ -257,6 +267,7 @@ impl WasmEngine {
             last_stats: Rc::new(RefCell::new(None)),
             submitted: Rc::new(RefCell::new(Vec::new())),
             pumping: Rc::new(Cell::new(false)),
+            batch: Rc::new(RefCell::new(None)),
         })
     }
 
@@ -301,13 +312,18 @@ impl WasmEngine {
         options: JsValue,
         on_token: js_sys::Function,
     ) -> js_sys::Promise {
-        let (engine, aborted, busy, last) =
-            (self.engine.clone(), self.aborted.clone(), self.busy.clone(), self.last_stats.clone());
+        let (engine, aborted, busy, last, batch) = (
+            self.engine.clone(),
+            self.aborted.clone(),
+            self.busy.clone(),
+            self.last_stats.clone(),
+            self.batch.clone(),
+        );
         wasm_bindgen_futures::future_to_promise(async move {
             if busy.replace(true) {
                 return Err(JsError::new("a generation is already running: await it or call abort() first").into());
             }
-            let result = generate(&engine, &aborted, prompt, chat, options, &on_token).await;
+            let result = generate(&engine, &batch, &aborted, prompt, chat, options, &on_token).await;
             busy.set(false);
             let stats = result?;
             let js = serde_wasm_bindgen::to_value(&JsStats::from(&stats))?;
@@ -319,17 +335,24 @@ impl WasmEngine {
     /// Queues a generation for the batch: requests submitted while others run join them between
     /// decode steps (each weight read once per step for all). `on_token({id, text, position})`
     /// per token, returning false ends the request; resolves to its stats. The conversation's
-    /// KV cache is not used (each request runs its whole prompt).
+    /// KV cache is not used: a request whose prompt starts as an ended one's did (the next turn
+    /// of a chat) forks that request's blocks and prefills only the rest.
     pub fn submit(&self, prompt: JsValue, chat: bool, options: JsValue, on_token: js_sys::Function) -> js_sys::Promise {
         let mut parsed = Some(js_prompt(prompt, chat).and_then(|p| Ok((p, js_generate_options(options)?))));
-        let (engine, busy, submitted, pumping) =
-            (self.engine.clone(), self.busy.clone(), self.submitted.clone(), self.pumping.clone());
+        let (engine, busy, submitted, pumping, batch) = (
+            self.engine.clone(),
+            self.busy.clone(),
+            self.submitted.clone(),
+            self.pumping.clone(),
+            self.batch.clone(),
+        );
         js_sys::Promise::new(&mut |resolve, reject| match parsed.take() {
             Some(Ok((prompt, options))) => {
                 submitted.borrow_mut().push(Submitted { prompt, options, on_token: on_token.clone(), resolve, reject });
                 if !pumping.replace(true) {
                     wasm_bindgen_futures::spawn_local(pump(
                         engine.clone(),
+                        batch.clone(),
                         busy.clone(),
                         submitted.clone(),
                         pumping.clone(),
@@ -348,12 +371,12 @@ impl WasmEngine {
     /// lengthPenalty, earlyStopping false | true | "never", ignoreEos).
     #[wasm_bindgen(js_name = beamSearch)]
     pub fn beam_search(&self, prompt: JsValue, chat: bool, options: JsValue) -> js_sys::Promise {
-        let (engine, busy) = (self.engine.clone(), self.busy.clone());
+        let (engine, busy, batch) = (self.engine.clone(), self.busy.clone(), self.batch.clone());
         wasm_bindgen_futures::future_to_promise(async move {
             if busy.replace(true) {
                 return Err(JsError::new("a generation is already running: await it or call abort() first").into());
             }
-            let result = beam_search(&engine, prompt, chat, options).await;
+            let result = beam_search(&engine, &batch, prompt, chat, options).await;
             busy.set(false);
             result
         })
@@ -379,12 +402,14 @@ impl WasmEngine {
         let mut guard =
             self.engine.try_borrow_mut().map_err(|_| js_err("abort the running generation before unloading"))?;
         guard.take();
+        self.batch.borrow_mut().take();
         Ok(())
     }
 }
 
 async fn generate(
     engine: &Rc<RefCell<Option<Engine>>>,
+    batch: &Rc<RefCell<Option<crate::batcher::Batcher>>>,
     aborted: &Rc<Cell<bool>>,
     prompt: JsValue,
     chat: bool,
@@ -396,6 +421,7 @@ async fn generate(
     // The engine is taken out for the duration, so a concurrent info()/unload() gets an error
     // instead of a borrow panic.
     let mut e = engine.borrow_mut().take().ok_or_else(|| js_err("the model was unloaded"))?;
+    release_batch(batch, &mut e);
     aborted.set(false);
     let mut callback_error = None;
     let result = {
@@ -464,6 +490,7 @@ fn js_generate_options(options: JsValue) -> Result<GenerateOptions, JsValue> {
 /// callback (which returns false to end it) and settles each request's promise with its stats.
 async fn pump(
     engine: Rc<RefCell<Option<Engine>>>,
+    batch: Rc<RefCell<Option<crate::batcher::Batcher>>>,
     busy: Rc<Cell<bool>>,
     submitted: Rc<RefCell<Vec<Submitted>>>,
     pumping: Rc<Cell<bool>>,
@@ -491,7 +518,8 @@ async fn pump(
         pumping.set(false);
         return;
     };
-    let mut batcher = crate::batcher::Batcher::new(&mut e, crate::engine::PREFILL_CHUNK);
+    let kept = batch.borrow_mut().take();
+    let mut batcher = kept.unwrap_or_else(|| crate::batcher::Batcher::new(&mut e, crate::engine::PREFILL_CHUNK));
     let mut waiting = std::collections::VecDeque::new();
     let mut live = std::collections::HashMap::new();
     loop {
@@ -507,7 +535,7 @@ async fn pump(
         }
         // In order; a request the empty batch cannot hold is refused (admit says why).
         while let Some((p, _)) = waiting.front() {
-            if !batcher.is_empty() && !batcher.has_room(&e, p) {
+            if !batcher.is_empty() && !batcher.has_room(&mut e, p) {
                 break;
             }
             let (p, l) = waiting.pop_front().expect("front exists");
@@ -570,6 +598,7 @@ async fn pump(
         }
     }
     *engine.borrow_mut() = Some(e);
+    *batch.borrow_mut() = Some(batcher);
     busy.set(false);
     pumping.set(false);
 }
@@ -592,6 +621,7 @@ impl Default for JsBeamOptions {
 
 async fn beam_search(
     engine: &Rc<RefCell<Option<Engine>>>,
+    batch: &Rc<RefCell<Option<crate::batcher::Batcher>>>,
     prompt: JsValue,
     chat: bool,
     options: JsValue,
@@ -610,6 +640,7 @@ async fn beam_search(
     };
     let prompt = js_prompt(prompt, chat)?;
     let mut e = engine.borrow_mut().take().ok_or_else(|| js_err("the model was unloaded"))?;
+    release_batch(batch, &mut e);
     let options = BeamOptions {
         beams: o.beams,
         max_tokens: o.max_tokens,

@@ -217,6 +217,69 @@ fn requests_joining_pausing_and_leaving_a_running_batch_give_the_golden_tokens()
         assert!(!done.contains_key(&fifth), "{backend:?}: a cancelled request reports nothing more");
         let fifth_ids = ids.get(&fifth).cloned().unwrap_or_default();
         assert_eq!(fifth_ids, want(0, fifth_ids.len()), "{backend:?}: the fifth's tokens before it left");
+        // Ended requests' sequences stay as the prefix cache until the batch is cleared.
+        b.clear(&mut e);
         assert_eq!(e.gpu_model().map(|m| m.pool().free_blocks()), free_at_start, "{backend:?}: blocks left taken");
     }
+}
+
+/// One request run to its end in `b`: its ids and stats.
+fn run_one(b: &mut webgpu_llm::batcher::Batcher, e: &mut Engine, prompt: &Prompt, n: usize) -> (Vec<u32>, webgpu_llm::engine::Stats) {
+    use webgpu_llm::batcher::{BatchEvent, Batcher};
+    let p = Batcher::prepare(e, prompt, &greedy(n)).unwrap();
+    b.admit(e, p).map_err(|(e, _)| e).unwrap();
+    let mut ids = Vec::new();
+    let mut stats = None;
+    while !b.is_empty() {
+        pollster::block_on(b.step(e, &mut |_| true, &mut |_, ev| {
+            match ev {
+                BatchEvent::Token(t) => ids.push(t.id),
+                BatchEvent::Done(s) => stats = Some(s),
+                BatchEvent::Failed(err) => panic!("{err}"),
+            }
+            true
+        }))
+        .unwrap();
+    }
+    (ids, stats.expect("the request ended"))
+}
+
+#[test]
+fn a_prompt_that_starts_as_an_ended_one_did_forks_its_blocks_and_gives_the_same_tokens() {
+    use webgpu_llm::batcher::Batcher;
+    let cases = common::golden("generations.json")["cases"].as_array().unwrap().clone();
+    let prompt_ids = |i: usize| common::ids(&cases[i]["prompt_ids"]);
+    let want = |i: usize, n: usize| common::ids(&cases[i]["generated_ids"])[..n].to_vec();
+    // The next turn of case 4: its prompt, its 12 golden tokens, then the start of case 5's user turn.
+    let mut next_turn = prompt_ids(4);
+    next_turn.extend(want(4, 12));
+    next_turn.extend(&prompt_ids(5)[24..]);
+    let mut turns = Vec::new();
+    for backend in BACKENDS {
+        let mut e = engine(backend, 1024);
+        let free_at_start = e.gpu_model().map(|m| m.pool().free_blocks());
+        // Block-sized reuse on the GPU (the CPU backend keeps no prefix cache).
+        let block = |n: usize| if backend == BackendKind::Gpu { n / 16 * 16 } else { 0 };
+        let mut b = Batcher::new(&mut e, 512);
+        let (ids, s) = run_one(&mut b, &mut e, &Prompt::Tokens(prompt_ids(4)), 12);
+        assert_eq!(ids, want(4, 12), "{backend:?}: the first request");
+        assert_eq!(s.prefilled_tokens, s.prompt_tokens, "{backend:?}: nothing to reuse yet");
+        // Case 5 shares the system prompt's 24 tokens with case 4: one block of them is reused.
+        let (ids, s) = run_one(&mut b, &mut e, &Prompt::Tokens(prompt_ids(5)), 8);
+        assert_eq!(ids, want(5, 8), "{backend:?}: a request sharing the system prompt");
+        assert_eq!(s.prefilled_tokens, s.prompt_tokens - block(24), "{backend:?}");
+        // Case 4 again (a regenerated answer): all but its last token's block is reused.
+        let (ids, s) = run_one(&mut b, &mut e, &Prompt::Tokens(prompt_ids(4)), 8);
+        assert_eq!(ids, want(4, 8), "{backend:?}: the same prompt again");
+        assert_eq!(s.prefilled_tokens, s.prompt_tokens - block(prompt_ids(4).len() - 1), "{backend:?}");
+        // The next turn: case 4's prompt and answer come from the cache, written by its prefill
+        // and its decode steps (the first request's 37 + 11 positions).
+        let (ids, s) = run_one(&mut b, &mut e, &Prompt::Tokens(next_turn.clone()), 8);
+        assert_eq!(s.prefilled_tokens, s.prompt_tokens - block(37 + 11), "{backend:?}");
+        turns.push(ids);
+        b.clear(&mut e);
+        assert_eq!(e.gpu_model().map(|m| m.pool().free_blocks()), free_at_start, "{backend:?}: blocks left taken");
+    }
+    // The GPU's next turn over forked blocks gives the CPU reference's tokens.
+    assert_eq!(turns[1], turns[0], "the next turn: GPU (from the prefix cache) against the CPU reference");
 }

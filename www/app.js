@@ -303,7 +303,7 @@ function startWorker() {
         conversation.push({ role: "assistant", content: replyText });
         ui.stats.textContent =
           `TTFT ${s.ttftMs.toFixed(0)} ms · prefill ${s.prefillTokS.toFixed(1)} tok/s · decode ${s.decodeTokS.toFixed(1)} tok/s · ` +
-          `${s.promptTokens} prompt + ${s.generatedTokens} generated tokens (${s.stopReason})` +
+          `${s.promptTokens} prompt${s.prefilledTokens < s.promptTokens ? ` (${s.promptTokens - s.prefilledTokens} from the KV cache)` : ""} + ${s.generatedTokens} generated tokens (${s.stopReason})` +
           (s.hostMsPerToken == null ? "" : ` · host ${s.hostMsPerToken.toFixed(2)} ms per decode step`);
         finish();
         break;

@@ -56,11 +56,30 @@ async function listCache(remove) {
   }
 }
 
+// The page's chat goes through OpenAI's API on the engine (`engine.chat.completions.create`),
+// as code written for the server would: each turn resends the conversation, and the engine
+// reuses the KV blocks of the turn before (only the new messages are prefilled).
 async function chat(messages, options) {
   if (!engine) return fail("chat", new Error("no model is loaded"));
   postMessage({ type: "started", options });
+  const request = {
+    messages,
+    stream: true,
+    temperature: options.temperature,
+    top_p: options.topP,
+    top_k: options.topK,
+    min_p: options.minP,
+    max_tokens: options.maxTokens,
+    ...(options.candidates > 0 && { logprobs: true, top_logprobs: options.candidates }),
+  };
   try {
-    for await (const ev of engine.chat(messages, options)) postMessage({ type: "token", ev });
+    for await (const chunk of await engine.chat.completions.create(request)) {
+      const choice = chunk.choices[0];
+      if (!choice || choice.finish_reason) continue;
+      const entry = choice.logprobs?.content?.[0];
+      const candidates = entry?.top_logprobs.map((t) => ({ text: t.token, prob: Math.exp(t.logprob), kept: t.kept }));
+      postMessage({ type: "token", ev: { text: choice.delta.content ?? "", position: chunk.position, candidates } });
+    }
     postMessage({ type: "done", stats: engine.stats(), info: engine.info() });
   } catch (e) {
     fail("chat", e);

@@ -131,6 +131,21 @@ window.finished = true;`;
     assert.equal(whole.choices[0].message.content, capital.greedy_text_before_first_eos);
     assert.equal(whole.choices[0].finish_reason, "stop");
     assert.equal(whole.usage.completion_tokens, capital.first_eos_index);
+    // The same messages again: the prompt's blocks come from the ended request (prefix cache).
+    const again = await tab.evaluate(() => window.engine.stats());
+    assert.ok(again.prefilledTokens < again.promptTokens && again.prefilledTokens >= 1, JSON.stringify(again));
+    // logprobs: one entry per token, its text the content; greedy picks the most likely
+    // alternative, whose logprob is the token's.
+    const probed = await tab.evaluate((messages) => window.engine.chat.completions.create({ messages, temperature: 0, max_tokens: 6, logprobs: true, top_logprobs: 3 }), colors.messages);
+    const entries = probed.choices[0].logprobs.content;
+    assert.equal(entries.length, probed.usage.completion_tokens);
+    assert.equal(entries.map((e) => e.token).join(""), probed.choices[0].message.content);
+    for (const e of entries) {
+      assert.equal(e.top_logprobs.length, 3);
+      assert.equal(e.top_logprobs[0].token, e.token);
+      assert.ok(Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6 && e.logprob <= 0, JSON.stringify(e));
+      assert.ok(e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob && e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob);
+    }
     const badRequest = await tab.evaluate(() => window.engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], temperature: -1 }).then(() => null, (e) => [e.message, e.code]));
     assert.equal(badRequest[1], "invalid-option", badRequest[0]);
   } finally {

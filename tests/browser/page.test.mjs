@@ -138,6 +138,9 @@ test("the page shows the model before downloading it, loads it, chats, stops, ca
     await page.click("#send");
     await waitIdle(page);
     assert.ok((await page.$$("#messages li.assistant")).length === 3);
+    // The page resends the conversation each turn: the engine forks the last turn's KV blocks.
+    const reused = (await page.textContent("#stats")).match(/(\d+) prompt \((\d+) from the KV cache\)/);
+    assert.ok(reused && Number(reused[2]) >= 16 && Number(reused[2]) < Number(reused[1]), await page.textContent("#stats"));
     assert.deepEqual(errors, []);
 
     // The "inside the engine" panel: phase, KV gauge and the candidates top-p kept.

@@ -367,7 +367,7 @@ fn engine_loop(
             false
         });
         while let Some(w) = waiting.front() {
-            if batcher.len() >= max_batch || !batcher.has_room(&engine, &w.prepared) {
+            if batcher.len() >= max_batch || !batcher.has_room(&mut engine, &w.prepared) {
                 break;
             }
             let w = waiting.pop_front().expect("front exists");
@@ -486,7 +486,11 @@ fn handle(
         behind_since: None,
     };
     let param = if matches!(job.prompt, Prompt::Chat(_)) { "messages" } else { "prompt" };
-    // Beam search and speculation run alone, between two rounds of the batch.
+    // Beam search and speculation run alone, between two rounds of the batch, with the blocks
+    // of the batch's prefix cache given back to the pool.
+    if job.beams.is_some() || job.options.speculate.is_some() {
+        batcher.forget_prefixes(engine);
+    }
     if let Some(beams) = &job.beams {
         let mut beams = beams.clone();
         if !job.options.ignore_eos {
