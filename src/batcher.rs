@@ -261,7 +261,11 @@ impl Batcher {
                 if !fits && needed > free_blocks {
                     let capacity_tokens = model.pool().blocks() * bt;
                     return Err((
-                        Error::KvPoolFull { needed_tokens: needed * bt, free_tokens: free_blocks * bt, capacity_tokens },
+                        Error::KvPoolFull {
+                            needed_tokens: needed * bt,
+                            free_tokens: free_blocks * bt,
+                            capacity_tokens,
+                        },
                         Box::new(p),
                     ));
                 }

@@ -312,13 +312,8 @@ impl WasmEngine {
         options: JsValue,
         on_token: js_sys::Function,
     ) -> js_sys::Promise {
-        let (engine, aborted, busy, last, batch) = (
-            self.engine.clone(),
-            self.aborted.clone(),
-            self.busy.clone(),
-            self.last_stats.clone(),
-            self.batch.clone(),
-        );
+        let (engine, aborted, busy, last, batch) =
+            (self.engine.clone(), self.aborted.clone(), self.busy.clone(), self.last_stats.clone(), self.batch.clone());
         wasm_bindgen_futures::future_to_promise(async move {
             if busy.replace(true) {
                 return Err(JsError::new("a generation is already running: await it or call abort() first").into());
@@ -339,13 +334,8 @@ impl WasmEngine {
     /// of a chat) forks that request's blocks and prefills only the rest.
     pub fn submit(&self, prompt: JsValue, chat: bool, options: JsValue, on_token: js_sys::Function) -> js_sys::Promise {
         let mut parsed = Some(js_prompt(prompt, chat).and_then(|p| Ok((p, js_generate_options(options)?))));
-        let (engine, busy, submitted, pumping, batch) = (
-            self.engine.clone(),
-            self.busy.clone(),
-            self.submitted.clone(),
-            self.pumping.clone(),
-            self.batch.clone(),
-        );
+        let (engine, busy, submitted, pumping, batch) =
+            (self.engine.clone(), self.busy.clone(), self.submitted.clone(), self.pumping.clone(), self.batch.clone());
         js_sys::Promise::new(&mut |resolve, reject| match parsed.take() {
             Some(Ok((prompt, options))) => {
                 submitted.borrow_mut().push(Submitted { prompt, options, on_token: on_token.clone(), resolve, reject });

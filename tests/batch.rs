@@ -224,7 +224,12 @@ fn requests_joining_pausing_and_leaving_a_running_batch_give_the_golden_tokens()
 }
 
 /// One request run to its end in `b`: its ids and stats.
-fn run_one(b: &mut webgpu_llm::batcher::Batcher, e: &mut Engine, prompt: &Prompt, n: usize) -> (Vec<u32>, webgpu_llm::engine::Stats) {
+fn run_one(
+    b: &mut webgpu_llm::batcher::Batcher,
+    e: &mut Engine,
+    prompt: &Prompt,
+    n: usize,
+) -> (Vec<u32>, webgpu_llm::engine::Stats) {
     use webgpu_llm::batcher::{BatchEvent, Batcher};
     let p = Batcher::prepare(e, prompt, &greedy(n)).unwrap();
     b.admit(e, p).map_err(|(e, _)| e).unwrap();
