@@ -78,6 +78,9 @@ export interface ChatCompletionRequest {
   min_p?: number;
   repetition_penalty?: number;
   ignore_eos?: boolean;
+  /** Speculative decoding ("lookup" or "layers:L"); such a call runs alone, not in the batch. */
+  speculate?: string;
+  draft_tokens?: number;
 }
 
 export interface ChatCompletionUsage {
@@ -117,6 +120,8 @@ export interface ChatCompletionChunk {
   model: string;
   /** The engine's extension, on a token's chunk: tokens in the KV cache once it is fed back. */
   position?: number;
+  /** The engine's extension, with `speculate`: where the token came from. */
+  speculation?: TokenSpeculation;
   choices: { index: number; delta: { role?: "assistant"; content?: string }; logprobs: { content: TokenLogprobs[] } | null; finish_reason: "stop" | "length" | null }[];
   usage?: ChatCompletionUsage;
 }
@@ -149,6 +154,13 @@ export interface Candidate {
   kept: boolean;
 }
 
+export interface TokenSpeculation {
+  /** A drafted token the model accepted (false: the model's own token). */
+  accepted: boolean;
+  /** The drafts this own token replaced (the first one the model rejected, and those after it). */
+  rejected?: string[];
+}
+
 export interface TokenEvent {
   id: number;
   /** Text completed by this token (may be empty while a character is incomplete). */
@@ -156,6 +168,8 @@ export interface TokenEvent {
   /** Tokens in the KV cache after this one. */
   position: number;
   candidates?: Candidate[];
+  /** With `speculate`: whether the token was drafted and accepted, or which drafts it replaced. */
+  speculation?: TokenSpeculation;
 }
 
 export interface Stats {

@@ -711,7 +711,7 @@ export class Engine {
    * rest. The fields are OpenAI's (temperature, top_p, max_tokens | max_completion_tokens,
    * seed, stop, presence_penalty, frequency_penalty, logprobs, top_logprobs,
    * stream_options.include_usage) and the engine's (top_k, min_p, repetition_penalty,
-   * ignore_eos).
+   * ignore_eos, speculate with draft_tokens: such a call runs alone, on the conversation).
    */
   async #create(request) {
     const invalid = (Kind, message) => Object.assign(new Kind(`chat.completions.create: ${message}`), { code: "invalid-option" });
@@ -739,6 +739,8 @@ export class Engine {
       ignoreEos: request.ignore_eos,
       // The candidates carry the alternatives; one at least, so the token's own logprob comes too.
       candidates: request.logprobs ? Math.max(top, 1) : undefined,
+      speculate: request.speculate,
+      draftTokens: request.draft_tokens,
     });
     const id = `chatcmpl-${Math.random().toString(16).slice(2, 14)}`;
     const created = Math.floor(Date.now() / 1000);
@@ -755,7 +757,8 @@ export class Engine {
         bytes: [...utf8.encode(ev.logprob.token)],
         top_logprobs: (ev.candidates ?? []).slice(0, top).map((c) => ({ token: c.text, logprob: Math.log(c.prob), bytes: [...utf8.encode(c.text)], kept: c.kept })),
       };
-    const tokens = this.#stream(messages, true, options, true);
+    // Speculation checks several tokens of one sequence per pass: such a call runs alone.
+    const tokens = this.#stream(messages, true, options, !request.speculate);
     if (!request.stream) {
       let content = "";
       const entries = [];
@@ -774,11 +777,14 @@ export class Engine {
     }
     // The first token is awaited here, so a request the engine refuses rejects create() itself.
     const first = await tokens.next();
-    // `position` (the engine's extension): tokens in the KV cache once this one is fed back.
+    // The engine's extensions: `position` (tokens in the KV cache once this one is fed back)
+    // and, with `speculate`, `speculation` ({accepted, rejected}: a drafted token the model
+    // accepted, or the model's own token and the drafts it replaced).
     const chunk = (delta, finish, ev) => ({
       ...base,
       object: "chat.completion.chunk",
       ...(ev && { position: ev.position }),
+      ...(ev?.speculation && { speculation: ev.speculation }),
       choices: [{ index: 0, delta, logprobs: ev && request.logprobs ? { content: [logprob(ev)] } : null, finish_reason: finish }],
     });
     const includeUsage = !!request.stream_options?.include_usage;
@@ -787,7 +793,7 @@ export class Engine {
       let role = true;
       try {
         while (!step.done) {
-          if (step.value.text || role || request.logprobs) {
+          if (step.value.text || role || request.logprobs || step.value.speculation) {
             yield chunk(role ? { role: "assistant", content: step.value.text } : { content: step.value.text }, null, step.value);
             role = false;
           }

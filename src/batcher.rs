@@ -595,6 +595,7 @@ impl BatchSeq {
                     position: position - 1,
                     candidates: Vec::new(),
                     logprob: None,
+                    speculation: None,
                 });
             }
             self.stop = Some(StopReason::Eos);
@@ -609,7 +610,7 @@ impl BatchSeq {
         let (text, hit) = if last { self.stops.finish(&piece) } else { self.stops.push(&piece) };
         let candidates = std::mem::take(&mut self.candidates);
         let logprob = self.logprob.take();
-        if !on_token(&TokenEvent { id: next, text, position, candidates, logprob }) {
+        if !on_token(&TokenEvent { id: next, text, position, candidates, logprob, speculation: None }) {
             self.stop = Some(StopReason::Aborted);
         } else if hit {
             self.stop = Some(StopReason::StopString);

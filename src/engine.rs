@@ -124,6 +124,20 @@ pub struct TokenEvent {
     /// `top_candidates` > 0: the server's `logprobs`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprob: Option<TokenLogprob>,
+    /// With speculative decoding: whether the token was drafted, and the drafts it replaced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<TokenSpeculation>,
+}
+
+/// Where a token of a speculative generation came from.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TokenSpeculation {
+    /// A drafted token the model accepted (false: the model's own token from a verifying pass).
+    pub accepted: bool,
+    /// The drafted tokens' texts this (own) token replaced: the first draft the model rejected
+    /// and the ones after it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<String>,
 }
 
 /// A sampled token's log-probability and its own text (the event's `text` may hold it back).
@@ -189,6 +203,9 @@ pub struct Engine {
     top: Vec<(u32, f32)>,
     /// What a top-p/min-p selection says of the logits it did not select.
     tail: Tail,
+    /// A separate draft model for speculative decoding (`Drafter::Model`), with the greedy
+    /// sampler it drafts with.
+    draft: Option<(Box<Engine>, Sampler)>,
 }
 
 impl Engine {
@@ -242,7 +259,43 @@ impl Engine {
             context_length,
             backend,
             cached: Vec::new(),
+            draft: None,
         })
+    }
+
+    /// Attaches `draft` as this engine's draft model (`Drafter::Model`): a smaller model with
+    /// the same tokenizer, which proposes tokens for speculative decoding. Refused when its
+    /// tokenizer differs (its ids would mean other tokens), naming the first difference.
+    pub fn set_draft_model(&mut self, draft: Engine) -> Result<()> {
+        let (ours, theirs) = (&self.tokenizer, &draft.tokenizer);
+        let mismatch = |what: String| Error::InvalidOption {
+            name: "draft model",
+            value: draft.config.name.clone(),
+            expected: format!("a model with {}'s tokenizer: {what}", self.config.name),
+        };
+        if ours.vocab_size() != theirs.vocab_size() {
+            return Err(mismatch(format!(
+                "its vocabulary has {} tokens, not {}",
+                theirs.vocab_size(),
+                ours.vocab_size()
+            )));
+        }
+        if let Some(id) = (0..ours.vocab_size() as u32).find(|&id| ours.token_str(id) != theirs.token_str(id)) {
+            let show = |t: Option<String>| t.map_or("none".into(), |t| format!("{t:?}"));
+            return Err(mismatch(format!(
+                "its token {id} is {}, not {}",
+                show(theirs.token_str(id)),
+                show(ours.token_str(id))
+            )));
+        }
+        let sampler = Sampler::new(SamplingParams::greedy(), draft.config.vocab_size)?;
+        self.draft = Some((Box::new(draft), sampler));
+        Ok(())
+    }
+
+    /// The attached draft model, if any.
+    pub fn draft_model(&self) -> Option<&Engine> {
+        self.draft.as_ref().map(|d| &*d.0)
     }
 
     pub fn context_length(&self) -> usize {
@@ -332,6 +385,14 @@ impl Engine {
         on_token: &mut dyn FnMut(&TokenEvent) -> bool,
     ) -> Result<Stats> {
         options.validate()?;
+        if options.speculate.is_some_and(|s| s.drafter == Drafter::Model) && self.draft.is_none() {
+            return Err(Error::InvalidOption {
+                name: "speculate",
+                value: "draft".into(),
+                expected: "lookup or layers:L: no draft model is loaded (the CLI's --speculate draft:PATH loads one)"
+                    .into(),
+            });
+        }
         let tokens = self.checked_prompt(prompt, options.max_tokens)?;
         let mut sampler = Sampler::new(options.sampling.clone(), self.config.vocab_size)?;
         tokens.iter().for_each(|&id| sampler.accept(id));
@@ -358,6 +419,10 @@ impl Engine {
         // model's own token after them, not yet), emitted before anything runs again.
         let mut pending = std::collections::VecDeque::new();
         let mut spec_stats = options.speculate.map(|_| SpeculationStats::default());
+        // The next token's origin with speculation: how many of the tokens to emit are accepted
+        // drafts, and the drafts the model's own token after them replaced.
+        let (mut accepted_ahead, mut rejected) = (0usize, Vec::new());
+        let mut origin = options.speculate.map(|_| TokenSpeculation { accepted: false, rejected: Vec::new() });
         let mut ahead = None;
         let decode_start = Instant::now();
         let counters_start = self.gpu_counters();
@@ -380,6 +445,7 @@ impl Engine {
                 position: tokens.len() + generated,
                 candidates: std::mem::take(&mut candidates),
                 logprob: None,
+                speculation: origin.take(),
             };
             if !on_token(&event) {
                 break StopReason::Aborted;
@@ -394,13 +460,23 @@ impl Engine {
             next = if let Some(t) = pending.pop_front() {
                 t
             } else if let (Some(spec), Some(st)) = (&options.speculate, spec_stats.as_mut()) {
-                self.speculative_step(next, spec, &mut sampler, options.max_tokens - generated, &mut pending, st)
-                    .await?
+                let left = options.max_tokens - generated;
+                let (t, j) =
+                    self.speculative_step(next, spec, &mut sampler, left, &mut pending, &mut rejected, st).await?;
+                accepted_ahead = j;
+                t
             } else if pipelined {
                 self.pipelined_step(next, &mut ahead, generated + 1 < options.max_tokens).await?
             } else {
                 self.run(&[next], &mut sampler, want_candidates, &mut candidates).await?
             };
+            if options.speculate.is_some() {
+                let accepted = accepted_ahead > 0;
+                accepted_ahead = accepted_ahead.saturating_sub(1);
+                let rejected = if accepted { Vec::new() } else { std::mem::take(&mut rejected) };
+                let rejected = rejected.iter().map(|&id| self.tokenizer.decode(&[id]).unwrap_or_default()).collect();
+                origin = Some(TokenSpeculation { accepted, rejected });
+            }
             decode_steps += 1;
         };
         if stop_reason == StopReason::Eos {
@@ -413,6 +489,7 @@ impl Engine {
                     position: tokens.len() + generated,
                     candidates: Vec::new(),
                     logprob: None,
+                    speculation: None,
                 });
             }
         }
@@ -436,7 +513,8 @@ impl Engine {
     /// The token after `token` (not yet in the cache), with speculation: drafts up to K tokens
     /// after it (no more than `left` - 1, the tokens still to emit after it), runs `token` and the
     /// draft in one pass, keeps `token` and the accepted drafts in the cache, and queues the
-    /// accepted tokens and the token sampled after them in `pending`; returns the first of them.
+    /// accepted tokens and the token sampled after them in `pending`; returns the first of them
+    /// and how many are accepted drafts (the drafts after those are left in `rejected`).
     /// Greedy: a draft is accepted when it is the model's argmax. Sampling: the drafters are
     /// deterministic (a one-hot draft distribution), so speculative sampling's rule is: keep a
     /// draft with probability p(draft), else draw from p without it (`Sampler::check_draft`);
@@ -448,8 +526,9 @@ impl Engine {
         sampler: &mut Sampler,
         left: usize,
         pending: &mut std::collections::VecDeque<u32>,
+        rejected: &mut Vec<u32>,
         stats: &mut SpeculationStats,
-    ) -> Result<u32> {
+    ) -> Result<(u32, usize)> {
         let start = self.cached.len();
         // The check pass is one decode step: at most a batch's rows.
         let rows = match &self.backend {
@@ -497,11 +576,43 @@ impl Engine {
                         cache.truncate(start, self.config.kv_dim());
                     }
                 }
+                Drafter::Model => {
+                    let vocab = self.config.vocab_size;
+                    let (draft, greedy) =
+                        self.draft.as_mut().map(|d| (&mut *d.0, &mut d.1)).ok_or(Error::InvalidOption {
+                            name: "speculate",
+                            value: "draft".into(),
+                            expected: "a loaded draft model".into(),
+                        })?;
+                    // The draft's cache follows the model's: what they share is kept, the rest
+                    // (the tokens accepted since, this one) runs as one prefill, then it drafts.
+                    let mut context = Vec::with_capacity(start + 1);
+                    context.extend_from_slice(&self.cached);
+                    context.push(token);
+                    let k = k.min(draft.context_length.saturating_sub(context.len()));
+                    if k > 0 {
+                        let reuse = common_prefix(&draft.cached, &context).min(context.len() - 1);
+                        draft.truncate_cache(reuse);
+                        let mut prev = draft.run(&context[reuse..], greedy, 0, &mut Vec::new()).await?;
+                        for i in 0..k {
+                            // An id past this model's vocabulary (a draft with more rows) ends it.
+                            if prev as usize >= vocab {
+                                break;
+                            }
+                            tokens.push(prev);
+                            stats.draft_passes += 1;
+                            if i + 1 < k {
+                                prev = draft.run(&[prev], greedy, 0, &mut Vec::new()).await?;
+                            }
+                        }
+                    }
+                }
             }
         }
         stats.passes += 1;
+        rejected.clear();
         if tokens.len() == 1 {
-            return self.run(&[token], sampler, 0, &mut Vec::new()).await;
+            return Ok((self.run(&[token], sampler, 0, &mut Vec::new()).await?, 0));
         }
         let draft = &tokens[1..];
         let vocab = self.config.vocab_size;
@@ -564,7 +675,8 @@ impl Engine {
         self.truncate_cache(keep);
         pending.extend(&draft[..j]);
         pending.push_back(chosen);
-        Ok(pending.pop_front().expect("one token at least"))
+        rejected.extend_from_slice(&draft[j..]);
+        Ok((pending.pop_front().expect("one token at least"), j))
     }
 
     /// Runs tokens after the cached ones and samples the next token. Reads back only what the

@@ -3,7 +3,8 @@
 //! every row's logits are bit for bit those of a plain decode step), and the longest prefix the
 //! model agrees with is kept, plus the model's own token after it. Greedy output is unchanged.
 //! Drafters: prompt lookup (an n-gram of the context seen earlier proposes what followed it: no
-//! extra model) and self-speculation (the model's first L layers and its LM head).
+//! extra model), self-speculation (the model's first L layers and its LM head) and a separate
+//! draft model with the same tokenizer (`Engine::set_draft_model`).
 
 use crate::error::{Error, Result};
 use std::str::FromStr;
@@ -21,6 +22,8 @@ pub enum Drafter {
     Lookup,
     /// The first L layers of the model, then its final norm and LM head.
     Layers(usize),
+    /// The engine's draft model (`Engine::set_draft_model`; the CLI's `draft:PATH` loads it).
+    Model,
 }
 
 impl FromStr for Drafter {
@@ -29,15 +32,19 @@ impl FromStr for Drafter {
         let bad = || Error::InvalidOption {
             name: "speculate",
             value: s.to_string(),
-            expected: "lookup, or layers:L (L = layers of the model that draft, at least 1)".into(),
+            expected:
+                "lookup, layers:L (L = layers of the model that draft, at least 1), or draft (the loaded draft model)"
+                    .into(),
         };
         match s.split_once(':') {
             None if s == "lookup" => Ok(Drafter::Lookup),
+            None if s == "draft" => Ok(Drafter::Model),
             Some(("layers", l)) => l.parse().ok().filter(|&l| l >= 1).map(Drafter::Layers).ok_or_else(bad),
+            // A path is the command line's to load (`--speculate draft:PATH`), never a request's.
             Some(("draft", _)) => Err(Error::InvalidOption {
                 name: "speculate",
                 value: s.to_string(),
-                expected: "lookup or layers:L (a separate draft model is not supported yet)".into(),
+                expected: "lookup, layers:L or draft: a draft model is loaded from a path only by the command line (--speculate draft:PATH)".into(),
             }),
             _ => Err(bad()),
         }
@@ -134,6 +141,7 @@ mod tests {
     fn drafters_parse_and_bad_values_are_typed_errors() {
         assert_eq!("lookup".parse::<Drafter>().unwrap(), Drafter::Lookup);
         assert_eq!("layers:4".parse::<Drafter>().unwrap(), Drafter::Layers(4));
+        assert_eq!("draft".parse::<Drafter>().unwrap(), Drafter::Model);
         for bad in ["layers:0", "layers:x", "look", "", "draft:/tmp/m.gguf"] {
             assert!(matches!(bad.parse::<Drafter>(), Err(Error::InvalidOption { name: "speculate", .. })), "{bad}");
         }

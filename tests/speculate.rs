@@ -32,13 +32,25 @@ fn options(max_tokens: usize, speculate: Option<Speculation>) -> GenerateOptions
 fn run(e: &mut Engine, prompt: &Prompt, o: &GenerateOptions) -> (Vec<u32>, Stats) {
     // From an empty cache, so each run prefills its whole prompt.
     pollster::block_on(e.generate(&Prompt::Tokens(vec![1]), &options(1, None), &mut |_| true)).unwrap();
-    let (mut ids, mut positions) = (Vec::new(), Vec::new());
+    let (mut ids, mut positions, mut origins) = (Vec::new(), Vec::new(), Vec::new());
     let stats = pollster::block_on(e.generate(prompt, o, &mut |ev| {
         ids.push(ev.id);
         positions.push(ev.position);
+        origins.push(ev.speculation.clone());
         true
     }))
     .unwrap();
+    // Each token says whether it was an accepted draft, and an own token which drafts it replaced:
+    // together, what the pass counters say.
+    match stats.speculation {
+        Some(sp) => {
+            assert!(origins.iter().all(Option::is_some), "every token's origin");
+            let accepted = origins.iter().flatten().filter(|o| o.accepted).count();
+            let rejected: usize = origins.iter().flatten().map(|o| o.rejected.len()).sum();
+            assert_eq!((accepted, rejected), (sp.accepted, sp.drafted - sp.accepted), "tokens' origins vs {sp:?}");
+        }
+        None => assert!(origins.iter().all(Option::is_none)),
+    }
     // Each token's position: the prompt and the tokens before it, however many one pass kept.
     let first = stats.prompt_tokens + 1;
     assert_eq!(positions, (first..first + ids.len()).collect::<Vec<_>>(), "token positions");
@@ -211,5 +223,36 @@ fn speculation_refuses_bad_settings_before_any_work() {
         let err =
             pollster::block_on(e.generate(&Prompt::Text("Hello".into()), &all_layers, &mut |_| true)).unwrap_err();
         assert!(matches!(err, Error::InvalidOption { name: "speculate", .. }), "{backend:?}: {err}");
+    }
+}
+
+#[test]
+fn a_draft_model_with_the_same_tokenizer_keeps_the_golden_tokens_and_another_tokenizer_is_refused() {
+    let cases = common::golden("generations.json")["cases"].as_array().unwrap().clone();
+    let mut e = engine(BackendKind::Gpu);
+    let spec = Speculation { drafter: Drafter::Model, draft_tokens: 4 };
+    // Without a draft model: a typed error before any work.
+    let err = pollster::block_on(e.generate(&Prompt::Text("Hello".into()), &options(4, Some(spec)), &mut |_| true))
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidOption { name: "speculate", .. }), "{err}");
+    // Gemma's tokenizer is not SmolLM2's: refused, saying how they differ.
+    let gemma = {
+        let opts = LoadOptions { backend: BackendKind::Cpu, context_length: Some(64), gpu: GpuOptions::default() };
+        pollster::block_on(Engine::load(common::Reference::Gemma3.bytes(), opts, &mut |_, _| {})).unwrap()
+    };
+    let err = e.set_draft_model(gemma).unwrap_err();
+    assert!(matches!(err, Error::InvalidOption { name: "draft model", .. }), "{err}");
+    assert!(err.to_string().contains("262144 tokens, not 49152"), "{err}");
+    // The model as its own draft model (a second copy, with its own cache): its drafts are the
+    // model's own greedy tokens, so they are accepted (bar rounding between the draft's decode
+    // steps and the verifying pass's rows) and the output is transformers' greedy tokens.
+    e.set_draft_model(engine(BackendKind::Gpu)).unwrap();
+    for case in cases.iter().filter(|c| ["raw_fibonacci", "chat_gravity"].contains(&c["name"].as_str().unwrap())) {
+        let prompt = Prompt::Tokens(common::ids(&case["prompt_ids"]));
+        let (ids, stats) = run(&mut e, &prompt, &options(STEPS, Some(spec)));
+        assert_eq!(ids, common::ids(&case["generated_ids"])[..STEPS], "{}", case["name"]);
+        let sp = stats.speculation.expect("speculation stats");
+        assert!(sp.drafted > 0 && sp.accepted * 10 >= sp.drafted * 9, "{}: {sp:?}", case["name"]);
+        assert!(sp.passes * 2 < STEPS, "{}: up to 5 tokens a pass: {sp:?}", case["name"]);
     }
 }

@@ -16,7 +16,8 @@ const ui = {
   clear: $("clear"), stats: $("stats"), system: $("system"), temperature: $("temperature"),
   temperatureValue: $("temperature-value"), topP: $("top-p"), topPValue: $("top-p-value"), topK: $("top-k"),
   maxTokens: $("max-tokens"), inside: $("inside"), phase: $("phase"), kvText: $("kv-text"), kvMeter: $("kv-meter"),
-  candidates: $("candidates"), adapter: $("adapter"),
+  candidates: $("candidates"), adapter: $("adapter"), speculate: $("speculate"), drafts: $("drafts"),
+  draftsText: $("drafts-text"),
 };
 const facts = Object.fromEntries(["architecture", "parameters", "quant", "size", "memory", "context", "fits", "note"].map((f) => [f, $(`fact-${f}`)]));
 
@@ -247,6 +248,24 @@ function showCandidates(candidates) {
   );
 }
 
+/** Speculative decoding, token by token: the drafts the model rejected (struck out), then the
+ * token (marked when it was a draft the model accepted), the last 80 kept. */
+let drafts = { accepted: 0, rejected: 0 };
+function showDraft(text, { accepted, rejected = [] }) {
+  const span = (cls, t) => {
+    const s = document.createElement("span");
+    s.className = cls;
+    s.textContent = t;
+    return s;
+  };
+  ui.drafts.append(...rejected.map((t) => span("rejected", t)), span(accepted ? "accepted" : "own", text));
+  while (ui.drafts.childElementCount > 80) ui.drafts.firstElementChild.remove();
+  drafts.accepted += accepted ? 1 : 0;
+  drafts.rejected += rejected.length;
+  const all = drafts.accepted + drafts.rejected;
+  ui.draftsText.textContent = `${drafts.accepted} of ${all} drafted tokens accepted${all ? ` (${Math.round((100 * drafts.accepted) / all)}%)` : ""}`;
+}
+
 function startWorker() {
   worker = new Worker("./worker.js", { type: "module" });
   worker.onerror = (e) => showError(`The engine failed to start: ${e.message || "unknown error"}`);
@@ -295,6 +314,7 @@ function startWorker() {
         reply.textContent = replyText;
         showKv(ev.position);
         if (ev.candidates) showCandidates(ev.candidates);
+        if (ev.speculation) showDraft(ev.text, ev.speculation);
         break;
       }
       case "done": {
@@ -390,8 +410,13 @@ function send(text) {
     topK: Math.max(0, Math.floor(Number(ui.topK.value) || 0)),
     minP: 0,
     maxTokens: Math.max(1, Math.floor(Number(ui.maxTokens.value) || 1)),
-    candidates: ui.inside.open ? 10 : 0,
+    // Speculation checks several tokens per pass: no per-token candidates with it.
+    candidates: ui.inside.open && !ui.speculate.value ? 10 : 0,
+    ...(ui.speculate.value && { speculate: ui.speculate.value }),
   };
+  drafts = { accepted: 0, rejected: 0 };
+  ui.drafts.replaceChildren();
+  ui.draftsText.textContent = ui.speculate.value ? "drafting…" : "off";
   worker.postMessage({ type: "chat", messages: conversation, options });
 }
 

@@ -177,6 +177,24 @@ test("the page shows the model before downloading it, loads it, chats, stops, ca
     assert.equal(await page.textContent("#phase"), "idle");
     await page.screenshot({ path: path.join(artifacts, "page-inside-engine.png") });
 
+    // Speculative decoding (prompt lookup) on a repetitive request: the panel shows each token,
+    // accepted drafts marked and rejected drafts struck out, and counts them.
+    await page.selectOption("#speculate", "lookup");
+    await setSlider(page, "temperature", 0);
+    await page.fill("#max-tokens", "12");
+    await page.fill("#prompt", "Repeat: red, green, blue, red, green, blue, red, green, blue, red, green, blue");
+    await page.click("#send");
+    await waitIdle(page);
+    assert.equal(JSON.parse(await page.getAttribute("body", "data-last-request")).speculate, "lookup");
+    const drafted = (await page.textContent("#drafts-text")).match(/^(\d+) of (\d+) drafted tokens accepted/);
+    assert.ok(drafted && Number(drafted[2]) > 0, await page.textContent("#drafts-text"));
+    const generated = Number((await page.textContent("#stats")).match(/\+ (\d+) generated tokens/)[1]);
+    assert.equal(await page.$$eval("#drafts span.accepted, #drafts span.own", (s) => s.length), generated);
+    assert.equal(await page.$$eval("#drafts span.accepted", (s) => s.length), Number(drafted[1]));
+    assert.equal(await page.$$eval("#drafts span.rejected", (s) => s.length), Number(drafted[2]) - Number(drafted[1]));
+    await page.screenshot({ path: path.join(artifacts, "page-speculation.png") });
+    await page.selectOption("#speculate", "");
+
     // Reload: the model is checked and loaded from Cache Storage at once, nothing from the network.
     const before = ggufGets(server).length;
     await page.reload();

@@ -11,7 +11,7 @@ use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prom
 use webgpu_llm::gguf::{ByteSource, FileSource, SplitSource};
 use webgpu_llm::gpu::GpuOptions;
 use webgpu_llm::sampling::SamplingParams;
-use webgpu_llm::speculate::{Speculation, SpeculationStats};
+use webgpu_llm::speculate::{Drafter, Speculation, SpeculationStats};
 use webgpu_llm::Error;
 
 const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -84,8 +84,8 @@ struct BenchArgs {
     /// Also time each kernel family (one dispatch per submission) for a prefill and a decode step.
     #[arg(long)]
     profile: bool,
-    /// Also time speculative decoding: lookup or layers:L, each bench prompt (prose, a chat
-    /// question, code) without and with it, side by side.
+    /// Also time speculative decoding: lookup, layers:L or draft:PATH, each bench prompt (prose,
+    /// a chat question, code) without and with it, side by side.
     #[arg(long)]
     speculate: Option<String>,
     /// Tokens drafted per verifying pass with --speculate.
@@ -148,8 +148,9 @@ struct GenerateArgs {
     /// --beams one line {"beams": [{"ids", "text", "score"}, ...]}, best first.
     #[arg(long)]
     json: bool,
-    /// Speculative decoding: lookup (an n-gram of the context proposes what
-    /// followed it) or layers:L (the model's first L layers draft).
+    /// Speculative decoding: lookup (an n-gram of the context proposes what followed it),
+    /// layers:L (the model's first L layers draft) or draft:PATH (a smaller model with the same
+    /// tokenizer drafts).
     #[arg(long)]
     speculate: Option<String>,
     /// Tokens drafted per verifying pass with --speculate.
@@ -344,7 +345,7 @@ async fn generate(args: GenerateArgs) -> Result<(), Error> {
         ignore_eos: args.ignore_eos,
         top_candidates: 0,
         speculate: match &args.speculate {
-            Some(s) => Some(Speculation { drafter: s.parse()?, draft_tokens: args.draft_tokens }),
+            Some(s) => Some(Speculation { drafter: drafter(s)?, draft_tokens: args.draft_tokens }),
             None => None,
         },
     };
@@ -381,6 +382,9 @@ async fn generate(args: GenerateArgs) -> Result<(), Error> {
         });
     }
     let mut engine = load(&args.model).await?;
+    if let Some(spec) = &args.speculate {
+        attach_draft(&mut engine, spec, &args.model).await?;
+    }
     let prompts: Vec<Prompt> = args
         .prompt
         .into_iter()
@@ -606,11 +610,34 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
         bench_batch(&mut engine, &args, &all_tokens).await?;
     }
     if let Some(spec) = &args.speculate {
-        let spec = Speculation { drafter: spec.parse()?, draft_tokens: args.draft_tokens };
+        let drafter = drafter(spec)?;
+        attach_draft(&mut engine, spec, &args.model).await?;
+        let spec = Speculation { drafter, draft_tokens: args.draft_tokens };
         spec.validate()?;
         bench_speculation(&mut engine, &args, spec).await?;
     }
     Ok(())
+}
+
+/// `--speculate`'s drafter: lookup, layers:L, or draft:PATH (a separate draft model).
+fn drafter(spec: &str) -> Result<Drafter, Error> {
+    match spec.strip_prefix("draft:") {
+        Some(_) => Ok(Drafter::Model),
+        None => spec.parse(),
+    }
+}
+
+/// With `--speculate draft:PATH`: loads that model (on the engine's backend, at the same
+/// `--context-length`) as the engine's draft model, refused unless it has the same tokenizer.
+async fn attach_draft(engine: &mut Engine, spec: &str, model: &ModelArgs) -> Result<(), Error> {
+    let Some(path) = spec.strip_prefix("draft:") else { return Ok(()) };
+    let args = ModelArgs {
+        model: Some(PathBuf::from(path)),
+        backend: Some(if engine.gpu_model().is_some() { Backend::Gpu } else { Backend::Cpu }),
+        context_length: model.context_length,
+    };
+    let draft = load(&args).await?;
+    engine.set_draft_model(draft)
 }
 
 /// A repetitive prompt (code), where prompt lookup should pay.
