@@ -166,8 +166,13 @@ class ServerTest(unittest.TestCase):
     def test_2_whole_responses_and_usage(self):
         chat = CASES["chat_capital_france"]
         sync = openai.OpenAI(base_url=self.server.url + "/v1", api_key="none", max_retries=0, timeout=600)
+        cached = self.server.metrics()["webgpu_llm_prompt_tokens_cached_total"]
         r = sync.chat.completions.create(model=MODEL, messages=chat["messages"], temperature=0, max_tokens=20)
         self.assertEqual(r.choices[0].message.content, chat["greedy_text_before_first_eos"])
+        # Its prompt ran before (test 1): all but the block holding its last token came from the
+        # prefix cache, and the text is still transformers' greedy text.
+        reused = self.server.metrics()["webgpu_llm_prompt_tokens_cached_total"] - cached
+        self.assertEqual(reused, (chat["n_prompt_tokens"] - 1) // 16 * 16)
         self.assertEqual(r.choices[0].finish_reason, "stop")
         self.assertEqual(r.usage.prompt_tokens, chat["n_prompt_tokens"])
         self.assertEqual(r.usage.completion_tokens, chat["first_eos_index"])

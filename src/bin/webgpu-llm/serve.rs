@@ -386,6 +386,7 @@ fn engine_loop(
         metrics.paused.store(paused.len(), Ordering::Relaxed);
         metrics.queue_depth.store(waiting.len(), Ordering::Relaxed);
         metrics.running.store(batcher.len(), Ordering::Relaxed);
+        metrics.prefix_cache_tokens.store(batcher.kept_tokens(), Ordering::Relaxed);
         if batcher.is_empty() {
             if !streams.is_empty() {
                 // Only finished streams whose readers are behind: wait for them.
@@ -419,6 +420,8 @@ fn engine_loop(
                     }
                     BatchEvent::Done(stats) => {
                         metrics.prompt_tokens.fetch_add(stats.prompt_tokens as u64, Ordering::Relaxed);
+                        let cached = stats.prompt_tokens - stats.prefilled_tokens;
+                        metrics.cached_prompt_tokens.fetch_add(cached as u64, Ordering::Relaxed);
                         s.done = true;
                         s.push(Out::Done { index: s.index, stats })
                     }
@@ -1342,6 +1345,8 @@ struct Metrics {
     batch_rows: AtomicUsize,
     generated_tokens: AtomicU64,
     prompt_tokens: AtomicU64,
+    cached_prompt_tokens: AtomicU64,
+    prefix_cache_tokens: AtomicUsize,
     decode_tok_s: Mutex<f64>,
     ttft: Mutex<Histogram>,
     itl: Mutex<Histogram>,
@@ -1378,6 +1383,11 @@ impl Metrics {
             ),
             ("webgpu_llm_batch_size", "Rows of the last decode step.", self.batch_rows.load(Ordering::Relaxed) as f64),
             (
+                "webgpu_llm_prefix_cache_tokens",
+                "Tokens whose keys and values ended requests left in the KV pool for later prompts.",
+                self.prefix_cache_tokens.load(Ordering::Relaxed) as f64,
+            ),
+            (
                 "webgpu_llm_decode_tokens_per_second",
                 "Tokens per second of the last decode round without prefill (all rows).",
                 *self.decode_tok_s.lock().unwrap(),
@@ -1392,6 +1402,11 @@ impl Metrics {
                 "webgpu_llm_prompt_tokens_total",
                 "Prompt tokens of finished requests.",
                 self.prompt_tokens.load(Ordering::Relaxed),
+            ),
+            (
+                "webgpu_llm_prompt_tokens_cached_total",
+                "Prompt tokens of finished requests taken from the prefix cache (not prefilled).",
+                self.cached_prompt_tokens.load(Ordering::Relaxed),
             ),
         ];
         for (name, help, v) in counters {
