@@ -1,12 +1,12 @@
 //! Continuous batching: requests join and leave a running batch between decode steps.
 //!
 //! A `Batcher` holds the requests being generated, each in its own KV-pool sequence (its own
-//! cache on the CPU backend). `step` runs one round: up to `prefill_budget` prompt tokens of
-//! requests still being prefilled (in pieces of at most `PREFILL_CHUNK`, oldest request first),
-//! then one decode step of every prefilled request the caller says is ready, as one batch (each
-//! weight read once for all rows). Requests are admitted while the pool can hold them at their
-//! longest and a decode step has a row for them; finished ones leave at the end of the round and
-//! give their blocks back. Greedy output of a request is what it gives alone; a sampled request
+//! cache on the CPU backend), and the queue of those waiting to start. `step` runs one round:
+//! the waiting requests are admitted in order while the pool can hold them at their longest and
+//! a decode step has a row for them; then up to `prefill_budget` prompt tokens of requests still
+//! being prefilled (in pieces of at most `PREFILL_CHUNK`, oldest request first), then one decode
+//! step of every prefilled request the caller says is ready, as one batch (each weight read once
+//! for all rows); finished ones leave at the end of the round and give their blocks back. Greedy output of a request is what it gives alone; a sampled request
 //! draws with its own seed what it draws alone.
 //!
 //! Between two decode steps of a running request there is at most one step of every row plus
@@ -29,6 +29,7 @@ use crate::kv_pool::SeqId;
 use crate::model::{CpuKvCache, Logits};
 use crate::sampling::{all_finite, argmax, Sampler};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
+use std::collections::VecDeque;
 use web_time::Instant;
 
 /// A request's handle, unique for the batcher's life.
@@ -98,6 +99,8 @@ struct Kept {
 
 pub struct Batcher {
     requests: Vec<Request>,
+    /// Requests enqueued and not yet admitted, in order (admitted at the start of a round).
+    waiting: VecDeque<(RequestId, Prepared)>,
     /// The prefix cache, oldest first; at most `max_rows` sequences.
     kept: Vec<Kept>,
     next_id: RequestId,
@@ -121,6 +124,7 @@ impl Batcher {
         };
         Self {
             requests: Vec::new(),
+            waiting: VecDeque::new(),
             kept: Vec::new(),
             next_id: 0,
             prefill_budget: prefill_budget.max(1),
@@ -137,12 +141,24 @@ impl Batcher {
         self.max_rows
     }
 
+    /// Runs at most `rows` requests at once (at least 1; no more than a decode step takes).
+    pub fn limit_rows(&mut self, rows: usize) {
+        self.max_rows = rows.clamp(1, self.max_rows);
+    }
+
+    /// Requests running (admitted, not ended).
     pub fn len(&self) -> usize {
         self.requests.len()
     }
 
+    /// Requests enqueued and not yet admitted.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Nothing running and nothing waiting.
     pub fn is_empty(&self) -> bool {
-        self.requests.is_empty()
+        self.requests.is_empty() && self.waiting.is_empty()
     }
 
     /// Requests whose prompt is not yet all run.
@@ -232,10 +248,14 @@ impl Batcher {
         }
     }
 
-    /// Whether `p` could be admitted now (a row free, and the pool's room for it at its longest,
-    /// once kept sequences are evicted as needed).
-    pub fn has_room(&mut self, engine: &mut Engine, p: &Prepared) -> bool {
-        self.make_room(engine, p)
+    /// Queues a prepared request: each round first admits the waiting requests, in order,
+    /// while the batch has a row and the pool the room for them (evicting kept sequences). One
+    /// that cannot run even in an empty batch fails (`BatchEvent::Failed`, with `admit`'s error).
+    pub fn enqueue(&mut self, p: Prepared) -> RequestId {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back((id, p));
+        id
     }
 
     /// Admits a prepared request: it is prefilled from the next `step` on (past the prefix a
@@ -244,6 +264,18 @@ impl Batcher {
     pub fn admit(
         &mut self,
         engine: &mut Engine,
+        p: Prepared,
+    ) -> std::result::Result<RequestId, (Error, Box<Prepared>)> {
+        let id = self.next_id;
+        let admitted = self.admit_as(engine, id, p)?;
+        self.next_id += 1;
+        Ok(admitted)
+    }
+
+    fn admit_as(
+        &mut self,
+        engine: &mut Engine,
+        id: RequestId,
         p: Prepared,
     ) -> std::result::Result<RequestId, (Error, Box<Prepared>)> {
         if self.requests.len() >= self.max_rows {
@@ -283,17 +315,21 @@ impl Batcher {
             }
         };
         let blocks = needed + engine.gpu_model().map_or(0, |m| reused / m.pool().block_tokens());
-        let id = self.next_id;
-        self.next_id += 1;
         let mut seq = BatchSeq::new(p);
         seq.reused = reused;
         self.requests.push(Request { id, seq, kv, prefilled: reused, blocks });
         Ok(id)
     }
 
-    /// Ends a request now (its client went away): it leaves the batch and its blocks are free.
-    /// Returns its stats, or None when no such request is running.
+    /// Ends a request now (its client went away): it leaves the batch (or the queue) and its
+    /// blocks are free. Returns its stats, or None when no such request is running or waiting.
     pub fn cancel(&mut self, engine: &mut Engine, id: RequestId) -> Option<Stats> {
+        if let Some(i) = self.waiting.iter().position(|w| w.0 == id) {
+            let (_, p) = self.waiting.remove(i).expect("found");
+            let mut seq = BatchSeq::new(p);
+            seq.stop = Some(StopReason::Aborted);
+            return Some(seq.stats());
+        }
         let i = self.requests.iter().position(|r| r.id == id)?;
         let mut r = self.requests.remove(i);
         r.seq.stop.get_or_insert(StopReason::Aborted);
@@ -305,7 +341,7 @@ impl Batcher {
     /// Ends every request (after an error that is not one request's: a lost device) and frees
     /// the kept sequences: every block the batcher held is back in the pool.
     pub fn clear(&mut self, engine: &mut Engine) -> Vec<RequestId> {
-        let ids = self.requests.iter().map(|r| r.id).collect();
+        let ids = self.requests.iter().map(|r| r.id).chain(self.waiting.drain(..).map(|w| w.0)).collect();
         for r in self.requests.drain(..) {
             free(engine, &r.kv);
         }
@@ -346,7 +382,7 @@ impl Batcher {
         }
     }
 
-    /// One round: prefill within the budget, then one decode step of every prefilled request
+    /// One round: admit waiting requests, prefill within the budget, then one decode step of every prefilled request
     /// for which `ready(id)` (a request whose reader is behind waits; its state is kept), then
     /// the finished requests leave. Events go to `on_event`. Returns the decode step's rows.
     /// An error here is not one request's (the batch should be cleared).
@@ -356,6 +392,15 @@ impl Batcher {
         ready: &mut dyn FnMut(RequestId) -> bool,
         on_event: &mut dyn FnMut(RequestId, BatchEvent) -> bool,
     ) -> Result<usize> {
+        while let Some((id, p)) = self.waiting.pop_front() {
+            if !self.requests.is_empty() && !self.make_room(engine, &p) {
+                self.waiting.push_front((id, p));
+                break;
+            }
+            if let Err((e, _)) = self.admit_as(engine, id, p) {
+                on_event(id, BatchEvent::Failed(e));
+            }
+        }
         let vocab = engine.config.vocab_size;
         self.logits.resize(vocab.max(self.logits.len()), 0.0);
         let mut budget = self.prefill_budget;

@@ -475,8 +475,8 @@ fn js_generate_options(options: JsValue) -> Result<GenerateOptions, JsValue> {
     Ok(options)
 }
 
-/// Runs the submitted requests as one batch until none is left: admits what the KV pool and a
-/// decode step's rows allow (the rest waits, in order), steps, hands each token to its request's
+/// Runs the submitted requests as one batch until none is left: queues them in the batcher
+/// (which admits what the KV pool and a decode step's rows allow, the rest waiting in order), steps, hands each token to its request's
 /// callback (which returns false to end it) and settles each request's promise with its stats.
 async fn pump(
     engine: Rc<RefCell<Option<Engine>>>,
@@ -510,31 +510,17 @@ async fn pump(
     };
     let kept = batch.borrow_mut().take();
     let mut batcher = kept.unwrap_or_else(|| crate::batcher::Batcher::new(&mut e, crate::engine::PREFILL_CHUNK));
-    let mut waiting = std::collections::VecDeque::new();
     let mut live = std::collections::HashMap::new();
     loop {
         let taken: Vec<Submitted> = submitted.borrow_mut().drain(..).collect();
         for s in taken {
             match crate::batcher::Batcher::prepare(&e, &s.prompt, &s.options) {
-                Ok(p) => waiting
-                    .push_back((p, Live { on_token: s.on_token, resolve: s.resolve, reject: s.reject, thrown: None })),
+                Ok(p) => {
+                    let l = Live { on_token: s.on_token, resolve: s.resolve, reject: s.reject, thrown: None };
+                    live.insert(batcher.enqueue(p), l);
+                }
                 Err(err) => {
                     let _ = s.reject.call1(&JsValue::NULL, &engine_err(err));
-                }
-            }
-        }
-        // In order; a request the empty batch cannot hold is refused (admit says why).
-        while let Some((p, _)) = waiting.front() {
-            if !batcher.is_empty() && !batcher.has_room(&mut e, p) {
-                break;
-            }
-            let (p, l) = waiting.pop_front().expect("front exists");
-            match batcher.admit(&mut e, p) {
-                Ok(id) => {
-                    live.insert(id, l);
-                }
-                Err((err, _)) => {
-                    let _ = l.reject.call1(&JsValue::NULL, &engine_err(err));
                 }
             }
         }

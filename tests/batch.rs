@@ -288,3 +288,51 @@ fn a_prompt_that_starts_as_an_ended_one_did_forks_its_blocks_and_gives_the_same_
     // The GPU's next turn over forked blocks gives the CPU reference's tokens.
     assert_eq!(turns[1], turns[0], "the next turn: GPU (from the prefix cache) against the CPU reference");
 }
+
+#[test]
+fn enqueued_requests_wait_for_a_row_in_order_and_a_cancelled_one_never_runs() {
+    use std::collections::HashMap;
+    use webgpu_llm::batcher::{BatchEvent, Batcher};
+    let cases = common::golden("generations.json")["cases"].as_array().unwrap().clone();
+    let mut e = engine(BackendKind::Gpu, 1024);
+    let mut b = Batcher::new(&mut e, 512);
+    b.limit_rows(2);
+    let ids: Vec<_> = (0..5)
+        .map(|i| {
+            b.enqueue(Batcher::prepare(&e, &Prompt::Tokens(common::ids(&cases[i]["prompt_ids"])), &greedy(6)).unwrap())
+        })
+        .collect();
+    assert_eq!((b.len(), b.waiting()), (0, 5));
+    let stats = b.cancel(&mut e, ids[3]).expect("a waiting request");
+    assert_eq!((stats.stop_reason, stats.generated_tokens), (StopReason::Aborted, 0));
+    let mut got: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut first_token_round = HashMap::new();
+    let mut round = 0;
+    while !b.is_empty() {
+        pollster::block_on(b.step(&mut e, &mut |_| true, &mut |id, ev| {
+            match ev {
+                BatchEvent::Token(t) => {
+                    first_token_round.entry(id).or_insert(round);
+                    got.entry(id).or_default().push(t.id);
+                }
+                BatchEvent::Done(s) => assert_eq!(s.stop_reason, StopReason::MaxTokens),
+                BatchEvent::Failed(err) => panic!("{err}"),
+            }
+            true
+        }))
+        .unwrap();
+        assert!(b.len() <= 2, "at most two rows run");
+        round += 1;
+        assert!(round < 50, "the queue does not drain");
+    }
+    assert!(!got.contains_key(&ids[3]), "the cancelled request ran");
+    for i in [0, 1, 2, 4] {
+        assert_eq!(got[&ids[i]], common::ids(&cases[i]["generated_ids"])[..6], "{}", cases[i]["name"]);
+    }
+    // In order: the third starts only once the first two have ended, the fifth after it.
+    assert!(
+        first_token_round[&ids[2]] > first_token_round[&ids[1]]
+            && first_token_round[&ids[4]] >= first_token_round[&ids[2]]
+    );
+    b.clear(&mut e);
+}

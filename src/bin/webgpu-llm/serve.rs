@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
-use webgpu_llm::batcher::{BatchEvent, Batcher, Prepared, RequestId};
+use webgpu_llm::batcher::{BatchEvent, Batcher, RequestId};
 use webgpu_llm::beam::{BeamOptions, EarlyStopping};
 use webgpu_llm::chat::Message;
 use webgpu_llm::engine::{Engine, GenerateOptions, Prompt, Stats, StopReason};
@@ -281,11 +281,6 @@ impl Stream {
     }
 }
 
-struct Waiting {
-    prepared: Prepared,
-    stream: Stream,
-}
-
 fn engine_loop(
     mut engine: Engine,
     mut commands: mpsc::UnboundedReceiver<Command>,
@@ -293,8 +288,7 @@ fn engine_loop(
     metrics: &Metrics,
 ) {
     let mut batcher = Batcher::new(&mut engine, config.prefill_chunk);
-    let max_batch = config.max_batch.min(batcher.max_rows());
-    let mut waiting: VecDeque<Waiting> = VecDeque::new();
+    batcher.limit_rows(config.max_batch);
     let mut streams: HashMap<RequestId, Stream> = HashMap::new();
     // Streams of requests run alone (beams, speculation) have ids from the top down.
     let mut solo_id = RequestId::MAX;
@@ -302,27 +296,20 @@ fn engine_loop(
     // Requests whose readers are behind: left out of the next decode step.
     let mut paused: Vec<RequestId> = Vec::new();
     loop {
-        let idle = batcher.is_empty() && waiting.is_empty() && streams.is_empty();
+        let idle = batcher.is_empty() && streams.is_empty();
         if idle {
             if shutting_down {
                 return;
             }
             match commands.blocking_recv() {
-                Some(c) => handle(
-                    c,
-                    &mut engine,
-                    &mut batcher,
-                    &mut waiting,
-                    &mut streams,
-                    &mut solo_id,
-                    &config,
-                    &mut shutting_down,
-                ),
+                Some(c) => {
+                    handle(c, &mut engine, &mut batcher, &mut streams, &mut solo_id, &config, &mut shutting_down)
+                }
                 None => return,
             }
         }
         while let Ok(c) = commands.try_recv() {
-            handle(c, &mut engine, &mut batcher, &mut waiting, &mut streams, &mut solo_id, &config, &mut shutting_down);
+            handle(c, &mut engine, &mut batcher, &mut streams, &mut solo_id, &config, &mut shutting_down);
         }
         if shutting_down {
             for id in batcher.clear(&mut engine) {
@@ -330,9 +317,6 @@ fn engine_loop(
                     s.push(Out::Error(ApiError::shutting_down()));
                     s.done = true;
                 }
-            }
-            for mut w in waiting.drain(..) {
-                w.stream.push(Out::Error(ApiError::shutting_down()));
             }
             // Readers that are behind get what fits; the rest is dropped with the thread.
             streams.values_mut().for_each(Stream::flush);
@@ -346,7 +330,6 @@ fn engine_loop(
             batcher.cancel(&mut engine, id);
             false
         });
-        waiting.retain(|w| !w.stream.events.is_closed());
         streams.values_mut().for_each(Stream::flush);
         streams.retain(|_, s| !(s.done && s.held.is_empty()));
         // A reader behind for longer than the pause timeout: its request ends (the stream closes
@@ -366,25 +349,10 @@ fn engine_loop(
             }
             false
         });
-        while let Some(w) = waiting.front() {
-            if batcher.len() >= max_batch || !batcher.has_room(&mut engine, &w.prepared) {
-                break;
-            }
-            let w = waiting.pop_front().expect("front exists");
-            match batcher.admit(&mut engine, w.prepared) {
-                Ok(id) => {
-                    streams.insert(id, w.stream);
-                }
-                Err((e, _)) => {
-                    let mut s = w.stream;
-                    s.push(Out::Error(ApiError::from_engine(&e, "prompt")));
-                }
-            }
-        }
         paused.clear();
         paused.extend(streams.iter().filter(|(_, s)| !s.held.is_empty() && !s.done).map(|(&id, _)| id));
         metrics.paused.store(paused.len(), Ordering::Relaxed);
-        metrics.queue_depth.store(waiting.len(), Ordering::Relaxed);
+        metrics.queue_depth.store(batcher.waiting(), Ordering::Relaxed);
         metrics.running.store(batcher.len(), Ordering::Relaxed);
         metrics.prefix_cache_tokens.store(batcher.kept_tokens(), Ordering::Relaxed);
         if batcher.is_empty() {
@@ -462,7 +430,6 @@ fn handle(
     command: Command,
     engine: &mut Engine,
     batcher: &mut Batcher,
-    waiting: &mut VecDeque<Waiting>,
     streams: &mut HashMap<RequestId, Stream>,
     solo_id: &mut RequestId,
     config: &EngineConfig,
@@ -560,10 +527,9 @@ fn handle(
         return;
     }
     // Capacity first (no work for a request that is refused): the batch's rows and the queue.
-    let running = batcher.len();
-    let capacity = config.max_batch.min(batcher.max_rows()) + config.max_queue;
-    if running + waiting.len() + job.n > capacity {
-        let _ = reply.send(Err(ApiError::busy(waiting.len(), running)));
+    let (running, waiting) = (batcher.len(), batcher.waiting());
+    if running + waiting + job.n > batcher.max_rows() + config.max_queue {
+        let _ = reply.send(Err(ApiError::busy(waiting, running)));
         return;
     }
     // Tokenized once; choice i samples with seed + i.
@@ -587,7 +553,7 @@ fn handle(
     prepared.insert(0, first);
     let prompt_tokens = prepared[0].prompt_tokens();
     for (i, p) in prepared.into_iter().enumerate() {
-        waiting.push_back(Waiting { prepared: p, stream: stream(i) });
+        streams.insert(batcher.enqueue(p), stream(i));
     }
     let _ = reply.send(Ok(Accepted { prompt_tokens }));
 }
