@@ -172,9 +172,9 @@ fn gpu_top_p_sampling_reads_back_the_largest_logits_and_draws_what_sampling_all_
     // OpenAI-style: temperature and top-p (or min-p), no top-k.
     for (temperature, top_p, min_p, seed) in [(0.8, 0.9, 0.0, 13), (1.0, 0.95, 0.0, 14), (0.7, 1.0, 0.05, 15)] {
         let sampling = SamplingParams { temperature, top_k: 0, top_p, min_p, seed, ..SamplingParams::greedy() };
-        let options = GenerateOptions { max_tokens: 32, sampling, ignore_eos: true, ..Default::default() };
+        let options = GenerateOptions { max_tokens: 16, sampling, ignore_eos: true, ..Default::default() };
         let (ids, _, stats) = run(&mut engine, &prompt, &options);
-        assert_eq!(ids.len(), 32);
+        assert_eq!(ids.len(), 16);
         // Per step the 1024 largest (8 KiB) and the tail; all the logits only when those could
         // not decide.
         let (steps, read) = (stats.decode_steps as u64, stats.decode_counters.unwrap().bytes_read_back);
