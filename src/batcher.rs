@@ -6,8 +6,9 @@
 //! a decode step has a row for them; then up to `prefill_budget` prompt tokens of requests still
 //! being prefilled (in pieces of at most `PREFILL_CHUNK`, oldest request first), then one decode
 //! step of every prefilled request the caller says is ready, as one batch (each weight read once
-//! for all rows); finished ones leave at the end of the round and give their blocks back. Greedy output of a request is what it gives alone; a sampled request
-//! draws with its own seed what it draws alone.
+//! for all rows); finished ones leave at the end of the round and give their blocks back. Greedy
+//! output of a request is what it gives alone; a sampled request draws with its own seed what it
+//! draws alone.
 //!
 //! Between two decode steps of a running request there is at most one step of every row plus
 //! `prefill_budget` prompt tokens: that is the bound a newcomer's prefill puts on the others'
@@ -382,9 +383,9 @@ impl Batcher {
         }
     }
 
-    /// One round: admit waiting requests, prefill within the budget, then one decode step of every prefilled request
-    /// for which `ready(id)` (a request whose reader is behind waits; its state is kept), then
-    /// the finished requests leave. Events go to `on_event`. Returns the decode step's rows.
+    /// One round: admit waiting requests, prefill within the budget, then one decode step of
+    /// every prefilled request for which `ready(id)` (a request whose reader is behind waits; its
+    /// state is kept), then the finished requests leave. Events go to `on_event`. Returns the decode step's rows.
     /// An error here is not one request's (the batch should be cleared).
     pub async fn step(
         &mut self,
