@@ -126,6 +126,18 @@ window.finished = true;`;
     assert.deepEqual(pair.ids[0], fib.generated_ids.slice(0, 12));
     assert.deepEqual(pair.ids[1], primes.generated_ids.slice(0, 12));
     assert.ok(pair.order.indexOf("b") < pair.order.indexOf("a-end") && pair.order.indexOf("a") < pair.order.indexOf("b-end"), pair.order.join(" "));
+    // Speculative decoding in the browser (prompt lookup, on the conversation): transformers'
+    // greedy tokens, and every token says where it came from.
+    const spec = await tab.evaluate(async (prompt) => {
+      const ids = [], origins = [];
+      for await (const ev of window.engine.generate(prompt, { temperature: 0, maxTokens: 10, ignoreEos: true, speculate: "lookup", draftTokens: 4 })) {
+        ids.push(ev.id);
+        origins.push(ev.speculation);
+      }
+      return { ids, origins };
+    }, fib.prompt_text);
+    assert.deepEqual(spec.ids, fib.generated_ids.slice(0, 10));
+    assert.ok(spec.origins.every((o) => o && typeof o.accepted === "boolean"), JSON.stringify(spec.origins));
     const whole = await tab.evaluate((messages) => window.engine.chat.completions.create({ messages, temperature: 0, max_tokens: 64 }), capital.messages);
     assert.equal(whole.object, "chat.completion");
     assert.equal(whole.choices[0].message.content, capital.greedy_text_before_first_eos);
