@@ -32,7 +32,7 @@ fn run_batch(engine: &mut Engine, requests: &[(Prompt, GenerateOptions)]) -> (Ve
     (ids, stats.iter().map(|s| s.stop_reason).collect())
 }
 
-const STEPS: usize = 20;
+const STEPS: usize = 10;
 
 #[test]
 fn every_golden_prompt_in_one_batch_gives_the_golden_greedy_tokens() {

@@ -45,8 +45,10 @@ struct Tolerances {
 const F32: Tolerances = Tolerances { logits: 2e-3, perplexity_rel: 1e-3, flip_margin: 0.0 };
 const F16: Tolerances = Tolerances { logits: 5e-2, perplexity_rel: 1e-2, flip_margin: 0.05 };
 
-/// Every golden generation.
-const ALL: &[usize] = &[0, 1, 2, 3, 4, 5, 6, 7];
+/// The golden generations, half on each path (two raw prompts and two chat prompts each): every
+/// generation is checked on one path or the other, and a path costs lavapipe half the time.
+const EVEN: &[usize] = &[0, 2, 4, 6];
+const ODD: &[usize] = &[1, 3, 5, 7];
 
 /// The golden generations numbered in `cases`: greedy tokens identical to the golden ones for `steps`
 /// tokens (on the f16 path up to a step whose golden top-1/top-2 margin is below `flip_margin`),
@@ -147,7 +149,7 @@ fn check_perplexity(reference: Reference, model: &mut GpuModel, tol: &Tolerances
 fn f32_path_greedy_tokens_and_logits_match_the_golden_data() {
     let mut model = load(SmolLm2, true);
     assert!(!model.gpu.f16 && !model.gpu.subgroups);
-    check_generations(SmolLm2, &mut model, &F32, 16, ALL);
+    check_generations(SmolLm2, &mut model, &F32, 16, EVEN);
 }
 
 /// The first 640 positions, as the f16 path (attention past 1024 keys is checked kernel by
@@ -173,7 +175,7 @@ fn whole_passage_perplexity_matches_the_golden_data_on_both_paths() {
 fn f16_path_greedy_tokens_and_logits_match_the_golden_data() {
     if let Some(mut model) = load_f16(SmolLm2) {
         // 16 tokens a generation (32 on the f32 path): the CI machine's time goes further elsewhere.
-        check_generations(SmolLm2, &mut model, &F16, 16, ALL);
+        check_generations(SmolLm2, &mut model, &F16, 16, ODD);
     }
 }
 
@@ -213,14 +215,14 @@ fn gpu_style_kernels_give_the_golden_greedy_tokens_and_logits() {
 #[test]
 fn gemma3_f32_path_greedy_tokens_logits_and_perplexity_match_the_golden_data() {
     let mut model = load(Gemma3, true);
-    check_generations(Gemma3, &mut model, &F32, 8, ALL);
+    check_generations(Gemma3, &mut model, &F32, 8, EVEN);
     check_perplexity(Gemma3, &mut model, &F32, 448, Some(640));
 }
 
 #[test]
 fn gemma3_f16_path_greedy_tokens_logits_and_perplexity_match_the_golden_data() {
     if let Some(mut model) = load_f16(Gemma3) {
-        check_generations(Gemma3, &mut model, &F16, 8, ALL);
+        check_generations(Gemma3, &mut model, &F16, 8, ODD);
         // Positions 192 to 320 (the f32 path crosses the sliding window).
         check_perplexity(Gemma3, &mut model, &F16, 192, Some(320));
     }
