@@ -144,8 +144,8 @@ window.finished = true;`;
     assert.equal(whole.choices[0].finish_reason, "stop");
     assert.equal(whole.usage.completion_tokens, capital.first_eos_index);
     // The same messages again: the prompt's blocks come from the ended request (prefix cache).
-    const again = await tab.evaluate(() => window.engine.stats());
-    assert.ok(again.prefilledTokens < again.promptTokens && again.prefilledTokens >= 1, JSON.stringify(again));
+    const repeated = await tab.evaluate(() => window.engine.stats());
+    assert.ok(repeated.prefilledTokens < repeated.promptTokens && repeated.prefilledTokens >= 1, JSON.stringify(repeated));
     // logprobs: one entry per token, its text the content; greedy picks the most likely
     // alternative, whose logprob is the token's.
     const probed = await tab.evaluate((messages) => window.engine.chat.completions.create({ messages, temperature: 0, max_tokens: 6, logprobs: true, top_logprobs: 3 }), colors.messages);
