@@ -293,11 +293,6 @@ impl Engine {
         Ok(())
     }
 
-    /// The attached draft model, if any.
-    pub fn draft_model(&self) -> Option<&Engine> {
-        self.draft.as_ref().map(|d| &*d.0)
-    }
-
     pub fn context_length(&self) -> usize {
         self.context_length
     }
