@@ -65,9 +65,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         // 4 rows x 8 tokens per invocation (128 of them: WG): each dequantized group of 8
         // weights serves 8 tokens.
         let dy = li / 16u;
+        // Invocations whose 8 tokens all lie past the prompt (a short prompt leaves most of the
+        // 64-token tile empty) skip the product: 16 of them share dy, a whole SIMD group on a CPU.
+        let live = tok0 + dy * 8u < n;
         var acc8: array<vec4<f32>, 8>;
         for (var i = 0u; i < 8u; i++) { acc8[i] = vec4<f32>(0.0); }
-        for (var g = 0u; g < COLS / 8u; g++) {
+        for (var g = 0u; g < select(0u, COLS / 8u, live); g++) {
             var wv: array<Dq8, 4>;
             for (var j = 0u; j < 4u; j++) {
                 let r = min(row0 + tx * 4u + j, ROW_COUNT - 1u);
