@@ -143,7 +143,10 @@ window.finished = true;`;
     assert.equal(whole.choices[0].message.content, capital.greedy_text_before_first_eos);
     assert.equal(whole.choices[0].finish_reason, "stop");
     assert.equal(whole.usage.completion_tokens, capital.first_eos_index);
-    // The same messages again: the prompt's blocks come from the ended request (prefix cache).
+    // The same messages again, as a chat client resends them: the prompt's whole blocks come
+    // from the ended request (prefix cache), only the rest is prefilled, and the text is the same.
+    const again2 = await tab.evaluate((messages) => window.engine.chat.completions.create({ messages, temperature: 0, max_tokens: 64 }), capital.messages);
+    assert.equal(again2.choices[0].message.content, capital.greedy_text_before_first_eos);
     const repeated = await tab.evaluate(() => window.engine.stats());
     assert.ok(repeated.prefilledTokens < repeated.promptTokens && repeated.prefilledTokens >= 1, JSON.stringify(repeated));
     // logprobs: one entry per token, its text the content; greedy picks the most likely
