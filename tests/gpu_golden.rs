@@ -26,11 +26,14 @@ fn load_options(reference: Reference, options: GpuOptions, style: Option<KernelS
 
 /// Loads the adapter's own path, or None (with a note) when it has no shader-f16.
 fn load_f16(reference: Reference) -> Option<GpuModel> {
-    let model = load(reference, false);
-    if !model.gpu.f16 {
+    // Asked of the adapter before the model is uploaded (lavapipe has no shader-f16).
+    let gpu = pollster::block_on(Gpu::new(GpuOptions::default())).expect("a GPU adapter (lavapipe in CI)");
+    if !gpu.f16 {
         eprintln!("the adapter has no shader-f16: the f16 path does not exist here");
         return None;
     }
+    let model = pollster::block_on(GpuModel::load(gpu, reference.gguf(), reference.bytes(), 2048, &mut |_, _| {}))
+        .expect("the model uploads");
     Some(model)
 }
 
