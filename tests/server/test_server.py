@@ -224,7 +224,7 @@ class ServerTest(unittest.TestCase):
 
     def test_4_thirty_two_concurrent_streams_match_each_alone(self):
         names = [n for n in CASES for _ in range(4)]
-        max_tokens = 8
+        max_tokens = 6
 
         async def go():
             return await asyncio.gather(*(self.stream(CASES[n], max_tokens) for n in names))
