@@ -12,6 +12,10 @@
 // 3: the fused q|k|v rows of a decode step go through `rope_kv_pair` a pair of rows at a time
 // (gemv_rope_kv.wgsl: RoPE, then q to y and k, v to the cache; OUT and ROW_COUNT even). The host
 // appends `rope_kv_pair`, or an empty one for the other epilogues.
+// CPU adapters (LANES 1) take CPU_ROWS adjacent rows an invocation: lavapipe loads a value once
+// per invocation, even one that every invocation shares, so x's loads cost more than the
+// weights' unless each serves several rows. A workgroup's 256 rows then take 256 / CPU_ROWS
+// invocations; the rest idle (whole SIMD groups of a CPU).
 // Bindings: 0 w, 1 x (vec4, rows of COLS), 2 y (rows of Y_STRIDE), 3 nw (vec4; any buffer when
 // not NORM), 4 params. Dispatch: ceil(ROW_COUNT / (256 / LANES)) workgroups, spread over x and y.
 // MB comes from the host.
@@ -35,9 +39,12 @@ override EPS: f32 = 0.0;
 // EPILOGUE 3: the workgroup's row results, so that a pair's even row sees its partner.
 var<workgroup> pair_rows: array<f32, 256>;
 
+const CPU_ROWS: u32 = 8u;
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
-    let r = (wg.y * nwg.x + wg.x) * (256u / LANES) + lane.li / LANES;
+    let group = wg.y * nwg.x + wg.x;
+    let r = group * (256u / LANES) + lane.li / LANES;
     let k = lane.li & (LANES - 1u);
     let lr = lane.li / LANES;
     let n_rows = params.rows;
@@ -64,6 +71,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                 }
                 scale[j] = inverseSqrt(block_sum(ss, lane) / f32(COLS) + EPS);
             }
+        }
+        if (LANES == 1u) {
+            let r0 = group * 256u + lane.li * CPU_ROWS;
+            if (lane.li < 256u / CPU_ROWS && r0 < ROW_COUNT) {
+                cpu_rows(r0, m0, nb, scale);
+            }
+            continue;
         }
         if (r < ROW_COUNT) {
             let base = r * ROW_WORDS;
@@ -104,6 +118,53 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                     case 2u: { y[o] = act(a[j]) * b[j]; }
                     default: { y[o] = a[j]; }
                 }
+            }
+        }
+    }
+}
+
+// Rows r0 .. r0 + CPU_ROWS - 1 (those below ROW_COUNT stored) for batch rows m0 .. m0 + nb - 1,
+// each row's dot product summed in the order the lanes-per-row path sums it.
+fn cpu_rows(r0: u32, m0: u32, nb: u32, scale: array<f32, MB>) {
+    var acc: array<array<f32, CPU_ROWS>, MB>;
+    var acc_up: array<array<f32, CPU_ROWS>, MB>;
+    for (var g = 0u; g < COLS / 8u; g++) {
+        var v: array<Dq8, CPU_ROWS>;
+        var u: array<Dq8, CPU_ROWS>;
+        for (var i = 0u; i < CPU_ROWS; i++) {
+            let base = min(r0 + i, ROW_COUNT - 1u) * ROW_WORDS;
+            v[i] = dq8(base, g);
+            if (EPILOGUE == 2u) { u[i] = dq8(base + ROW_COUNT * ROW_WORDS, g); }
+        }
+        for (var j = 0u; j < nb; j++) {
+            let xo = (m0 + j) * (COLS / 4u) + g * 2u;
+            var xa = x[xo];
+            var xb = x[xo + 1u];
+            if (NORM) {
+                xa *= nw[g * 2u];
+                xb *= nw[g * 2u + 1u];
+            }
+            for (var i = 0u; i < CPU_ROWS; i++) {
+                acc[j][i] += dot(v[i].a, xa) + dot(v[i].b, xb);
+                if (EPILOGUE == 2u) { acc_up[j][i] += dot(u[i].a, xa) + dot(u[i].b, xb); }
+            }
+        }
+    }
+    for (var j = 0u; j < nb; j++) {
+        let m = m0 + j;
+        for (var i = 0u; i < CPU_ROWS; i++) {
+            if (r0 + i >= ROW_COUNT) { break; }
+            let a = acc[j][i] * scale[j];
+            if (EPILOGUE == 3u) {
+                // ROW_COUNT and r0 are even: rows i and i + 1 are a pair.
+                if (i % 2u == 0u) { rope_kv_pair(m, OUT + r0 + i, a, acc[j][i + 1u] * scale[j]); }
+                continue;
+            }
+            let o = m * Y_STRIDE + OUT + r0 + i;
+            switch EPILOGUE {
+                case 1u: { y[o] = y[o] + a; }
+                case 2u: { y[o] = act(a) * (acc_up[j][i] * scale[j]); }
+                default: { y[o] = a; }
             }
         }
     }
