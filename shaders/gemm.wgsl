@@ -4,7 +4,7 @@
 // W tile go to workgroup memory (k-major, so 4 tokens or 4 rows are one vec4), and each
 // invocation accumulates a 4 x 4 block of outputs: 16 multiply-adds per two vec4 loads. COLS is
 // a multiple of 8; a last K block past COLS reads zeros.
-// DIRECT (CPU adapters): 128 invocations of 4 rows x 8 tokens, read straight from storage with
+// DIRECT (CPU adapters): 64 invocations of 8 rows x 8 tokens, read straight from storage with
 // no workgroup memory and no barriers; the CPU's caches do the tiling.
 // PAIR: the part holds HALF gate rows then HALF up rows; row r >= HALF is written to column
 // PAIR_OFFSET + OUT + r - HALF (silu * mul follows in a separate pass).
@@ -34,7 +34,7 @@ const TK: u32 = 32u;
 var<workgroup> xs: array<vec4<f32>, 512>;  // [TK][TM / 4]
 var<workgroup> ws: array<vec4<f32>, 512>;  // [TK][TN / 4]
 
-// Invocations: 256, or 128 with DIRECT.
+// Invocations: 256, or 64 with DIRECT.
 override WG: u32 = 256u;
 
 // Output (token t, row r) of this part: its column (a gated pair's second half after
@@ -62,33 +62,35 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let wr = li / 4u;
     let wg8 = li % 4u;
     if (DIRECT) {
-        // 4 rows x 8 tokens per invocation (128 of them: WG): each dequantized group of 8
-        // weights serves 8 tokens.
-        let dy = li / 16u;
+        // 8 rows x 8 tokens per invocation (64 of them: WG): each dequantized group of 8
+        // weights serves 8 tokens, each x value loaded 8 rows.
+        let dx = li % 8u;
+        let dy = li / 8u;
         // Invocations whose 8 tokens all lie past the prompt (a short prompt leaves most of the
-        // 64-token tile empty) skip the product: 16 of them share dy, a whole SIMD group on a CPU.
+        // 64-token tile empty) skip the product: the 8 of them that share dy are a SIMD group on
+        // a CPU.
         let live = tok0 + dy * 8u < n;
-        var acc8: array<vec4<f32>, 8>;
-        for (var i = 0u; i < 8u; i++) { acc8[i] = vec4<f32>(0.0); }
+        var acc8: array<array<f32, 8>, 8>;
         for (var g = 0u; g < select(0u, COLS / 8u, live); g++) {
-            var wv: array<Dq8, 4>;
-            for (var j = 0u; j < 4u; j++) {
-                let r = min(row0 + tx * 4u + j, ROW_COUNT - 1u);
+            var wv: array<Dq8, 8>;
+            for (var j = 0u; j < 8u; j++) {
+                let r = min(row0 + dx * 8u + j, ROW_COUNT - 1u);
                 wv[j] = dq8(r * ROW_WORDS, g);
             }
             for (var i = 0u; i < 8u; i++) {
                 let t = min(tok0 + dy * 8u + i, n - 1u);
                 let xa = x[(t * COLS) / 4u + g * 2u];
                 let xb = x[(t * COLS) / 4u + g * 2u + 1u];
-                acc8[i] += vec4<f32>(dot(wv[0].a, xa) + dot(wv[0].b, xb), dot(wv[1].a, xa) + dot(wv[1].b, xb),
-                                     dot(wv[2].a, xa) + dot(wv[2].b, xb), dot(wv[3].a, xa) + dot(wv[3].b, xb));
+                for (var j = 0u; j < 8u; j++) {
+                    acc8[i][j] += dot(wv[j].a, xa) + dot(wv[j].b, xb);
+                }
             }
         }
         for (var i = 0u; i < 8u; i++) {
             let t = tok0 + dy * 8u + i;
             if (t >= n) { break; }
-            for (var j = 0u; j < 4u; j++) {
-                let r = row0 + tx * 4u + j;
+            for (var j = 0u; j < 8u; j++) {
+                let r = row0 + dx * 8u + j;
                 if (r >= ROW_COUNT) { break; }
                 store(t, r, acc8[i][j]);
             }

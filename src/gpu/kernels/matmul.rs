@@ -172,7 +172,7 @@ pub fn gemm(
                 ("HALF", p.rows as f64),
                 ("PAIR_OFFSET", w.rows as f64),
                 ("DIRECT", (gpu.style == KernelStyle::Cpu) as u32 as f64),
-                ("WG", if gpu.style == KernelStyle::Cpu { 128.0 } else { 256.0 }),
+                ("WG", if gpu.style == KernelStyle::Cpu { 64.0 } else { 256.0 }),
             ];
             let needs = Needs { weights: Some(p.format), ..Default::default() };
             let pipeline = cache.get(gpu, "gemm", include_str!("../../../shaders/gemm.wgsl"), needs, &[], &overrides);
