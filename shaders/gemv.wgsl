@@ -4,7 +4,7 @@
 // reads every weight once per MB sequences (MB = 1 for a single sequence's step). 256 / LANES
 // rows per workgroup, LANES lanes per row each taking groups of 8 values, summed with row_sum
 // (subgroups when available). GPUs use 32 lanes; CPU adapters 1, so that a row needs no
-// reduction and the kernel no barrier.
+// reduction and the kernel no barrier (and `cpu_rows` below).
 // NORM: x is RMS-normalized on the fly (weights nw, epsilon EPS): every workgroup sums x's squares
 // itself, which costs less than a separate normalization pass and its dispatch.
 // EPILOGUE 0: store. 1: add (residual). 2: gated pair: the part holds ROW_COUNT gate rows then

@@ -87,12 +87,17 @@ impl Harness {
         h.set(1, 0, 16);
         h
     }
-    /// The forced-f32 path and the adapter's own, each with both kernel styles.
+    /// The forced-f32 path and the adapter's own, each with both kernel styles; the adapter's
+    /// own only where it has shader-f16 or subgroups (without either its kernels are the forced
+    /// path's: SwiftShader; its packed KV cache is kv_paths' business).
     async fn paths() -> Vec<Self> {
         let mut all = Vec::new();
         for force_f32 in [true, false] {
             for style in [KernelStyle::Gpu, KernelStyle::Cpu] {
                 let mut h = Self::new(force_f32).await;
+                if !force_f32 && !h.gpu.f16 && !h.gpu.subgroups {
+                    return all;
+                }
                 h.gpu.style = style;
                 all.push(h);
             }
@@ -167,11 +172,12 @@ impl Harness {
     /// The KV cache's storages: f32 (forced path), the adapter's (f16 on lavapipe), and f16 packed
     /// in words without shader-f16.
     async fn kv_paths() -> Vec<Self> {
-        vec![
-            Self::new(true).await,
-            Self::new(false).await,
-            Self::with(GpuOptions { force_f32: true, packed_kv: true, ..Default::default() }).await,
-        ]
+        let mut all = vec![Self::new(true).await, Self::new(false).await];
+        // Without shader-f16 or subgroups the adapter's own path is this one already (SwiftShader).
+        if all[1].gpu.kv != KvStore::PackedF16 || all[1].gpu.subgroups {
+            all.push(Self::with(GpuOptions { force_f32: true, packed_kv: true, ..Default::default() }).await);
+        }
+        all
     }
 }
 

@@ -59,14 +59,6 @@ window.finished = true;`;
     }, colors.messages);
     assert.equal(greedy, colors.greedy_text_before_first_eos);
 
-    // Speculative decoding (prompt lookup) keeps the golden greedy text.
-    const speculative = await tab.evaluate(async (messages) => {
-      let text = "";
-      for await (const ev of window.engine.chat(messages, { temperature: 0, maxTokens: 64, speculate: "lookup", draftTokens: 3 })) text += ev.text;
-      return text;
-    }, colors.messages);
-    assert.equal(speculative, colors.greedy_text_before_first_eos);
-
     // Beam search through the package: transformers' best beam and scores (beam.json, 2 beams, no EOS).
     const beamCase = beamGolden.cases.find((c) => c.setting === "fixed" && c.kind === "raw" && c.num_beams === 2);
     const beams = await tab.evaluate(

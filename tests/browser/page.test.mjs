@@ -178,7 +178,9 @@ test("the page shows the model before downloading it, loads it, chats, stops, ca
     await page.screenshot({ path: path.join(artifacts, "page-inside-engine.png") });
 
     // Speculative decoding (prompt lookup) on a repetitive request: the panel shows each token,
-    // accepted drafts marked and rejected drafts struck out, and counts them.
+    // accepted drafts marked and rejected drafts struck out, and counts them. In a new chat, so
+    // that the greedy reply does not depend on the sampled and stopped turns above.
+    await page.click("#clear");
     await page.selectOption("#speculate", "lookup");
     await setSlider(page, "temperature", 0);
     await page.fill("#max-tokens", "12");
