@@ -86,13 +86,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                 var u = v;
                 if (EPILOGUE == 2u) { u = dq8(base + ROW_COUNT * ROW_WORDS, g); }
                 for (var j = 0u; j < hn; j++) {
-                    let xo = (m0 + j) * (COLS / 4u) + g * 2u;
-                    var xa = x[xo];
-                    var xb = x[xo + 1u];
-                    if (NORM) {
-                        xa *= nw[g * 2u];
-                        xb *= nw[g * 2u + 1u];
-                    }
+                    let xv = x_group(m0 + j, g);
+                    let xa = xv.a;
+                    let xb = xv.b;
                     a[j] += dot(v.a, xa) + dot(v.b, xb);
                     if (EPILOGUE == 2u) { b[j] += dot(u.a, xa) + dot(u.b, xb); }
                 }
@@ -123,6 +119,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
 }
 
+// Values 8g .. 8g+7 of batch row m of x, times the norm weights with NORM (the row's RMS scale
+// is applied to the sums).
+fn x_group(m: u32, g: u32) -> Dq8 {
+    let xo = m * (COLS / 4u) + g * 2u;
+    var v = Dq8(x[xo], x[xo + 1u]);
+    if (NORM) {
+        v.a *= nw[g * 2u];
+        v.b *= nw[g * 2u + 1u];
+    }
+    return v;
+}
+
 // Rows r0 .. r0 + CPU_ROWS - 1 (those below ROW_COUNT stored) for batch rows m0 .. m0 + nb - 1,
 // each row's dot product summed in the order the lanes-per-row path sums it.
 fn cpu_rows(r0: u32, m0: u32, nb: u32, scale: array<f32, MB>) {
@@ -137,13 +145,9 @@ fn cpu_rows(r0: u32, m0: u32, nb: u32, scale: array<f32, MB>) {
             if (EPILOGUE == 2u) { u[i] = dq8(base + ROW_COUNT * ROW_WORDS, g); }
         }
         for (var j = 0u; j < nb; j++) {
-            let xo = (m0 + j) * (COLS / 4u) + g * 2u;
-            var xa = x[xo];
-            var xb = x[xo + 1u];
-            if (NORM) {
-                xa *= nw[g * 2u];
-                xb *= nw[g * 2u + 1u];
-            }
+            let xv = x_group(m0 + j, g);
+            let xa = xv.a;
+            let xb = xv.b;
             for (var i = 0u; i < CPU_ROWS; i++) {
                 acc[j][i] += dot(v[i].a, xa) + dot(v[i].b, xb);
                 if (EPILOGUE == 2u) { acc_up[j][i] += dot(u[i].a, xa) + dot(u[i].b, xb); }
