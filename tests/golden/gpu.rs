@@ -1,7 +1,7 @@
 //! The whole GPU model (on lavapipe when there is no GPU) against the golden data, on the f32
 //! path and on the f16 path (f16 KV cache, subgroups) where the adapter has shader-f16.
 
-mod common;
+use crate::common;
 
 use common::Reference::{self, Gemma3, SmolLm2};
 use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, KvStore, Readback};

@@ -1,7 +1,7 @@
 //! The traffic ledger (what each decode dispatch declares it moves) against hand counts for the
 //! default model, and the synthetic large-model source `bench --synthetic` runs.
 
-mod common;
+use crate::common;
 
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt};
 use webgpu_llm::gguf::{ByteSource, GgmlType, Gguf};

@@ -1,6 +1,6 @@
 //! The GGUF chat template rendered with minijinja against transformers' renderings.
 
-mod common;
+use crate::common;
 
 use webgpu_llm::chat::{ChatTemplate, Message};
 use webgpu_llm::tokenizer::Tokenizer;

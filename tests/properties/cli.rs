@@ -1,6 +1,6 @@
 //! The native CLI as a user runs it: golden ids with --json, stats on stderr, usage errors.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 

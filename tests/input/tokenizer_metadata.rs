@@ -2,7 +2,7 @@
 //! computed independently (tests/data/tokenizer/gen_pre_tokenizer_splits.py), a SentencePiece
 //! vocabulary small enough to check by hand, stop tokens, and malformed metadata.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::path::PathBuf;

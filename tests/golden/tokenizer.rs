@@ -1,7 +1,7 @@
 //! The tokenizer built from GGUF metadata against transformers' outputs in the golden data, and
 //! the streaming detokenizer against full decodes.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -1,7 +1,7 @@
 //! The CPU f32 reference forward pass against Hugging Face transformers (golden data): greedy
 //! continuations token for token, top-20 logits, and the passage's perplexity.
 
-mod common;
+use crate::common;
 
 const LOGIT_TOLERANCE: f64 = 1e-3;
 

@@ -3,7 +3,7 @@
 //! sliding-window layers with their own RoPE base, GELU, NeoX RoPE, head_dim 256) — against
 //! Hugging Face transformers (golden data in gemma3-270m/).
 
-mod common;
+use crate::common;
 
 use common::Reference::Gemma3;
 use webgpu_llm::arch::{Activation, RopeStyle};

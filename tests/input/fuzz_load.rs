@@ -24,9 +24,9 @@
 //! (`<name>.gguf`, or `<name>.of-<file length>.gguf` for a header prefix), it is replayed by
 //! `every_saved_fuzz_input_loads_to_a_result_or_an_error`.
 
-mod common;
-mod layout;
-mod meter;
+use crate::common;
+use crate::layout;
+use crate::meter;
 
 use layout::{Field, Kind};
 use std::collections::BTreeMap;

@@ -2,7 +2,7 @@
 //! must stop quickly with an error naming the limit it hit, and the template must still render
 //! after it.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 use webgpu_llm::chat::{

@@ -1,7 +1,7 @@
 //! The GGUF reader: hand-computed dequantization blocks, every metadata type, and corrupt files
 //! (synthetic and the real model truncated or with flipped header bytes) giving typed errors.
 
-mod common;
+use crate::common;
 
 use half::f16;
 use webgpu_llm::gguf::{Array, GgmlType, Gguf, GgufError, GgufWriter, TensorInfo, Value, ValueRef};

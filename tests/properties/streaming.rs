@@ -2,7 +2,7 @@
 //! header needs, then each tensor once, in pieces of at most 8 MiB straight into GPU buffers —
 //! host memory holds one piece, never the file (so a model larger than memory or wasm32's 4 GiB can load).
 
-mod common;
+use crate::common;
 
 use common::Reference::{Gemma3, SmolLm2};
 use std::cell::Cell;

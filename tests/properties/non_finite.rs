@@ -2,7 +2,7 @@
 //! path, and never emit a token (before this, the CPU emitted token 0 forever and the GPU id
 //! 4294967295, outside the vocabulary).
 
-mod common;
+use crate::common;
 
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt};
 use webgpu_llm::gpu::GpuOptions;

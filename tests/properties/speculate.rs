@@ -4,7 +4,7 @@
 //! sampling it keeps the distribution: tokens drawn with it and without it over many seeds are
 //! compared by a chi-square test whose power is shown on a distribution that differs.
 
-mod common;
+use crate::common;
 
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats};
 use webgpu_llm::gpu::GpuOptions;

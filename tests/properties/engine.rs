@@ -2,7 +2,7 @@
 //! CI): stop conditions, streaming, abort, context checks and KV-cache reuse across chat turns,
 //! against the golden data.
 
-mod common;
+use crate::common;
 
 use webgpu_llm::chat::Message;
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats, StopReason};

@@ -3,7 +3,7 @@
 //! alone with its seed, sequences end on their own, and a batch the KV pool cannot hold is
 //! refused before any work.
 
-mod common;
+use crate::common;
 
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, StopReason};
 use webgpu_llm::gpu::GpuOptions;

@@ -4,7 +4,7 @@
 //! golden beam whose score stands apart from the others by more than that among ours. On the CPU
 //! reference and on the GPU (lavapipe in CI: a few cases each, every case with `--ignored`).
 
-mod common;
+use crate::common;
 
 use webgpu_llm::beam::{BeamOptions, EarlyStopping};
 use webgpu_llm::engine::{BackendKind, Engine, LoadOptions, Prompt};

@@ -2,9 +2,9 @@
 //! naming the key and its value, found before anything is sized from it, in milliseconds and
 //! without memory beyond the file's own size; a metadata array costs about its bytes.
 
-mod common;
-mod layout;
-mod meter;
+use crate::common;
+use crate::layout;
+use crate::meter;
 
 use meter::Usage;
 use std::time::{Duration, Instant};
