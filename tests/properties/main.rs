@@ -5,11 +5,6 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod abort_cycles;
 mod batch;
-mod cli;
 mod engine;
-mod ledger;
-mod non_finite;
 mod speculate;
-mod streaming;
