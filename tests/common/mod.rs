@@ -5,6 +5,8 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use webgpu_llm::gguf::{Gguf, GgufWriter, Value as GgufValue};
+
+pub mod tiny;
 use webgpu_llm::model::CpuModel;
 
 pub fn golden_dir() -> PathBuf {

@@ -1,8 +1,10 @@
 //! The engine's generation loop on both backends (the CPU reference and the GPU, lavapipe in
-//! CI): stop conditions, streaming, abort, context checks and KV-cache reuse across chat turns,
-//! against the golden data.
+//! CI), on a tiny random-weight chat model: stop conditions (EOS, stop strings, limits),
+//! streaming, abort, context checks, KV-cache reuse across chat turns and what GPU sampling
+//! reads back. The truth is the CPU reference's own greedy loop on the same file
+//! (`tiny::greedy`), the tokenizer's whole-sequence decode and hand counts.
 
-use crate::common;
+use crate::common::tiny;
 
 use webgpu_llm::chat::Message;
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats, StopReason};
@@ -12,9 +14,13 @@ use webgpu_llm::Error;
 
 const BACKENDS: [BackendKind; 2] = [BackendKind::Cpu, BackendKind::Gpu];
 
-fn engine(backend: BackendKind) -> Engine {
+fn engine_of(bytes: &[u8], backend: BackendKind) -> Engine {
     let opts = LoadOptions { backend, context_length: Some(1024), gpu: GpuOptions::default() };
-    pollster::block_on(Engine::load(common::model_bytes(), opts, &mut |_, _| {})).unwrap()
+    pollster::block_on(Engine::load(bytes, opts, &mut |_, _| {})).unwrap()
+}
+
+fn engine(backend: BackendKind) -> Engine {
+    engine_of(tiny::chat(), backend)
 }
 
 fn greedy(max_tokens: usize) -> GenerateOptions {
@@ -32,73 +38,86 @@ fn run(engine: &mut Engine, prompt: &Prompt, opts: &GenerateOptions) -> (Vec<u32
     (ids, text, stats)
 }
 
-fn golden_case(name: &str) -> serde_json::Value {
-    common::golden("generations.json")["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap().clone()
+const QUESTION: &str = "What is the capital of France?";
+
+fn question() -> Vec<Message> {
+    vec![Message::new("user", QUESTION)]
 }
 
 #[test]
-fn chat_generation_stops_at_eos_with_the_golden_text() {
+fn chat_generation_stops_at_eos_with_the_reference_text() {
+    let prompt = tiny::chat_prompt(&[("user", QUESTION)]);
+    let eos_at = 5;
+    let (bytes, eos) = tiny::chat_ending_at(&prompt, eos_at);
+    let (want, _) = tiny::greedy(&bytes, &prompt, eos_at);
     for backend in BACKENDS {
         eprintln!("backend: {backend:?}");
-        let case = golden_case("chat_capital_france");
-        let mut e = engine(backend);
-        let messages = vec![Message::new("user", "What is the capital of France?")];
-        assert_eq!(e.prompt_tokens(&Prompt::Chat(messages.clone())).unwrap(), common::ids(&case["prompt_ids"]));
-        let (ids, text, stats) = run(&mut e, &Prompt::Chat(messages), &greedy(64));
-        let eos_at = case["first_eos_index"].as_u64().unwrap() as usize;
-        assert_eq!(ids, common::ids(&case["generated_ids"])[..eos_at]);
-        assert_eq!(text, case["greedy_text_before_first_eos"].as_str().unwrap());
+        let mut e = engine_of(&bytes, backend);
+        assert_eq!(e.prompt_tokens(&Prompt::Chat(question())).unwrap(), prompt, "the ChatML prompt");
+        let (ids, text, stats) = run(&mut e, &Prompt::Chat(question()), &greedy(64));
+        assert_eq!(ids, want);
+        assert!(!ids.contains(&eos));
+        assert_eq!(text, tiny::decode(&bytes, &want));
         assert_eq!(stats.stop_reason, StopReason::Eos);
-        assert_eq!(stats.prompt_tokens, case["n_prompt_tokens"].as_u64().unwrap() as usize);
+        assert_eq!(stats.prompt_tokens, prompt.len());
         assert_eq!(stats.generated_tokens, eos_at);
     }
 }
 
 #[test]
-fn ignore_eos_generates_the_golden_ids_and_text() {
+fn ignore_eos_generates_the_reference_ids_and_text() {
+    let prompt = tiny::chat_prompt(&[("user", QUESTION)]);
+    let (bytes, eos) = tiny::chat_ending_at(&prompt, 5);
+    let (want, _) = tiny::greedy(&bytes, &prompt, 64);
+    assert!(want.contains(&eos));
     for backend in BACKENDS {
         eprintln!("backend: {backend:?}");
-        let case = golden_case("raw_capital_france");
-        let mut e = engine(backend);
+        let mut e = engine_of(&bytes, backend);
         let opts = GenerateOptions { ignore_eos: true, ..greedy(64) };
-        let (ids, text, stats) = run(&mut e, &Prompt::Text(case["prompt_text"].as_str().unwrap().into()), &opts);
-        assert_eq!(ids, common::ids(&case["generated_ids"]));
-        assert_eq!(text, case["greedy_text"].as_str().unwrap());
+        let (ids, text, stats) = run(&mut e, &Prompt::Tokens(prompt.clone()), &opts);
+        assert_eq!(ids, want);
+        assert_eq!(text, tiny::decode(&bytes, &want));
         assert_eq!((stats.generated_tokens, stats.stop_reason), (64, StopReason::MaxTokens));
     }
 }
 
 #[test]
 fn stop_strings_end_generation_and_are_not_emitted() {
+    let prompt = tiny::chat_prompt(&[("user", QUESTION)]);
+    let (want, _) = tiny::greedy(tiny::chat(), &prompt, 64);
+    // A stop string across tokens 3 and 4: the last letter of one word, the space and the first
+    // letter of the next.
+    let (before, upto) = (tiny::decode(tiny::chat(), &want[..4]), tiny::decode(tiny::chat(), &want[..5]));
+    let stop = format!("{} {}", &before[before.len() - 1..], &upto[before.len() + 1..before.len() + 2]);
+    let at = upto.find(&stop).unwrap();
+    assert_eq!(at, before.len() - 1, "the stop string {stop:?} first occurs across tokens 3 and 4");
     for backend in BACKENDS {
         eprintln!("backend: {backend:?}");
-        let case = golden_case("raw_capital_france");
         let mut e = engine(backend);
-        let opts = GenerateOptions { stop: vec!["\n\n".into(), "never".into()], ..greedy(64) };
-        let (ids, text, stats) = run(&mut e, &Prompt::Text(case["prompt_text"].as_str().unwrap().into()), &opts);
-        // " Paris" "." "\n" "\n": the stop string spans two tokens; neither newline is emitted.
-        assert_eq!(text, " Paris.");
-        assert_eq!(ids, common::ids(&case["generated_ids"])[..4]);
+        let opts = GenerateOptions { stop: vec![stop.clone(), "never".into()], ..greedy(64) };
+        let (ids, text, stats) = run(&mut e, &Prompt::Chat(question()), &opts);
+        assert_eq!(text, upto[..at]);
+        assert_eq!(ids, want[..5]);
         assert_eq!(stats.stop_reason, StopReason::StopString);
     }
 }
 
 #[test]
 fn abort_stops_generation_and_the_engine_stays_usable() {
+    let prompt = tiny::chat_prompt(&[("user", "Once upon a time")]);
+    let (want, _) = tiny::greedy(tiny::chat(), &prompt, 10);
     for backend in BACKENDS {
         eprintln!("backend: {backend:?}");
-        let case = golden_case("raw_once_upon");
-        let prompt = Prompt::Text(case["prompt_text"].as_str().unwrap().into());
         let mut e = engine(backend);
         let mut seen = 0;
-        let stats = pollster::block_on(e.generate(&prompt, &greedy(64), &mut |_| {
+        let stats = pollster::block_on(e.generate(&Prompt::Tokens(prompt.clone()), &greedy(64), &mut |_| {
             seen += 1;
             seen < 3
         }))
         .unwrap();
         assert_eq!((seen, stats.stop_reason), (3, StopReason::Aborted));
-        let (ids, _, _) = run(&mut e, &prompt, &greedy(10));
-        assert_eq!(ids, common::ids(&case["generated_ids"])[..10]);
+        let (ids, _, _) = run(&mut e, &Prompt::Tokens(prompt.clone()), &greedy(10));
+        assert_eq!(ids, want);
     }
 }
 
@@ -113,8 +132,9 @@ fn a_request_longer_than_the_context_is_refused_before_any_work() {
         assert!(err.to_string().contains("context"));
         let err = pollster::block_on(e.generate(&Prompt::Tokens(vec![]), &greedy(5), &mut |_| true)).unwrap_err();
         assert!(matches!(err, Error::EmptyPrompt));
-        let err = pollster::block_on(e.generate(&Prompt::Tokens(vec![49152]), &greedy(5), &mut |_| true)).unwrap_err();
-        assert!(matches!(err, Error::TokenOutOfRange { id: 49152, .. }));
+        let vocab = tiny::CHAT.vocab as u32;
+        let err = pollster::block_on(e.generate(&Prompt::Tokens(vec![vocab]), &greedy(5), &mut |_| true)).unwrap_err();
+        assert!(matches!(err, Error::TokenOutOfRange { id, .. } if id == vocab), "{err}");
     }
 }
 
@@ -123,9 +143,9 @@ fn a_second_chat_turn_reuses_the_cache_and_matches_a_fresh_run() {
     for backend in BACKENDS {
         eprintln!("backend: {backend:?}");
         let mut e = engine(backend);
-        let mut messages = vec![Message::new("user", "What is the capital of France?")];
+        let mut messages = question();
         let (_, reply, first) = run(&mut e, &Prompt::Chat(messages.clone()), &greedy(40));
-        messages.push(Message::new("assistant", reply));
+        messages.push(Message::new("assistant", reply.clone()));
         messages.push(Message::new("user", "And of Italy?"));
         let (ids_reused, text_reused, second) = run(&mut e, &Prompt::Chat(messages.clone()), &greedy(24));
 
@@ -140,25 +160,34 @@ fn a_second_chat_turn_reuses_the_cache_and_matches_a_fresh_run() {
             second.prompt_tokens,
             first.prompt_tokens
         );
+        // And both are the CPU reference's answer to the whole conversation.
+        let turn2 = tiny::chat_prompt(&[("user", QUESTION), ("assistant", reply.as_str()), ("user", "And of Italy?")]);
+        let (want, _) = tiny::greedy(tiny::chat(), &turn2, 24);
+        let want_len = want.iter().position(|&t| t == tiny::IM_END).unwrap_or(want.len());
+        assert_eq!(ids_fresh, want[..want_len], "turn 2 against the CPU reference");
     }
+}
+
+fn sampled_prompt() -> Prompt {
+    Prompt::Tokens(tiny::chat_prompt(&[("user", "Once upon a time")]))
 }
 
 #[test]
 fn gpu_top_k_sampling_reads_back_k_candidates_and_draws_what_sampling_all_logits_draws() {
     let mut engine = engine(BackendKind::Gpu);
-    let prompt = Prompt::Text(golden_case("raw_once_upon")["prompt_text"].as_str().unwrap().into());
     let sampling =
         SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, min_p: 0.02, seed: 11, ..SamplingParams::greedy() };
-    let options = GenerateOptions { max_tokens: 24, sampling, ignore_eos: true, ..Default::default() };
-    let (ids, _, stats) = run(&mut engine, &prompt, &options);
-    assert_eq!(ids.len(), 24);
+    let options = GenerateOptions { max_tokens: 48, sampling, ignore_eos: true, ..Default::default() };
+    let (ids, _, stats) = run(&mut engine, &sampled_prompt(), &options);
+    assert_eq!(ids.len(), 48);
     // Per step: the argmax's non-finite flag, the count, the tail's two words (unused here),
     // then 40 (id, logit) pairs.
     let read = stats.decode_counters.unwrap().bytes_read_back;
     assert_eq!(read, stats.decode_steps as u64 * (16 + 8 * 40));
     // Asking for candidates to show reads all the logits back and samples from them: the same
     // sampler, the same seed, the same tokens.
-    let (all_ids, _, all_stats) = run(&mut engine, &prompt, &GenerateOptions { top_candidates: 3, ..options.clone() });
+    let (all_ids, _, all_stats) =
+        run(&mut engine, &sampled_prompt(), &GenerateOptions { top_candidates: 3, ..options.clone() });
     assert_eq!(ids, all_ids);
     let vocab_bytes = 4 * engine.config.vocab_size as u64;
     assert!(all_stats.decode_counters.unwrap().bytes_read_back >= all_stats.decode_steps as u64 * vocab_bytes);
@@ -168,13 +197,13 @@ fn gpu_top_k_sampling_reads_back_k_candidates_and_draws_what_sampling_all_logits
 fn gpu_top_p_sampling_reads_back_the_largest_logits_and_draws_what_sampling_all_logits_draws() {
     let mut engine = engine(BackendKind::Gpu);
     let vocab_bytes = 4 * engine.config.vocab_size as u64;
-    let prompt = Prompt::Text(golden_case("raw_once_upon")["prompt_text"].as_str().unwrap().into());
+    assert!(vocab_bytes > 4 * 1024, "the vocabulary is larger than the 1024 candidates read back");
     // OpenAI-style: temperature and top-p (or min-p), no top-k.
     for (temperature, top_p, min_p, seed) in [(0.8, 0.9, 0.0, 13), (1.0, 0.95, 0.0, 14), (0.7, 1.0, 0.05, 15)] {
         let sampling = SamplingParams { temperature, top_k: 0, top_p, min_p, seed, ..SamplingParams::greedy() };
-        let options = GenerateOptions { max_tokens: 16, sampling, ignore_eos: true, ..Default::default() };
-        let (ids, _, stats) = run(&mut engine, &prompt, &options);
-        assert_eq!(ids.len(), 16);
+        let options = GenerateOptions { max_tokens: 48, sampling, ignore_eos: true, ..Default::default() };
+        let (ids, _, stats) = run(&mut engine, &sampled_prompt(), &options);
+        assert_eq!(ids.len(), 48);
         // Per step the 1024 largest (8 KiB) and the tail; all the logits only when those could
         // not decide.
         let (steps, read) = (stats.decode_steps as u64, stats.decode_counters.unwrap().bytes_read_back);
@@ -183,7 +212,7 @@ fn gpu_top_p_sampling_reads_back_the_largest_logits_and_draws_what_sampling_all_
         assert_eq!(read, selected + fallbacks * vocab_bytes, "temperature {temperature}, top-p {top_p}");
         assert!(fallbacks <= steps / 4, "{fallbacks} of {steps} steps read every logit");
         // The same sampler on every logit read back (asking for candidates): the same tokens.
-        let (all_ids, ..) = run(&mut engine, &prompt, &GenerateOptions { top_candidates: 3, ..options.clone() });
+        let (all_ids, ..) = run(&mut engine, &sampled_prompt(), &GenerateOptions { top_candidates: 3, ..options.clone() });
         assert_eq!(ids, all_ids, "temperature {temperature}, top-p {top_p}, min-p {min_p}");
     }
 }

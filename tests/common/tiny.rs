@@ -1,0 +1,237 @@
+//! Tiny random-weight llama models made in memory with the crate's GGUF writer, for the
+//! properties any model shows (stops, batching, speculation, beams, the KV pool): a few hundred
+//! KB, so a GPU test on a software driver takes seconds. The truth for a run on them is the CPU
+//! reference (`CpuModel`) on the same bytes, driven here by its own greedy loop (`greedy`), not
+//! by the engine under test.
+#![allow(dead_code)]
+
+use webgpu_llm::gguf::{Array, GgmlType, Gguf, GgufWriter, Value};
+use webgpu_llm::model::{CpuModel, Logits};
+
+/// A llama-architecture shape with ChatML special tokens and a byte-level vocabulary.
+#[derive(Debug, Clone, Copy)]
+pub struct Tiny {
+    pub vocab: u64,
+    pub layers: u64,
+    pub d_model: u64,
+    pub ffn: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub context: u32,
+    /// Seeds every weight.
+    pub seed: u64,
+}
+
+/// 2048 tokens (over the 1024 candidates GPU top-p selection reads back), 4 layers (so 2 can
+/// draft for the rest), Q8_0 matrices (repacked at upload: 34-byte blocks), GQA 4/2.
+pub const CHAT: Tiny =
+    Tiny { vocab: 2048, layers: 4, d_model: 64, ffn: 128, heads: 4, kv_heads: 2, context: 4096, seed: 20261201 };
+
+/// Ids of the special tokens (after the 256 byte tokens).
+pub const IM_START: u32 = 256;
+pub const IM_END: u32 = 257;
+pub const ENDOFTEXT: u32 = 258;
+
+/// The 256 byte tokens of a byte-level BPE vocabulary (GPT-2's byte-to-character map).
+fn byte_tokens() -> Vec<String> {
+    let direct = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut extra = 0;
+    (0..256u32)
+        .map(|b| {
+            let c = if direct(b) {
+                b
+            } else {
+                extra += 1;
+                255 + extra
+            };
+            char::from_u32(c).expect("below the surrogates").to_string()
+        })
+        .collect()
+}
+
+/// A word for token `i`: a space ("Ġ" in the byte map) and letters, so that generated text is
+/// readable and every token decodes to whole characters.
+fn word(mut i: u64) -> String {
+    let mut w = String::from("\u{120}");
+    loop {
+        w.push((b'a' + (i % 26) as u8) as char);
+        i /= 26;
+        if i == 0 {
+            return w;
+        }
+    }
+}
+
+struct Xorshift(u64);
+
+impl Xorshift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// `n` weights (a multiple of 32) as Q8_0 blocks of standard deviation about `std`: each block an
+/// f16 scale then 32 quants uniform in [-127, 127] (standard deviation 73.3).
+fn q8_0(rng: &mut Xorshift, n: u64, std: f32) -> Vec<u8> {
+    let mut out = Vec::with_capacity((n / 32 * 34) as usize);
+    for _ in 0..n / 32 {
+        let jitter = 0.75 + 0.5 * (rng.next() % 1000) as f32 / 1000.0;
+        out.extend_from_slice(&half::f16::from_f32(std * jitter / 73.3).to_le_bytes());
+        for _ in 0..32 {
+            out.push(((rng.next() % 255) as i32 - 127) as i8 as u8);
+        }
+    }
+    out
+}
+
+/// `n` f32 norm weights uniform in [0.5, 1.5].
+fn norm(rng: &mut Xorshift, n: u64) -> Vec<u8> {
+    (0..n).flat_map(|_| (0.5 + (rng.next() % 10_000) as f32 / 10_000.0).to_le_bytes()).collect()
+}
+
+impl Tiny {
+    /// The model's GGUF file.
+    pub fn bytes(&self) -> Vec<u8> {
+        let s = self;
+        let head_dim = s.d_model / s.heads;
+        let mut w = GgufWriter::new(3);
+        w.metadata("general.architecture", Value::String("llama".into()))
+            .metadata("general.name", Value::String(format!("tiny random llama {}", s.seed)))
+            .metadata("llama.block_count", Value::U32(s.layers as u32))
+            .metadata("llama.context_length", Value::U32(s.context))
+            .metadata("llama.embedding_length", Value::U32(s.d_model as u32))
+            .metadata("llama.feed_forward_length", Value::U32(s.ffn as u32))
+            .metadata("llama.attention.head_count", Value::U32(s.heads as u32))
+            .metadata("llama.attention.head_count_kv", Value::U32(s.kv_heads as u32))
+            .metadata("llama.rope.freq_base", Value::F32(10000.0))
+            .metadata("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+        let mut tokens = byte_tokens();
+        tokens.extend(["<|im_start|>", "<|im_end|>", "<|endoftext|>"].map(String::from));
+        let named = tokens.len() as u64;
+        tokens.extend((named..s.vocab).map(|i| word(i - named)));
+        let types: Vec<i32> = (0..s.vocab).map(|i| if (256..named).contains(&i) { 3 } else { 1 }).collect();
+        w.metadata("tokenizer.ggml.model", Value::String("gpt2".into()))
+            .metadata("tokenizer.ggml.pre", Value::String("default".into()))
+            .metadata("tokenizer.ggml.tokens", Value::List(Array::from(tokens)))
+            .metadata("tokenizer.ggml.token_type", Value::List(Array::I32(types)))
+            .metadata("tokenizer.ggml.merges", Value::List(Array::from(Vec::<String>::new())))
+            .metadata("tokenizer.ggml.bos_token_id", Value::U32(IM_START))
+            .metadata("tokenizer.ggml.eos_token_id", Value::U32(IM_END))
+            .metadata("tokenizer.ggml.padding_token_id", Value::U32(ENDOFTEXT));
+
+        let mut rng = Xorshift(0x9e37_79b9_7f4a_7c15 ^ s.seed);
+        let (d, kv) = (s.d_model, head_dim * s.kv_heads);
+        let data = q8_0(&mut rng, d * s.vocab, 0.4);
+        w.tensor("token_embd.weight", &[d, s.vocab], GgmlType::Q8_0, data);
+        // Byte tokens get small output rows, the non-ASCII ones the smallest: generated text is
+        // mostly the word tokens, and never a lone byte of a UTF-8 character in practice.
+        let mut output = Vec::new();
+        for row in 0..s.vocab {
+            let std = match row {
+                0..128 => 0.1,
+                128..256 => 0.02,
+                _ => 0.4,
+            };
+            output.extend(q8_0(&mut rng, d, std));
+        }
+        w.tensor("output.weight", &[d, s.vocab], GgmlType::Q8_0, output);
+        let mut matrix = |w: &mut GgufWriter, name: &str, dims: [u64; 2], std: f32| {
+            let data = q8_0(&mut rng, dims[0] * dims[1], std);
+            w.tensor(name, &dims, GgmlType::Q8_0, data);
+        };
+        for i in 0..s.layers {
+            let b = |n: &str| format!("blk.{i}.{n}.weight");
+            matrix(&mut w, &b("attn_q"), [d, d], 0.08);
+            matrix(&mut w, &b("attn_k"), [d, kv], 0.08);
+            matrix(&mut w, &b("attn_v"), [d, kv], 0.08);
+            matrix(&mut w, &b("attn_output"), [d, d], 0.08);
+            matrix(&mut w, &b("ffn_gate"), [d, s.ffn], 0.08);
+            matrix(&mut w, &b("ffn_up"), [d, s.ffn], 0.08);
+            matrix(&mut w, &b("ffn_down"), [s.ffn, d], 0.08);
+        }
+        for i in 0..s.layers {
+            for n in ["attn_norm", "ffn_norm"] {
+                w.tensor(&format!("blk.{i}.{n}.weight"), &[d], GgmlType::F32, norm(&mut rng, d));
+            }
+        }
+        w.tensor("output_norm.weight", &[d], GgmlType::F32, norm(&mut rng, d));
+        w.to_bytes()
+    }
+}
+
+/// `bytes` (a GGUF file) written again with metadata `key` set to `value`.
+pub fn with_metadata(bytes: &[u8], key: &str, value: Value) -> Vec<u8> {
+    let g = Gguf::parse(bytes).unwrap();
+    let mut w = GgufWriter::new(3);
+    let mut keys: Vec<_> = g.metadata.iter().filter(|(k, _)| k.as_str() != key).collect();
+    keys.sort_by_key(|(k, _)| k.as_str());
+    for (k, v) in keys {
+        w.metadata(k, v.clone());
+    }
+    w.metadata(key, value);
+    for t in &g.tensors {
+        w.tensor(&t.name, &t.shape, t.ty, t.data(bytes).to_vec());
+    }
+    w.to_bytes()
+}
+
+/// The CPU reference's greedy continuation of `prompt` (`n` tokens, EOS not a stop), by its own
+/// loop over `CpuModel::forward`, with the top-1/top-2 logit margin at each step.
+pub fn greedy(bytes: &[u8], prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    let gguf = Gguf::parse(bytes).unwrap();
+    let model = CpuModel::load(&gguf, bytes).unwrap();
+    let mut cache = model.new_cache();
+    let mut logits = model.forward(&mut cache, prompt, Logits::Last).unwrap();
+    let (mut ids, mut margins) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let next = webgpu_llm::sampling::argmax(&logits);
+        let top = logits[next as usize];
+        let second =
+            logits.iter().enumerate().filter(|&(i, _)| i != next as usize).map(|(_, &l)| l).fold(f32::MIN, f32::max);
+        ids.push(next);
+        margins.push(top - second);
+        logits = model.forward(&mut cache, &[next], Logits::Last).unwrap();
+    }
+    (ids, margins)
+}
+
+/// `CHAT`'s file, made once.
+pub fn chat() -> &'static [u8] {
+    static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    BYTES.get_or_init(|| CHAT.bytes())
+}
+
+/// The text `ids` decode to, by the tokenizer's whole-sequence decode (not the engine's
+/// incremental detokenizer).
+pub fn decode(bytes: &[u8], ids: &[u32]) -> String {
+    let gguf = Gguf::parse(bytes).unwrap();
+    webgpu_llm::tokenizer::Tokenizer::from_gguf(&gguf).unwrap().decode(ids).unwrap()
+}
+
+/// A ChatML prompt by hand: `<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n`, each
+/// character a byte token (the vocabulary has no merges).
+pub fn chat_prompt(turns: &[(&str, &str)]) -> Vec<u32> {
+    let mut ids = Vec::new();
+    for (role, text) in turns {
+        ids.push(IM_START);
+        ids.extend(format!("{role}\n{text}").bytes().map(u32::from));
+        ids.push(IM_END);
+        ids.push(u32::from(b'\n'));
+    }
+    ids.push(IM_START);
+    ids.extend("assistant\n".bytes().map(u32::from));
+    ids
+}
+
+/// `CHAT` with its end-of-sequence token moved to the token the CPU reference's greedy answer to
+/// `prompt` makes at index `at` (its first occurrence there), so that a generation ends at EOS
+/// after `at` tokens; returns the file and the EOS id.
+pub fn chat_ending_at(prompt: &[u32], at: usize) -> (Vec<u8>, u32) {
+    let (ids, _) = greedy(chat(), prompt, at + 1);
+    let eos = ids[at];
+    assert!(!ids[..at].contains(&eos), "token {eos} comes before index {at}: pick another index");
+    (with_metadata(chat(), "tokenizer.ggml.eos_token_id", Value::U32(eos)), eos)
+}
