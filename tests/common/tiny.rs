@@ -235,3 +235,24 @@ pub fn chat_ending_at(prompt: &[u32], at: usize) -> (Vec<u8>, u32) {
     assert!(!ids[..at].contains(&eos), "token {eos} comes before index {at}: pick another index");
     (with_metadata(chat(), "tokenizer.ggml.eos_token_id", Value::U32(eos)), eos)
 }
+
+/// The system turn prompts 4 and 5 of `prompts()` share: 24 tokens.
+pub const SYSTEM: (&str, &str) = ("system", "Be brief, kind");
+
+/// Eight prompts of 5 to 40 tokens, chat and raw: word-token ids, ChatML turns, and two chats
+/// (4 and 5) that share a system turn.
+pub fn prompts() -> Vec<Vec<u32>> {
+    let raw = |n: u32, seed: u32| -> Vec<u32> {
+        std::iter::once(IM_START).chain((1..n).map(|i| 259 + (i * 131 + seed * 977) % 1789)).collect()
+    };
+    vec![
+        raw(5, 1),
+        chat_prompt(&[("user", "Tell me a story")]),
+        raw(12, 2),
+        chat_prompt(&[("user", "What is 2+2?")]),
+        chat_prompt(&[SYSTEM, ("user", "Where is Paris?")]),
+        chat_prompt(&[SYSTEM, ("user", "Explain gravity.")]),
+        raw(40, 3),
+        chat_prompt(&[("user", "What is the capital of France?")]),
+    ]
+}

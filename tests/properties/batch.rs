@@ -1,9 +1,12 @@
-//! Batched generation (`Engine::generate_batch`) on both backends: every golden prompt run in one
-//! batch gives transformers' greedy tokens, a sampled sequence in the batch draws what it draws
-//! alone with its seed, sequences end on their own, and a batch the KV pool cannot hold is
-//! refused before any work.
+//! Batched generation (`Engine::generate_batch`, the `Batcher`) on both backends, on a tiny
+//! random chat model: eight prompts run in one batch give the CPU reference's greedy tokens (its
+//! own loop over the same file), a sampled sequence in the batch draws what it draws alone with
+//! its seed, sequences end on their own, requests join, pause and leave a running batch, the
+//! prefix cache forks blocks, the admission queue keeps order, and a batch the KV pool cannot
+//! hold is refused before any work.
 
-use crate::common;
+use crate::common::tiny;
+use std::sync::OnceLock;
 
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, StopReason};
 use webgpu_llm::gpu::GpuOptions;
@@ -12,9 +15,28 @@ use webgpu_llm::Error;
 
 const BACKENDS: [BackendKind; 2] = [BackendKind::Cpu, BackendKind::Gpu];
 
-fn engine(backend: BackendKind, context: usize) -> Engine {
+fn engine_of(bytes: &[u8], backend: BackendKind, context: usize) -> Engine {
     let opts = LoadOptions { backend, context_length: Some(context), gpu: GpuOptions::default() };
-    pollster::block_on(Engine::load(common::model_bytes(), opts, &mut |_, _| {})).unwrap()
+    pollster::block_on(Engine::load(bytes, opts, &mut |_, _| {})).unwrap()
+}
+
+fn engine(backend: BackendKind, context: usize) -> Engine {
+    engine_of(tiny::chat(), backend, context)
+}
+
+fn prompt_ids(i: usize) -> Vec<u32> {
+    static PROMPTS: OnceLock<Vec<Vec<u32>>> = OnceLock::new();
+    PROMPTS.get_or_init(tiny::prompts)[i].clone()
+}
+
+fn prompt(i: usize) -> Prompt {
+    Prompt::Tokens(prompt_ids(i))
+}
+
+/// The CPU reference's first `n` (at most 24) greedy tokens for prompt `i`, EOS not a stop.
+fn want(i: usize, n: usize) -> Vec<u32> {
+    static WANT: OnceLock<Vec<Vec<u32>>> = OnceLock::new();
+    WANT.get_or_init(|| tiny::prompts().iter().map(|p| tiny::greedy(tiny::chat(), p, 24).0).collect())[i][..n].to_vec()
 }
 
 fn greedy(max_tokens: usize) -> GenerateOptions {
@@ -32,37 +54,31 @@ fn run_batch(engine: &mut Engine, requests: &[(Prompt, GenerateOptions)]) -> (Ve
     (ids, stats.iter().map(|s| s.stop_reason).collect())
 }
 
-const STEPS: usize = 10;
+const STEPS: usize = 16;
 
 #[test]
-fn every_golden_prompt_in_one_batch_gives_the_golden_greedy_tokens() {
-    let cases = common::golden("generations.json")["cases"].as_array().unwrap().clone();
+fn eight_prompts_in_one_batch_give_the_reference_greedy_tokens() {
     for backend in BACKENDS {
         let mut e = engine(backend, 1024);
-        let requests: Vec<(Prompt, GenerateOptions)> =
-            cases.iter().map(|c| (Prompt::Tokens(common::ids(&c["prompt_ids"])), greedy(STEPS))).collect();
+        let requests: Vec<(Prompt, GenerateOptions)> = (0..8).map(|i| (prompt(i), greedy(STEPS))).collect();
         let (ids, stops) = run_batch(&mut e, &requests);
-        for (case, got) in cases.iter().zip(&ids) {
-            let want = &common::ids(&case["generated_ids"])[..STEPS];
-            assert_eq!(got, want, "{backend:?}: {}", case["name"]);
+        for (i, got) in ids.iter().enumerate() {
+            assert_eq!(got, &want(i, STEPS), "{backend:?}: prompt {i}");
         }
         assert!(stops.iter().all(|&s| s == StopReason::MaxTokens));
         // The engine goes on serving single generations after a batch.
-        let case = &cases[0];
         let mut alone = Vec::new();
-        pollster::block_on(e.generate(&Prompt::Tokens(common::ids(&case["prompt_ids"])), &greedy(8), &mut |ev| {
+        pollster::block_on(e.generate(&prompt(0), &greedy(8), &mut |ev| {
             alone.push(ev.id);
             true
         }))
         .unwrap();
-        assert_eq!(alone, common::ids(&case["generated_ids"])[..8], "{backend:?}: a generation after the batch");
+        assert_eq!(alone, want(0, 8), "{backend:?}: a generation after the batch");
     }
 }
 
 #[test]
 fn sequences_of_a_batch_keep_their_own_sampling_stops_and_lengths() {
-    let cases = common::golden("generations.json")["cases"].as_array().unwrap().clone();
-    let prompt = |i: usize| Prompt::Tokens(common::ids(&cases[i]["prompt_ids"]));
     let sampled = GenerateOptions {
         max_tokens: 12,
         sampling: SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, seed: 7, ..SamplingParams::default() },
@@ -75,11 +91,13 @@ fn sequences_of_a_batch_keep_their_own_sampling_stops_and_lengths() {
         ignore_eos: true,
         ..Default::default()
     };
-    // chat_capital_france ends at its EOS after 7 tokens; the others run to their limits.
-    let eos = cases.iter().position(|c| c["name"] == "chat_capital_france").unwrap();
+    // Prompt 7 ends at its EOS after 7 tokens (the model's EOS moved to its 8th greedy token);
+    // the others run to their limits.
+    let (eos, eos_at) = (7, 7);
+    let (bytes, _) = tiny::chat_ending_at(&prompt_ids(eos), eos_at);
     let stops_at_eos = GenerateOptions { ignore_eos: false, ..greedy(30) };
     for backend in BACKENDS {
-        let mut e = engine(backend, 1024);
+        let mut e = engine_of(&bytes, backend, 1024);
         let alone = |e: &mut Engine, p: Prompt, o: &GenerateOptions| {
             let mut ids = Vec::new();
             pollster::block_on(e.generate(&p, o, &mut |ev| {
@@ -99,10 +117,9 @@ fn sequences_of_a_batch_keep_their_own_sampling_stops_and_lengths() {
         ];
         let (ids, stops) = run_batch(&mut e, &requests);
         assert_eq!(ids[0], want_sampled, "{backend:?}: a sampled sequence draws what it draws alone");
-        let eos_at = cases[eos]["first_eos_index"].as_u64().unwrap() as usize;
-        assert_eq!(ids[1], common::ids(&cases[eos]["generated_ids"])[..eos_at], "{backend:?}: greedy to EOS");
+        assert_eq!(ids[1], want(eos, eos_at), "{backend:?}: greedy to EOS");
         assert_eq!(ids[2], want_penalized, "{backend:?}: penalties apply per sequence");
-        assert_eq!(ids[3], common::ids(&cases[3]["generated_ids"])[..5], "{backend:?}: its own token limit");
+        assert_eq!(ids[3], want(3, 5), "{backend:?}: its own token limit");
         assert_eq!(stops, [StopReason::MaxTokens, StopReason::Eos, StopReason::MaxTokens, StopReason::MaxTokens]);
     }
 }
@@ -110,7 +127,7 @@ fn sequences_of_a_batch_keep_their_own_sampling_stops_and_lengths() {
 #[test]
 fn a_batch_the_kv_pool_cannot_hold_is_refused_before_any_work() {
     let mut e = engine(BackendKind::Gpu, 64);
-    let prompt = Prompt::Tokens(vec![504, 3575, 282, 4649, 314]);
+    let prompt = prompt(0);
     // Three sequences of 5 + 20 tokens need 2 blocks of 16 each: 6 blocks of a 4-block pool.
     let requests = vec![(prompt.clone(), greedy(20)); 3];
     let mut called = false;
@@ -136,13 +153,10 @@ fn a_batch_the_kv_pool_cannot_hold_is_refused_before_any_work() {
 /// out of several steps (its reader behind) and one cancelled midway each give what they give
 /// alone, and every KV block is back in the pool at the end.
 #[test]
-fn requests_joining_pausing_and_leaving_a_running_batch_give_the_golden_tokens() {
+fn requests_joining_pausing_and_leaving_a_running_batch_give_the_reference_tokens() {
     use std::cell::RefCell;
     use std::collections::HashMap;
     use webgpu_llm::batcher::{BatchEvent, Batcher, RequestId};
-    let cases = common::golden("generations.json")["cases"].as_array().unwrap().clone();
-    let prompt = |i: usize| Prompt::Tokens(common::ids(&cases[i]["prompt_ids"]));
-    let want = |i: usize, n: usize| common::ids(&cases[i]["generated_ids"])[..n].to_vec();
     for backend in BACKENDS {
         let mut e = engine(backend, 1024);
         let free_at_start = e.gpu_model().map(|m| m.pool().free_blocks());
@@ -205,9 +219,8 @@ fn requests_joining_pausing_and_leaving_a_running_batch_give_the_golden_tokens()
         let (ids, done) = (ids.into_inner(), done.into_inner());
         for id in [first, second, fourth] {
             let i = which[&id];
-            let eos = cases[i]["first_eos_index"].as_u64().map_or(16, |n| n as usize);
             // ignore_eos: each runs its 16 tokens.
-            assert_eq!(ids[&id], want(i, 16), "{backend:?}: {} (eos at {eos})", cases[i]["name"]);
+            assert_eq!(ids[&id], want(i, 16), "{backend:?}: prompt {i}");
             assert_eq!(done[&id], StopReason::MaxTokens);
         }
         assert_eq!(done[&third], StopReason::Aborted, "{backend:?}");
@@ -252,10 +265,11 @@ fn run_one(
 #[test]
 fn a_prompt_that_starts_as_an_ended_one_did_forks_its_blocks_and_gives_the_same_tokens() {
     use webgpu_llm::batcher::Batcher;
-    let cases = common::golden("generations.json")["cases"].as_array().unwrap().clone();
-    let prompt_ids = |i: usize| common::ids(&cases[i]["prompt_ids"]);
-    let want = |i: usize, n: usize| common::ids(&cases[i]["generated_ids"])[..n].to_vec();
-    // The next turn of case 4: its prompt, its 12 golden tokens, then the start of case 5's user turn.
+    // Prompts 4 and 5 share their first tokens (the system turn and "<|im_start|>user\n"), by
+    // hand count.
+    let shared = prompt_ids(4).iter().zip(prompt_ids(5)).take_while(|(a, b)| **a == *b).count();
+    assert_eq!(shared, 24 + 6);
+    // The next turn of prompt 4: its prompt, its 12 reference tokens, then prompt 5's user turn.
     let mut next_turn = prompt_ids(4);
     next_turn.extend(want(4, 12));
     next_turn.extend(&prompt_ids(5)[24..]);
@@ -269,37 +283,38 @@ fn a_prompt_that_starts_as_an_ended_one_did_forks_its_blocks_and_gives_the_same_
         let (ids, s) = run_one(&mut b, &mut e, &Prompt::Tokens(prompt_ids(4)), 12);
         assert_eq!(ids, want(4, 12), "{backend:?}: the first request");
         assert_eq!(s.prefilled_tokens, s.prompt_tokens, "{backend:?}: nothing to reuse yet");
-        // Case 5 shares the system prompt's 24 tokens with case 4: one block of them is reused.
+        // Prompt 5 shares 30 tokens with prompt 4: one block of them is reused.
         let (ids, s) = run_one(&mut b, &mut e, &Prompt::Tokens(prompt_ids(5)), 8);
         assert_eq!(ids, want(5, 8), "{backend:?}: a request sharing the system prompt");
-        assert_eq!(s.prefilled_tokens, s.prompt_tokens - block(24), "{backend:?}");
-        // Case 4 again (a regenerated answer): all but its last token's block is reused.
+        assert_eq!(s.prefilled_tokens, s.prompt_tokens - block(shared), "{backend:?}");
+        // Prompt 4 again (a regenerated answer): all but its last token's block is reused.
         let (ids, s) = run_one(&mut b, &mut e, &Prompt::Tokens(prompt_ids(4)), 8);
         assert_eq!(ids, want(4, 8), "{backend:?}: the same prompt again");
         assert_eq!(s.prefilled_tokens, s.prompt_tokens - block(prompt_ids(4).len() - 1), "{backend:?}");
-        // The next turn: case 4's prompt and answer come from the cache, written by its prefill
-        // and its decode steps (the first request's 37 + 11 positions).
+        // The next turn: prompt 4 and its answer come from the cache, written by its prefill
+        // and its decode steps (the first request's prompt and 11 positions).
         let (ids, s) = run_one(&mut b, &mut e, &Prompt::Tokens(next_turn.clone()), 8);
-        assert_eq!(s.prefilled_tokens, s.prompt_tokens - block(37 + 11), "{backend:?}");
+        assert_eq!(s.prefilled_tokens, s.prompt_tokens - block(prompt_ids(4).len() + 11), "{backend:?}");
         turns.push(ids);
         b.clear(&mut e);
         assert_eq!(e.gpu_model().map(|m| m.pool().free_blocks()), free_at_start, "{backend:?}: blocks left taken");
     }
-    // The GPU's next turn over forked blocks gives the CPU reference's tokens.
-    assert_eq!(turns[1], turns[0], "the next turn: GPU (from the prefix cache) against the CPU reference");
+    // The GPU's next turn over forked blocks gives the CPU backend's tokens, and both the CPU
+    // reference's own loop's.
+    assert_eq!(turns[1], turns[0], "the next turn: GPU (from the prefix cache) against the CPU backend");
+    assert_eq!(turns[0], tiny::greedy(tiny::chat(), &next_turn, 8).0, "the next turn against the CPU reference");
 }
 
 #[test]
 fn enqueued_requests_wait_for_a_row_in_order_and_a_cancelled_one_never_runs() {
     use std::collections::HashMap;
     use webgpu_llm::batcher::{BatchEvent, Batcher};
-    let cases = common::golden("generations.json")["cases"].as_array().unwrap().clone();
     let mut e = engine(BackendKind::Gpu, 1024);
     let mut b = Batcher::new(&mut e, 512);
     b.limit_rows(2);
     let ids: Vec<_> = (0..5)
         .map(|i| {
-            b.enqueue(Batcher::prepare(&e, &Prompt::Tokens(common::ids(&cases[i]["prompt_ids"])), &greedy(6)).unwrap())
+            b.enqueue(Batcher::prepare(&e, &prompt(i), &greedy(6)).unwrap())
         })
         .collect();
     assert_eq!((b.len(), b.waiting()), (0, 5));
@@ -327,7 +342,7 @@ fn enqueued_requests_wait_for_a_row_in_order_and_a_cancelled_one_never_runs() {
     }
     assert!(!got.contains_key(&ids[3]), "the cancelled request ran");
     for i in [0, 1, 2, 4] {
-        assert_eq!(got[&ids[i]], common::ids(&cases[i]["generated_ids"])[..6], "{}", cases[i]["name"]);
+        assert_eq!(got[&ids[i]], want(i, 6), "prompt {i}");
     }
     // In order: the third starts only once the first two have ended, the fifth after it.
     assert!(
