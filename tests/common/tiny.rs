@@ -95,6 +95,11 @@ fn norm(rng: &mut Xorshift, n: u64) -> Vec<u8> {
 impl Tiny {
     /// The model's GGUF file.
     pub fn bytes(&self) -> Vec<u8> {
+        self.bytes_with(|_| {})
+    }
+
+    /// The model's GGUF file, its token strings changed by `edit` first.
+    pub fn bytes_with(&self, edit: impl FnOnce(&mut Vec<String>)) -> Vec<u8> {
         let s = self;
         let head_dim = s.d_model / s.heads;
         let mut w = GgufWriter::new(3);
@@ -112,6 +117,7 @@ impl Tiny {
         tokens.extend(["<|im_start|>", "<|im_end|>", "<|endoftext|>"].map(String::from));
         let named = tokens.len() as u64;
         tokens.extend((named..s.vocab).map(|i| word(i - named)));
+        edit(&mut tokens);
         let types: Vec<i32> = (0..s.vocab).map(|i| if (256..named).contains(&i) { 3 } else { 1 }).collect();
         w.metadata("tokenizer.ggml.model", Value::String("gpt2".into()))
             .metadata("tokenizer.ggml.pre", Value::String("default".into()))
