@@ -6,5 +6,6 @@
 mod common;
 
 mod batch;
+mod beams_gpu;
 mod engine;
 mod speculate;
