@@ -7,6 +7,8 @@ mod common;
 mod abort_cycles;
 #[path = "../properties/cli.rs"]
 mod cli;
+#[path = "../properties/counters.rs"]
+mod counters;
 #[path = "../properties/ledger.rs"]
 mod ledger;
 #[path = "../properties/non_finite.rs"]
