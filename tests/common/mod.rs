@@ -186,3 +186,21 @@ pub fn cpu_passage_perplexity(reference: Reference, chunk: usize) -> (f64, f64, 
     let ppl = (nlls.iter().sum::<f64>() / nlls.len() as f64).exp();
     (ppl, golden["perplexity"].as_f64().unwrap(), worst)
 }
+
+/// For a test that measures its whole process (resident memory): true in a child process that
+/// runs only the test `name` (the caller then runs its body); elsewhere it runs that child, fails
+/// when the child fails, and returns false. Other tests of a binary run on other threads of the
+/// same process and would move the figure.
+pub fn alone_in_process(name: &str) -> bool {
+    const ALONE: &str = "WEBGPU_LLM_TEST_ALONE";
+    if std::env::var_os(ALONE).is_some() {
+        return true;
+    }
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(ALONE, "1")
+        .status()
+        .unwrap();
+    assert!(status.success(), "{name}, run alone in a process: {status}");
+    false
+}

@@ -1,6 +1,9 @@
 //! 1000 generate/abort cycles, aborted at random points with random prompts and sampling, leave
 //! host memory and GPU memory flat: no GPU buffer, bind group or pipeline is created once the
-//! first cycles have run, and the process's resident memory does not grow.
+//! first cycles have run, and the process's resident memory does not grow (measured with the
+//! test alone in its process).
+
+use crate::common;
 
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, StopReason};
 use webgpu_llm::gpu::GpuOptions;
@@ -49,6 +52,9 @@ fn cycles(engine: &mut Engine, rng: &mut Rng, n: usize) -> usize {
 
 #[test]
 fn a_thousand_generate_abort_cycles_leave_gpu_and_host_memory_flat() {
+    if !common::alone_in_process("abort_cycles::a_thousand_generate_abort_cycles_leave_gpu_and_host_memory_flat") {
+        return;
+    }
     let bytes = model();
     for backend in [BackendKind::Gpu, BackendKind::Cpu] {
         let options = LoadOptions { backend, context_length: Some(128), gpu: GpuOptions::from_env() };

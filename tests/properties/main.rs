@@ -5,7 +5,13 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod abort_cycles;
 mod batch;
 mod beams_gpu;
+mod cli;
+mod counters;
 mod engine;
+mod ledger;
+mod non_finite;
 mod speculate;
+mod streaming;
