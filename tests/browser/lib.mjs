@@ -6,12 +6,52 @@ import { chromium } from "playwright-core";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import fs from "node:fs";
+import { execFileSync } from "node:child_process";
 
 export const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
-export const golden = JSON.parse(fs.readFileSync(path.join(process.env.GOLDEN_DIR ?? path.join(root, "../shared/golden"), "generations.json"), "utf8"));
-export const modelPath = path.join(root, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+/**
+ * The model the tests generate with: the committed tiny random-weight Llama 3 (1 MB, F32, 2
+ * layers, a 512-token byte-level BPE with ChatML tokens; tests/data/arch/README.md), so that a
+ * token takes milliseconds in SwiftShader where SmolLM2's took most of a second. What it should
+ * say comes from the crate's CPU reference on the same file (`cpu` below).
+ */
+export const modelPath = path.join(root, "tests/data/arch/llama3/model.gguf");
+/**
+ * The page's default model (scripts/fetch-model): read only where its size is the point (the
+ * header read before a download, 32 MiB cache chunks, the 8B model's tokenizer), never decoded.
+ */
+export const defaultModel = path.join(root, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
 export const artifacts = path.join(root, "target/browser-tests");
 fs.mkdirSync(artifacts, { recursive: true });
+
+const cli = process.env.WEBGPU_LLM_CLI ?? path.join(root, "target/release/webgpu-llm");
+
+/**
+ * The crate's CPU reference (`webgpu-llm generate --backend cpu`, built by scripts/test before
+ * these tests) on `model`: the oracle for what the browser must generate from the same file.
+ * `prompt` is raw text, or `{ chat: "user message" }` for the model's chat template. Greedy by
+ * default; `beams: N` runs beam search. Returns {ids, text, stats} (stats as the CLI's JSON:
+ * prompt_tokens, generated_tokens, stop_reason...) or, with beams, the CLI's [{ids, text, score}].
+ */
+export function cpu(model, prompt, { maxTokens = 64, ignoreEos = false, beams = null } = {}) {
+  const args = ["generate", "--backend", "cpu", "--model", model, "--json", "--max-tokens", String(maxTokens), "--temperature", "0"];
+  if (typeof prompt === "string") args.push("--prompt", prompt);
+  else args.push("--chat", "--prompt", prompt.chat);
+  if (ignoreEos) args.push("--ignore-eos");
+  if (beams) args.push("--beams", String(beams));
+  const lines = execFileSync(cli, args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }).trim().split("\n").map((l) => JSON.parse(l));
+  if (beams) return lines[0].beams;
+  const tokens = lines.filter((l) => "id" in l);
+  return { ids: tokens.map((t) => t.id), text: tokens.map((t) => t.text).join(""), stats: lines.at(-1).stats };
+}
+
+/** `bytes` as the page and the package write sizes (formatBytes in www/app.js): B, KiB, MiB, GiB. */
+export function formatBytes(n) {
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 ** 2) return `${(n / 1024).toFixed(1)} KiB`;
+  if (n < 1024 ** 3) return `${(n / 1024 ** 2).toFixed(1)} MiB`;
+  return `${(n / 1024 ** 3).toFixed(2)} GiB`;
+}
 
 const TYPES = { ".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".wasm": "application/wasm", ".json": "application/json", ".png": "image/png" };
 
@@ -140,7 +180,7 @@ function chromiumOptions(webgpu) {
   };
 }
 
-/** A folder to serve, with links to the built package and the default model. */
+/** A folder to serve, with links to the built package and the test model (as model.gguf). */
 export function stage(name, files) {
   const dir = path.join(artifacts, name);
   fs.rmSync(dir, { recursive: true, force: true });
