@@ -35,6 +35,7 @@ fn the_plan_is_gemma3s() {
 /// logits at each recorded step within LOGIT_TOLERANCE.
 #[test]
 fn greedy_generations_and_logits_match_transformers() {
+    let _t = crate::Timer::new("cpu_gemma3::greedy_generations_and_logits_match_transformers");
     let (max_diff, same) = common::check_cpu_generations(Gemma3, LOGIT_TOLERANCE);
     eprintln!("{same}/512 greedy tokens identical; max |logit - golden| over all recorded steps: {max_diff:.2e}");
 }
@@ -43,6 +44,7 @@ fn greedy_generations_and_logits_match_transformers() {
 /// sliding window.
 #[test]
 fn passage_perplexity_matches_transformers() {
+    let _t = crate::Timer::new("cpu_gemma3::passage_perplexity_matches_transformers");
     let (ppl, want, worst) = common::cpu_passage_perplexity(Gemma3, 128);
     eprintln!("perplexity {ppl:.6} (golden {want:.6}), max |dNLL| {worst:.2e}");
     assert!(((ppl - want) / want).abs() < 1e-3, "perplexity {ppl}, golden {want}");

@@ -45,6 +45,7 @@ fn model_config_matches_the_golden_architecture() {
 /// prompt position) within LOGIT_TOLERANCE.
 #[test]
 fn greedy_generations_and_logits_match_transformers() {
+    let _t = crate::Timer::new("cpu_smollm2::greedy_generations_and_logits_match_transformers");
     let (max_diff, same) = common::check_cpu_generations(common::Reference::SmolLm2, LOGIT_TOLERANCE);
     assert_eq!(same, 8 * 64, "every greedy token identical");
     eprintln!("max |logit - golden| over all recorded steps: {max_diff:.2e}");
@@ -53,6 +54,7 @@ fn greedy_generations_and_logits_match_transformers() {
 /// Teacher-forced perplexity over the passage, run through the KV cache in chunks.
 #[test]
 fn passage_perplexity_matches_transformers() {
+    let _t = crate::Timer::new("cpu_smollm2::passage_perplexity_matches_transformers");
     let (ppl, want, worst) = common::cpu_passage_perplexity(common::Reference::SmolLm2, 200);
     assert!(worst < 1e-3, "per-token NLL differs by up to {worst}");
     assert!(((ppl - want) / want).abs() < 1e-3, "perplexity {ppl}, golden {want}");
