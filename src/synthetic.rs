@@ -82,7 +82,7 @@ pub struct SyntheticSource {
 }
 
 /// The 256 byte tokens of a byte-level BPE vocabulary (GPT-2's byte-to-character map).
-fn byte_tokens() -> Vec<String> {
+pub fn byte_tokens() -> Vec<String> {
     let direct = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     let mut extra = 0;
     (0..256u32)

@@ -146,7 +146,10 @@ async fn the_logits_in_the_browser_equal_transformers_at_every_step() {
                     let d = (logits[id as usize] as f64 - w).abs();
                     worst = worst.max(d);
                     let got = logits[id as usize];
-                    assert!(d < tol, "force_f32 {force_f32} case {ci} step {step}: logit of {id} is {got}, reference {w}");
+                    assert!(
+                        d < tol,
+                        "force_f32 {force_f32} case {ci} step {step}: logit of {id} is {got}, reference {w}"
+                    );
                 }
             }
         }

@@ -32,23 +32,6 @@ pub const IM_START: u32 = 256;
 pub const IM_END: u32 = 257;
 pub const ENDOFTEXT: u32 = 258;
 
-/// The 256 byte tokens of a byte-level BPE vocabulary (GPT-2's byte-to-character map).
-fn byte_tokens() -> Vec<String> {
-    let direct = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-    let mut extra = 0;
-    (0..256u32)
-        .map(|b| {
-            let c = if direct(b) {
-                b
-            } else {
-                extra += 1;
-                255 + extra
-            };
-            char::from_u32(c).expect("below the surrogates").to_string()
-        })
-        .collect()
-}
-
 /// A word for token `i`: a space ("Ġ" in the byte map) and letters, so that generated text is
 /// readable and every token decodes to whole characters.
 fn word(mut i: u64) -> String {
@@ -62,14 +45,31 @@ fn word(mut i: u64) -> String {
     }
 }
 
-struct Xorshift(u64);
+/// The tests' seeded random numbers (xorshift64), for the weights of the models they write.
+pub struct Xorshift(pub u64);
 
 impl Xorshift {
-    fn next(&mut self) -> u64 {
+    pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
+    }
+
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// `n` F32 values of mean 0 and standard deviation `std` (uniform), as bytes.
+    pub fn weights(&mut self, n: u64, std: f32) -> Vec<u8> {
+        let a = std * 3f32.sqrt();
+        (0..n).flat_map(|_| self.uniform(-a, a).to_le_bytes()).collect()
+    }
+
+    /// `n` F32 values uniform in [lo, hi), as bytes.
+    pub fn norm(&mut self, n: u64, lo: f32, hi: f32) -> Vec<u8> {
+        (0..n).flat_map(|_| self.uniform(lo, hi).to_le_bytes()).collect()
     }
 }
 
@@ -113,7 +113,7 @@ impl Tiny {
             .metadata("llama.attention.head_count_kv", Value::U32(s.kv_heads as u32))
             .metadata("llama.rope.freq_base", Value::F32(10000.0))
             .metadata("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
-        let mut tokens = byte_tokens();
+        let mut tokens = webgpu_llm::synthetic::byte_tokens();
         tokens.extend(["<|im_start|>", "<|im_end|>", "<|endoftext|>"].map(String::from));
         let named = tokens.len() as u64;
         tokens.extend((named..s.vocab).map(|i| word(i - named)));

@@ -312,11 +312,7 @@ fn enqueued_requests_wait_for_a_row_in_order_and_a_cancelled_one_never_runs() {
     let mut e = engine(BackendKind::Gpu, 1024);
     let mut b = Batcher::new(&mut e, 512);
     b.limit_rows(2);
-    let ids: Vec<_> = (0..5)
-        .map(|i| {
-            b.enqueue(Batcher::prepare(&e, &prompt(i), &greedy(6)).unwrap())
-        })
-        .collect();
+    let ids: Vec<_> = (0..5).map(|i| b.enqueue(Batcher::prepare(&e, &prompt(i), &greedy(6)).unwrap())).collect();
     assert_eq!((b.len(), b.waiting()), (0, 5));
     let stats = b.cancel(&mut e, ids[3]).expect("a waiting request");
     assert_eq!((stats.stop_reason, stats.generated_tokens), (StopReason::Aborted, 0));

@@ -41,7 +41,8 @@ fn gpu_beam_search_gives_the_cpu_reference_beams() {
         for (rank, ((g, text), (w, want_text))) in got.iter().zip(&want).enumerate() {
             assert!((g.score - w.score).abs() < SCORE_TOLERANCE, "{name}: beam {rank} {} vs {}", g.score, w.score);
             // Ranks may swap only between scores within the tolerance.
-            let apart = want.iter().enumerate().all(|(j, (h, _))| j == rank || (h.score - w.score).abs() > SCORE_TOLERANCE);
+            let apart =
+                want.iter().enumerate().all(|(j, (h, _))| j == rank || (h.score - w.score).abs() > SCORE_TOLERANCE);
             if apart {
                 assert_eq!(g.ids, w.ids, "{name}: beam {rank}");
                 assert_eq!(text, want_text, "{name}: beam {rank}'s text");

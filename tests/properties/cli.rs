@@ -6,7 +6,8 @@
 //! (SentencePiece, sliding windows); where transformers has no answer the CPU reference's own
 //! loop over `CpuModel::forward` is it.
 
-use crate::common::{self, tiny};
+use crate::common;
+use crate::common::tiny::{self, Xorshift};
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -210,32 +211,6 @@ fn a_split_model_runs_from_its_first_parts_name() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("qwen2-00002-of-00002.gguf"));
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-struct Xorshift(u64);
-
-impl Xorshift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Uniform in [lo, hi).
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-
-    /// `n` F32 values of mean 0 and standard deviation `std` (uniform), as bytes.
-    fn weights(&mut self, n: u64, std: f32) -> Vec<u8> {
-        let a = std * 3f32.sqrt();
-        (0..n).flat_map(|_| self.uniform(-a, a).to_le_bytes()).collect()
-    }
-
-    fn norm(&mut self, n: u64, lo: f32, hi: f32) -> Vec<u8> {
-        (0..n).flat_map(|_| self.uniform(lo, hi).to_le_bytes()).collect()
-    }
 }
 
 /// Words of the tiny gemma3's vocabulary, `▁` for a space (with every prefix of each, so that

@@ -212,7 +212,8 @@ fn gpu_top_p_sampling_reads_back_the_largest_logits_and_draws_what_sampling_all_
         assert_eq!(read, selected + fallbacks * vocab_bytes, "temperature {temperature}, top-p {top_p}");
         assert!(fallbacks <= steps / 4, "{fallbacks} of {steps} steps read every logit");
         // The same sampler on every logit read back (asking for candidates): the same tokens.
-        let (all_ids, ..) = run(&mut engine, &sampled_prompt(), &GenerateOptions { top_candidates: 3, ..options.clone() });
+        let (all_ids, ..) =
+            run(&mut engine, &sampled_prompt(), &GenerateOptions { top_candidates: 3, ..options.clone() });
         assert_eq!(ids, all_ids, "temperature {temperature}, top-p {top_p}, min-p {min_p}");
     }
 }

@@ -4,6 +4,7 @@
 //! large-model source `bench --synthetic` runs: its real shapes (read only), and a small shape of
 //! it run on the GPU, its logits against the CPU reference on the same bytes.
 
+use crate::common::tiny::Xorshift;
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt};
 use webgpu_llm::gguf::{Array, ByteSource, GgmlType, Gguf, GgufWriter, Value};
 use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, KvStore, Readback};
@@ -60,17 +61,6 @@ fn gpu_row(ty: GgmlType, cols: u64) -> u64 {
     match ty {
         GgmlType::Q4_1 => blocks * bytes,
         _ => blocks.div_ceil(2) * 4 + blocks * (bytes - 2),
-    }
-}
-
-struct Xorshift(u64);
-
-impl Xorshift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
     }
 }
 

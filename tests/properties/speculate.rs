@@ -28,7 +28,10 @@ fn engine(backend: BackendKind) -> Engine {
 /// Prompts 1, 3 and 7 of `tiny::prompts()` with the CPU reference's greedy answers.
 fn cases() -> Vec<(Prompt, Vec<u32>)> {
     let prompts = tiny::prompts();
-    [1, 3, 7].iter().map(|&i| (Prompt::Tokens(prompts[i].clone()), tiny::greedy(tiny::chat(), &prompts[i], STEPS).0)).collect()
+    [1, 3, 7]
+        .iter()
+        .map(|&i| (Prompt::Tokens(prompts[i].clone()), tiny::greedy(tiny::chat(), &prompts[i], STEPS).0))
+        .collect()
 }
 
 fn options(max_tokens: usize, speculate: Option<Speculation>) -> GenerateOptions {
