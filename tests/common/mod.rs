@@ -9,6 +9,17 @@ use webgpu_llm::gguf::{Gguf, GgufWriter, Value as GgufValue};
 pub mod tiny;
 use webgpu_llm::model::CpuModel;
 
+/// The calling thread's CPU time so far. The tests' time limits (a hostile file, template or
+/// mutated header must be dealt with quickly) count it rather than wall time: scripts/test runs
+/// its stages side by side, and a busy machine must not fail a check of work that was not slow.
+pub fn thread_cpu_time() -> std::time::Duration {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
 pub fn golden_dir() -> PathBuf {
     std::env::var_os("GOLDEN_DIR")
         .map(PathBuf::from)

@@ -144,11 +144,12 @@ fn gemma_special_tokens_and_stop_ids_come_from_the_gguf() {
 #[test]
 fn gemma_tokenizer_builds_quickly() {
     let gguf = gemma_gguf();
-    let start = Instant::now();
+    let start = common::thread_cpu_time();
     Tokenizer::from_gguf(gguf).unwrap();
-    let seconds = start.elapsed().as_secs_f64();
-    eprintln!("Gemma 3 tokenizer (262144 pieces) built in {seconds:.2} s");
-    // Generous: the target is under 2 s in release; debug builds and busy machines are slower.
+    let seconds = (common::thread_cpu_time() - start).as_secs_f64();
+    eprintln!("Gemma 3 tokenizer (262144 pieces) built in {seconds:.2} s of CPU time");
+    // Generous: the target is under 2 s in release; debug builds and slow machines are slower.
+    // CPU time, so that other work on the machine does not count.
     let limit = if cfg!(debug_assertions) { 60.0 } else { 10.0 };
     assert!(seconds < limit, "building the tokenizer took {seconds:.1} s");
 }

@@ -7,7 +7,7 @@ use crate::layout;
 use crate::meter;
 
 use meter::Usage;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use webgpu_llm::arch::Plan;
 use webgpu_llm::gguf::{Array, Gguf, GgufError, GgufWriter, Value};
 use webgpu_llm::model::{CpuModel, ModelConfig, ModelInfo};
@@ -17,14 +17,15 @@ const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 /// Far above any case here: an allocation past it fails (and aborts the test) at once.
 const CEILING: usize = 1 << 30;
-/// Each failing load below takes well under a millisecond; the margin is for a loaded machine.
+/// Each failing load below takes well under a millisecond of CPU time; the margin is for a slow
+/// machine.
 const PATIENCE: Duration = Duration::from_secs(1);
 
-/// `f` timed and metered; fails past `PATIENCE`.
+/// `f` timed (the thread's CPU time) and metered; fails past `PATIENCE`.
 fn run<R>(what: &str, f: impl FnOnce() -> R) -> (R, Usage, Duration) {
-    let start = Instant::now();
+    let start = common::thread_cpu_time();
     let (result, usage) = meter::measure(CEILING, f);
-    let elapsed = start.elapsed();
+    let elapsed = common::thread_cpu_time() - start;
     assert!(elapsed < PATIENCE, "{what}: took {elapsed:?}");
     (result, usage, elapsed)
 }

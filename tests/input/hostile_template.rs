@@ -4,13 +4,13 @@
 
 use crate::common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use webgpu_llm::chat::{
     ChatTemplate, Message, MAX_TEMPLATE_INSTRUCTIONS, MAX_TEMPLATE_OUTPUT_BYTES, MAX_TEMPLATE_RECURSION,
 };
 use webgpu_llm::Error;
 
-/// Generous for a slow 2-core machine: each case stops in well under a second on a fast one.
+/// CPU time, generous for a slow machine: each case stops in well under a second on a fast one.
 const PATIENCE: Duration = Duration::from_secs(5);
 
 /// A template that runs `hostile` when the first message says "attack" and echoes the message
@@ -26,9 +26,9 @@ fn template(hostile: &str) -> ChatTemplate {
 /// renders a normal chat with the same template.
 fn assert_stopped(hostile: &str, limit: &str) {
     let t = template(hostile);
-    let start = Instant::now();
+    let start = common::thread_cpu_time();
     let err = t.render(&[Message::new("user", "attack")], true).unwrap_err();
-    let elapsed = start.elapsed();
+    let elapsed = common::thread_cpu_time() - start;
     eprintln!("{limit} limit: {elapsed:?} for {}", hostile.get(..80).unwrap_or(hostile));
     let msg = err.to_string();
     assert!(matches!(err, Error::ChatTemplate(_)), "{msg}");
