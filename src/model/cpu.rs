@@ -362,6 +362,14 @@ fn add_in_place(x: &mut [f32], y: &[f32]) {
 }
 
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_inline(a, b)
+}
+
+/// `dot`, inlined into its callers so that `matmul_block_avx2` compiles it with AVX2: 16 lanes
+/// of products summed lane by lane, then the lanes in order. Without FMA the 256-bit build does
+/// the same roundings in the same order as the 128-bit one: every build gives the same bits.
+#[inline(always)]
+fn dot_inline(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
     let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
@@ -417,16 +425,71 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &[f32], cols: usize) {
 }
 
 fn matmul_block(out: &mut [f32], x: &[f32], w: &[f32], cols: usize, rows: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { matmul_block_avx2(out, x, w, cols, rows) };
+    }
+    matmul_block_inline(out, x, w, cols, rows)
+}
+
+/// The CPU reference's time is almost all in these products (the golden tests, the CLI's CPU
+/// backend, the browser tests' oracle): AVX2 does them in about half the time of the x86-64
+/// baseline (SSE2), with the same bits (see `dot_inline`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn matmul_block_avx2(out: &mut [f32], x: &[f32], w: &[f32], cols: usize, rows: usize) {
+    matmul_block_inline(out, x, w, cols, rows)
+}
+
+#[inline(always)]
+fn matmul_block_inline(out: &mut [f32], x: &[f32], w: &[f32], cols: usize, rows: usize) {
     const TOKENS_PER_TILE: usize = 16;
     let n = x.len() / cols;
     for t0 in (0..n).step_by(TOKENS_PER_TILE) {
         let t1 = (t0 + TOKENS_PER_TILE).min(n);
         for (j, wr) in w.chunks_exact(cols).enumerate() {
-            for t in t0..t1 {
-                out[t * rows + j] = dot(&x[t * cols..(t + 1) * cols], wr);
+            let mut t = t0;
+            while t + 4 <= t1 {
+                let xs = [0, 1, 2, 3].map(|i| &x[(t + i) * cols..(t + i + 1) * cols]);
+                for (i, v) in dot4_inline(xs, wr).into_iter().enumerate() {
+                    out[(t + i) * rows + j] = v;
+                }
+                t += 4;
+            }
+            for t in t..t1 {
+                out[t * rows + j] = dot_inline(&x[t * cols..(t + 1) * cols], wr);
             }
         }
     }
+}
+
+/// `dot_inline` of four rows with one weight row, each the same bits as alone: four
+/// independent chains of additions keep the adder busy where one waits on itself, and each
+/// weight value is loaded once for the four.
+#[inline(always)]
+fn dot4_inline(xs: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
+    let (mut a0, mut a1, mut a2, mut a3) = ([0f32; 16], [0f32; 16], [0f32; 16], [0f32; 16]);
+    fn chunks(v: &[f32]) -> impl Iterator<Item = &[f32; 16]> {
+        v.chunks_exact(16).map(|c| c.try_into().unwrap())
+    }
+    let rows = chunks(w).zip(chunks(xs[0])).zip(chunks(xs[1])).zip(chunks(xs[2])).zip(chunks(xs[3]));
+    for ((((wc, x0), x1), x2), x3) in rows {
+        for i in 0..16 {
+            a0[i] += x0[i] * wc[i];
+            a1[i] += x1[i] * wc[i];
+            a2[i] += x2[i] * wc[i];
+            a3[i] += x3[i] * wc[i];
+        }
+    }
+    let full = w.len() - w.len() % 16;
+    let tail = |x: &[f32]| -> f32 { x[full..].iter().zip(&w[full..]).map(|(x, y)| x * y).sum() };
+    [
+        a0.iter().sum::<f32>() + tail(xs[0]),
+        a1.iter().sum::<f32>() + tail(xs[1]),
+        a2.iter().sum::<f32>() + tail(xs[2]),
+        a3.iter().sum::<f32>() + tail(xs[3]),
+    ]
 }
 
 fn worker_count() -> usize {
@@ -434,5 +497,36 @@ fn worker_count() -> usize {
         1
     } else {
         std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The product's tiles (four tokens at once, AVX2 where the CPU has it, threads) give each
+    /// output the bits of `dot` of its row, the definition, whatever the shape.
+    #[test]
+    fn matmul_gives_the_bits_of_dot_for_every_output() {
+        let mut seed = 7u32;
+        let mut rand = || {
+            seed = seed.wrapping_mul(1103515245).wrapping_add(12345);
+            (seed >> 8) as f32 / (1 << 24) as f32 * 2.0 - 1.0
+        };
+        for (n, rows, cols) in [(1, 7, 16), (3, 5, 33), (4, 9, 64), (7, 300, 250), (21, 40, 96), (70, 130, 256)] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rand()).collect();
+            let w: Vec<f32> = (0..rows * cols).map(|_| rand()).collect();
+            let mut out = vec![0f32; n * rows];
+            matmul(&mut out, &x, &w, cols);
+            for t in 0..n {
+                for j in 0..rows {
+                    let want = dot(&x[t * cols..][..cols], &w[j * cols..][..cols]);
+                    assert_eq!(out[t * rows + j].to_bits(), want.to_bits(), "{n}x{rows}x{cols} at ({t}, {j})");
+                }
+            }
+            let mut portable = vec![0f32; n * rows];
+            matmul_block_inline(&mut portable, &x, &w, cols, rows);
+            assert_eq!(portable, out, "{n}x{rows}x{cols}: the baseline build");
+        }
     }
 }
