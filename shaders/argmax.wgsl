@@ -3,9 +3,10 @@
 // instead of the vocabulary's logits; 0xffffffff when any logit is NaN or infinite (the model
 // broke down: the host reports it and emits nothing).
 // Bindings: 0 logits (rows of N), 1 out, 2 params. Dispatch: (1, MAX_ROWS): rows past the pass's exit.
+// WG (invocations, a power of two) comes from the host: 256 on GPUs, 8 on CPU adapters
+// (kernels::reduce_width).
 
 override N: u32;
-const WG: u32 = 256u;
 const NONE: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
@@ -39,7 +40,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         bad = is_non_finite(bv);
     }
     // Eight loads in flight per invocation (one workgroup walks the whole vocabulary, so the
-    // loads' latency, not their bytes, sets its time), taken in index order.
+    // loads' latency, not their bytes, sets its time), taken in index order; on a CPU adapter
+    // the 8 invocations' loads are one vector.
     var i = li + WG;
     for (; i + 7u * WG < N; i += 8u * WG) {
         var v: array<f32, 8>;

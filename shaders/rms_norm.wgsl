@@ -2,12 +2,13 @@
 // With LAST_ONLY, only the last token's row is normalized, into out row 0 (for the logits).
 // With ADD, the result is added to out (a post-norm before the residual add, Gemma).
 // Bindings: 0 params, 1 x, 2 weight, 3 out. Dispatch: (n_tokens or 1, 1, 1).
+// WG (invocations, a power of two) comes from the host: 256 on GPUs, 8 on CPU adapters
+// (kernels::reduce_width).
 
 override COLS: u32;
 override EPS: f32;
 override LAST_ONLY: bool = false;
 override ADD: bool = false;
-const WG: u32 = 256u;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;

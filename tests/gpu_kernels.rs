@@ -857,8 +857,10 @@ gpu_test! {
                 (300, Some((299, f32::NEG_INFINITY)), u32::MAX),
                 // The most negative finite value is a value like any other.
                 (2, Some((1, f32::MIN)), 0),
-                // A tie in one invocation's block of eight loads (3333 + 2 x 256): the lower index.
+                // A tie in one invocation's block of eight loads (3333 + 2 x 256 with the GPUs'
+                // 256 invocations, 3333 + 2 x 8 with the CPU adapters' 8): the lower index.
                 (5000, Some((3845, 50.0)), 3333),
+                (5000, Some((3349, 50.0)), 3333),
             ];
             for (n, put, want) in cases {
                 let mut logits = random(&mut rng, n, 10.0);

@@ -1,6 +1,6 @@
 //! Wrapper of shaders/argmax.wgsl (greedy decoding on the GPU).
 
-use super::{Dispatch, Groups, Traffic, MAX_BATCH};
+use super::{reduce_width, Dispatch, Groups, Traffic, MAX_BATCH};
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::Gpu;
 
@@ -18,7 +18,7 @@ pub fn argmax(
         "argmax",
         include_str!("../../../shaders/argmax.wgsl"),
         Needs::default(),
-        &[],
+        &[("WG", reduce_width(gpu))],
         &[("N", n as f64)],
     );
     let bind_group = gpu.bind_group("argmax", &pipeline, &[logits, out, params]);

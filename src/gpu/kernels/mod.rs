@@ -20,6 +20,8 @@ pub use norm::{rms_norm, NormOut};
 pub use rope::{rope_kv, rope_table, QkvExtras, RopeKvFold};
 pub use top_k::{top_k, MAX_TOP_K, TOP_K_WORDS};
 
+use crate::gpu::{Gpu, KernelStyle};
+
 /// `Params` in WGSL, field for field: `shader::assemble` prepends it to every kernel.
 pub const PARAMS_WGSL: &str = "struct Params { n_tokens: u32, rows: u32, pad0: u32, pad1: u32 }\n";
 
@@ -51,6 +53,19 @@ pub const KV_BLOCK: usize = 16;
 pub const MAX_BATCH: usize = 32;
 /// Rows a pass holds at most: a prefill chunk or a decode batch.
 pub const MAX_ROWS: usize = 256;
+
+/// Invocations of a kernel that reduces a row in one workgroup (argmax, rms_norm). GPUs: 256,
+/// a tree of barriers. CPU adapters run a workgroup's SIMD groups as coroutines and switch
+/// between all of them at each barrier (lavapipe 32 of 8 lanes, SwiftShader 64 of 4): there 8
+/// invocations scan the row, one or two SIMD groups, three barriers. Which index or sum
+/// comes out does not depend on it (argmax keeps the lowest index of the largest value; a norm's
+/// sum is rounded in another order, within the kernel tests' bound).
+pub(crate) fn reduce_width(gpu: &Gpu) -> u32 {
+    match gpu.style {
+        KernelStyle::Gpu => 256,
+        KernelStyle::Cpu => 8,
+    }
+}
 
 /// The batch buffer, u32 words: row r's (position, word where its sequence's block table starts)
 /// at 2r and 2r + 1 for the MAX_ROWS rows, then one block table of `max_blocks` words per

@@ -1,6 +1,6 @@
 //! Wrapper of shaders/rms_norm.wgsl.
 
-use super::{Dispatch, Groups, Traffic};
+use super::{reduce_width, Dispatch, Groups, Traffic};
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::Gpu;
 
@@ -33,8 +33,8 @@ pub fn rms_norm(
         ("LAST_ONLY", (mode == NormOut::StoreLast) as u32 as f64),
         ("ADD", (mode == NormOut::Add) as u32 as f64),
     ];
-    let pipeline =
-        cache.get(gpu, "rms_norm", include_str!("../../../shaders/rms_norm.wgsl"), Needs::default(), &[], &overrides);
+    let source = include_str!("../../../shaders/rms_norm.wgsl");
+    let pipeline = cache.get(gpu, "rms_norm", source, Needs::default(), &[("WG", reduce_width(gpu))], &overrides);
     let bind_group = gpu.bind_group("rms_norm", &pipeline, &[params, x, weight, out]);
     let groups = if mode == NormOut::StoreLast { Groups::fixed(1, 1) } else { Groups::per_token(1, 0, 1) };
     // x and the weights read, the output written (and read first when added to).
