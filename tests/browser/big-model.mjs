@@ -1,8 +1,7 @@
-// Writes a random-weight GGUF with Llama 3 8B's shapes in Q4_0 (about 4.2 GB) for the
-// big-model browser test, without holding it in memory: the default model's tokenizer metadata
-// copied byte for byte, llama.* keys for 32 layers of d_model 4096, then the tensors streamed to
-// disk from one repeated block of random Q4_0 data (small scales keep the activations finite).
-import fs from "node:fs";
+// A random-weight GGUF with Llama 3 8B's shapes in Q4_0 (about 4.2 GB) for the big-model
+// browser test, served from memory as it is read: the default model's tokenizer metadata copied
+// byte for byte, llama.* keys for 32 layers of d_model 4096, then the tensors from one repeated
+// block of random Q4_0 data (small scales keep the activations finite).
 import { readGguf, ggufHeader, kv, str, u32, f32, GGUF_ALIGN as ALIGN } from "./gguf.mjs";
 
 const LAYERS = 32, D = 4096, FFN = 14336, HEADS = 32, KV_HEADS = 8;
@@ -27,8 +26,13 @@ const bytesOf = (dims, type) => {
   return type === F32 ? n * 4 : (n / 32) * 18;
 };
 
-/** Writes the model to `out` (skipped when a file of the right size is there); returns its size. */
-export function writeBigModel(out, tokenizerFrom) {
+/**
+ * The model as a virtual file for lib.mjs's `serve` ({size, chunks(start, end)}): its bytes
+ * made as they are sent, never written to disk (4.2 GB) or held in memory (one 18 MiB run of
+ * random Q4_0 blocks, scale about 0.002 of either sign so the activations stay finite, is the
+ * data of every quantized tensor from its start; the norms are ones; padding is zeros).
+ */
+export function bigModel(tokenizerFrom) {
   const { metadata, kvs } = readGguf(tokenizerFrom);
   const vocab = metadata["tokenizer.ggml.tokens"].length;
   const list = tensors(vocab);
@@ -53,10 +57,7 @@ export function writeBigModel(out, tokenizerFrom) {
     return { name, dims, typeId, offset: at };
   });
   const header = ggufHeader(meta, infos);
-  const total = header.length + offset;
-  if (fs.existsSync(out) && fs.statSync(out).size === total) return total;
 
-  // One 18 MiB run of random Q4_0 blocks (scale about 0.002, either sign), reused for every tensor.
   let seed = 12345;
   const rand = () => ((seed = (seed * 1103515245 + 12345) >>> 0) >>> 16) & 255;
   const block = Buffer.alloc(18 << 20);
@@ -66,20 +67,36 @@ export function writeBigModel(out, tokenizerFrom) {
     scale.copy(block, b);
     for (let i = 2; i < 18; i++) block[b + i] = rand();
   }
-  const fd = fs.openSync(out, "w");
-  fs.writeSync(fd, header);
+  const ones = Buffer.alloc(4 * D).fill(f32(1));
+  const zeros = Buffer.alloc(ALIGN);
+  // The file as segments [start, length, repeating source]: a byte at `o` into a segment is
+  // its source's byte o % source.length.
+  const segments = [];
+  let at = 0;
+  const push = (length, source) => {
+    if (length > 0) segments.push([at, length, source]);
+    at += length;
+  };
+  push(header.length, header);
   for (const [, dims, type] of list) {
-    let left = bytesOf(dims, type);
-    const padded = Math.ceil(left / ALIGN) * ALIGN;
-    if (type === F32) fs.writeSync(fd, Buffer.alloc(left, 0).fill(f32(1)));
-    else
-      while (left > 0) {
-        const n = Math.min(left, block.length);
-        fs.writeSync(fd, block, 0, n);
-        left -= n;
-      }
-    fs.writeSync(fd, Buffer.alloc(padded - bytesOf(dims, type)));
+    const n = bytesOf(dims, type);
+    push(n, type === F32 ? ones : block);
+    push(Math.ceil(n / ALIGN) * ALIGN - n, zeros);
   }
-  fs.closeSync(fd);
-  return total;
+  return {
+    size: at,
+    /** The bytes start..=end, in pieces of at most 1 MiB that are views of the sources. */
+    *chunks(start, end) {
+      for (const [s, length, source] of segments) {
+        let o = Math.max(start, s);
+        const last = Math.min(end, s + length - 1);
+        while (o <= last) {
+          const k = (o - s) % source.length;
+          const n = Math.min(last - o + 1, source.length - k, 1 << 20);
+          yield source.subarray(k, k + n);
+          o += n;
+        }
+      }
+    },
+  };
 }

@@ -1,21 +1,20 @@
-// A random-weight model with Llama 3 8B's shapes in Q4_0 (4.2 GB, written by big-model.mjs):
+// A random-weight model with Llama 3 8B's shapes in Q4_0 (4.2 GB, made by big-model.mjs as the
+// test's server sends it):
 // larger than wasm32's 4 GiB address space, it must download into Cache Storage, upload in
 // pieces and make a token through the npm package with the JS heap and wasm memory under
 // 512 MB. Its own file, so that scripts/test runs it beside the other package tests: most of
-// its minutes are spent writing, downloading and uploading 4.2 GB, not computing.
+// its minutes are spent downloading and uploading 4.2 GB, not computing.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import fs from "node:fs";
-import path from "node:path";
 import { defaultModel, openPackagePage, waitWithProgress } from "./lib.mjs";
-import { writeBigModel } from "./big-model.mjs";
+import { bigModel } from "./big-model.mjs";
 
 test("a random-weight 8B-shaped Q4_0 model (4.2 GB) loads through the package and makes a token with JS heap and wasm memory under 512 MB", { timeout: 1_800_000 }, async () => {
   const MB = 1 << 20;
-  const { dir, tab, close } = await openPackagePage("big", { profile: true });
-  const file = path.join(dir, "big.gguf");
-  const size = writeBigModel(file, defaultModel);
+  const model = bigModel(defaultModel);
+  const size = model.size;
   assert.ok(size > 4e9, `${size} bytes`);
+  const { tab, close } = await openPackagePage("big", { profile: true, virtual: { "/big.gguf": model } });
   try {
     // Started here, awaited below by its progress: a stall fails in minutes, naming its phase.
     await tab.evaluate(() => {
@@ -76,6 +75,5 @@ test("a random-weight 8B-shaped Q4_0 model (4.2 GB) loads through the package an
     assert.ok(result.peak.heap < 512 * MB, `the JS heap peaked at ${(result.peak.heap / MB).toFixed(0)} MB`);
   } finally {
     await close();
-    fs.rmSync(file, { force: true });
   }
 });

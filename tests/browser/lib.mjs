@@ -2,6 +2,7 @@
 // download it can cut off midway) and Debian's Chromium with WebGPU (SwiftShader on a machine
 // without a GPU). Never downloads a browser.
 import http from "node:http";
+import { Readable } from "node:stream";
 import { chromium } from "playwright-core";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
@@ -57,12 +58,13 @@ const TYPES = { ".html": "text/html", ".js": "text/javascript", ".css": "text/cs
 
 /**
  * Serves `dir` on an ephemeral port to any origin; resolves to {url, requests, cutNext, hangNext,
- * close}. `ranges: false` ignores Range headers (as python's http.server does). Every response is
- * logged in `requests` as {method, path, range, status, sent, complete}; `cutNext()` makes the
- * next full GET of a .gguf close the connection after half its body, `hangNext()` stop sending
- * then and keep the connection open.
+ * close}. `ranges: false` ignores Range headers (as python's http.server does). `virtual` maps
+ * paths ("/big.gguf") to files made as they are sent: {size, chunks(start, end)} (big-model.mjs).
+ * Every response is logged in `requests` as {method, path, range, status, sent, complete};
+ * `cutNext()` makes the next full GET of a .gguf close the connection after half its body,
+ * `hangNext()` stop sending then and keep the connection open.
  */
-export function serve(dir, { ranges = true } = {}) {
+export function serve(dir, { ranges = true, virtual = {} } = {}) {
   const requests = [];
   let cut = null; // "close" or "hang": what the next full GET of a .gguf does half way
   const server = http.createServer((req, res) => {
@@ -77,9 +79,10 @@ export function serve(dir, { ranges = true } = {}) {
     let file = path.join(dir, urlPath);
     if (!file.startsWith(dir)) file = dir;
     if (urlPath.endsWith("/")) file = path.join(file, "index.html");
+    const made = virtual[urlPath];
     let size;
     try {
-      size = fs.statSync(file).size;
+      size = made ? made.size : fs.statSync(file).size;
     } catch {
       entry.status = 404;
       res.writeHead(404, { "content-type": "text/plain" }).end("not found");
@@ -88,7 +91,7 @@ export function serve(dir, { ranges = true } = {}) {
     let start = 0;
     let end = size - 1;
     // Any origin may read it, as on Hugging Face, but Content-Range is not exposed to other origins.
-    const headers = { "content-type": TYPES[path.extname(file)] ?? "application/octet-stream", "cache-control": "no-store", "access-control-allow-origin": "*" };
+    const headers = { "content-type": TYPES[path.extname(urlPath)] ?? "application/octet-stream", "cache-control": "no-store", "access-control-allow-origin": "*" };
     const m = ranges && entry.range && entry.range.match(/^bytes=(\d*)-(\d*)$/);
     if (m) {
       if (m[1] === "") start = Math.max(0, size - Number(m[2]));
@@ -105,10 +108,10 @@ export function serve(dir, { ranges = true } = {}) {
     headers["content-length"] = String(end - start + 1);
     res.writeHead(entry.status, headers);
     if (req.method === "HEAD") return res.end();
-    const cutting = !m && file.endsWith(".gguf") ? cut : null;
+    const cutting = !m && urlPath.endsWith(".gguf") ? cut : null;
     const limit = cutting ? Math.floor(size / 2) : Infinity;
     if (cutting) cut = null;
-    const stream = fs.createReadStream(file, { start, end });
+    const stream = made ? Readable.from(made.chunks(start, end)) : fs.createReadStream(file, { start, end });
     stream.on("data", (chunk) => {
       if (entry.sent + chunk.length > limit) {
         stream.destroy();
@@ -208,10 +211,11 @@ ${body}
  * and open in Chromium with its console forwarded: {dir, server, browser, tab, close}. `init`: a
  * script run before the page's own (Playwright's addInitScript). `profile`:
  * a profile on disk (see launchWithProfile), for models over the in-memory cache quota.
+ * `virtual`: files the server makes as it sends them (see serve).
  */
-export async function openPackagePage(name, { files = {}, profile = false, init = null } = {}) {
+export async function openPackagePage(name, { files = {}, profile = false, init = null, virtual = {} } = {}) {
   const dir = stage(name, { "index.html": packageHtml(`import { Engine } from "./pkg/index.js"; window.Engine = Engine; window.ready = true;`), ...files });
-  const server = await serve(dir);
+  const server = await serve(dir, { virtual });
   const browser = profile ? await launchWithProfile() : await launch();
   try {
     const tab = await browser.newPage();

@@ -2,9 +2,9 @@
 // against facts read from the file by an independent parser (tests/browser/gguf.mjs), and the
 // Cache Storage API (a cut download leaves nothing behind; list and delete), stalls, split
 // models, a lost device, GPU out of memory, a full quota, abort cycles and every architecture's
-// plan. (The 8B-shaped model: big-model.test.mjs, which scripts/test runs beside this file.) The model that generates is the tiny random Llama 3 of
-// tests/data/arch (lib.mjs: modelPath); what it must say comes from the crate's CPU reference
-// on the same file (lib.mjs: cpu). The page's default model (SmolLM2, 98 MB) is used only where
+// plan (the 8B-shaped model: big-model.test.mjs, which scripts/test runs beside this file). The
+// model that generates is the tiny random Llama 3 of tests/data/arch (lib.mjs: modelPath); what
+// it must say comes from the crate's CPU reference on the same file (lib.mjs: cpu). The page's default model (SmolLM2, 98 MB) is used only where
 // its size is the point, and never decodes.
 import { test } from "node:test";
 import assert from "node:assert/strict";
