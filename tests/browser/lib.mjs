@@ -91,7 +91,7 @@ export function serve(dir, { ranges = true, virtual = {} } = {}) {
     let start = 0;
     let end = size - 1;
     // Any origin may read it, as on Hugging Face, but Content-Range is not exposed to other origins.
-    const headers = { "content-type": TYPES[path.extname(urlPath)] ?? "application/octet-stream", "cache-control": "no-store", "access-control-allow-origin": "*" };
+    const headers = { "content-type": TYPES[path.extname(made ? urlPath : file)] ?? "application/octet-stream", "cache-control": "no-store", "access-control-allow-origin": "*" };
     const m = ranges && entry.range && entry.range.match(/^bytes=(\d*)-(\d*)$/);
     if (m) {
       if (m[1] === "") start = Math.max(0, size - Number(m[2]));

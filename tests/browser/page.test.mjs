@@ -91,233 +91,236 @@ const lastReply = (page) => page.$$eval("#messages li.assistant .text", (els) =>
 test("the page shows the model before downloading it, loads it, chats, stops, caches it and reports a bad file", { timeout: 1_200_000 }, async () => {
   const facts = modelFacts();
   const browser = await launch();
-  // The page as built, with the real default model: checked at start from its header alone
-  // (Range requests: 2 of its 98 MB), nothing downloaded.
-  const real = await serve(path.join(root, "dist"));
   try {
-    const page = await browser.newPage();
-    await page.goto(real.url);
-    await page.waitForSelector("#model-info:not([hidden])", { timeout: LOAD_TIMEOUT });
-    assert.match(await page.textContent("#model-info-title"), /before downloading/);
-    const realFacts = modelFacts(defaultModel);
-    await assertFacts(page, realFacts);
-    assert.deepEqual(fullDownloads(real), []);
-    assert.ok(ggufGets(real).reduce((sum, r) => sum + r.sent, 0) < 4 << 20, "inspecting read more than the header");
-    assert.match(await page.textContent("#load"), new RegExp(`Download ${realFacts.size} and load`));
-    await page.screenshot({ path: path.join(artifacts, "page-before-download.png") });
-    await page.close();
-  } finally {
-    real.close();
-  }
-
-  // From here on the page's default model is the tiny one (stageDist).
-  const server = await serveDist();
-  try {
-    const context = await browser.newContext({ viewport: { width: 1100, height: 900 } });
-    const page = await context.newPage();
-    const errors = [];
-    page.on("pageerror", (e) => errors.push(String(e)));
-    await page.goto(server.url);
-
-    // Before the download: what the model is and needs, read from its header with Range requests.
-    await page.waitForSelector("#model-info:not([hidden])", { timeout: LOAD_TIMEOUT });
-    assert.match(await page.textContent("#model-info-title"), /before downloading/);
-    await assertFacts(page, facts);
-    assert.deepEqual(fullDownloads(server), []);
-    assert.match(await page.textContent("#load"), new RegExp(`Download ${facts.size} and load`));
-
-    await page.click("#load");
-    await page.screenshot({ path: path.join(artifacts, "page-loading.png") });
-    await page.waitForFunction(() => document.body.dataset.modelLoaded === "true", null, { timeout: LOAD_TIMEOUT, polling: 500 });
-    assert.equal(await page.getAttribute("body", "data-from-cache"), "false");
-    assert.equal(fullDownloads(server).length, 1);
-    assert.match(await page.textContent("#model-info-title"), /loaded$/);
-    await assertFacts(page, facts);
-    await page.waitForSelector("#cached-models li");
-    assert.deepEqual(await page.$$eval("#cached-models li .name", (els) => els.map((e) => e.textContent)), [DEFAULT_NAME]);
-    assert.match(await page.textContent("#cached-models li .size"), new RegExp(`^${facts.size}`));
-
-    // Greedy chat: the answer grows over several DOM updates (each one the page makes is
-    // recorded) and equals the CPU reference's text.
-    await setSlider(page, "temperature", 0);
-    await setSlider(page, "top-p", 0.5);
-    assert.equal(await page.textContent("#temperature-value"), "0.00");
-    assert.equal(await page.textContent("#top-p-value"), "0.50");
-    await page.evaluate(() => {
-      window.replyStates = new Set();
-      new MutationObserver(() => {
-        const text = document.querySelector("#messages li.assistant:last-child .text")?.textContent;
-        if (text) window.replyStates.add(text);
-      }).observe(document.getElementById("messages"), { childList: true, subtree: true, characterData: true });
-    });
-    await page.fill("#prompt", QUESTION);
-    await page.click("#send");
-    await page.waitForFunction(() => window.replyStates.size >= 2, null, { timeout: GEN_TIMEOUT, polling: 50 });
-    await page.screenshot({ path: path.join(artifacts, "page-generating.png") });
-    await waitIdle(page);
-    assert.equal(await lastReply(page), answer.text);
-    const seen = await page.evaluate(() => window.replyStates.size);
-    assert.ok(seen >= 3, `the answer should appear over several updates, saw ${seen}`);
-    const request = JSON.parse(await page.getAttribute("body", "data-last-request"));
-    assert.equal(request.temperature, 0);
-    assert.equal(request.topP, 0.5);
-    assert.match(await page.textContent("#stats"), /TTFT .* tok\/s/);
-
-    // Stop mid-generation, then the page can send again. Stop is pressed as soon as the answer
-    // shows its first text (the tiny model would finish 200 tokens in seconds); top-k 1 keeps the
-    // answer from ending at a sampled end-of-sequence token first.
-    await setSlider(page, "temperature", 0.8);
-    await page.fill("#max-tokens", "200");
-    await page.fill("#top-k", "1");
-    await page.evaluate(() => {
-      const observer = new MutationObserver(() => {
-        if (document.querySelector("#messages li.assistant:last-child .text")?.textContent && document.body.dataset.generating === "true") {
-          observer.disconnect();
-          document.getElementById("stop").click();
-        }
-      });
-      observer.observe(document.getElementById("messages"), { childList: true, subtree: true, characterData: true });
-    });
-    await page.fill("#prompt", "Tell me a long story about a dragon who learns to sing.");
-    await page.click("#send");
-    await waitIdle(page);
-    assert.match(await page.textContent("#stats"), /aborted/);
-    const stopped = JSON.parse(await page.getAttribute("body", "data-last-request"));
-    assert.equal(stopped.temperature, 0.8);
-    assert.equal(stopped.topK, 1);
-    await page.fill("#top-k", "40");
-    await page.fill("#max-tokens", "2");
-    await page.fill("#prompt", "Thanks!");
-    assert.equal(await page.isEnabled("#send"), true);
-    await page.click("#send");
-    await waitIdle(page);
-    assert.ok((await page.$$("#messages li.assistant")).length === 3);
-    // The page resends the conversation each turn: the engine forks the last turn's KV blocks.
-    const reused = (await page.textContent("#stats")).match(/(\d+) prompt \((\d+) from the KV cache\)/);
-    assert.ok(reused && Number(reused[2]) >= 16 && Number(reused[2]) < Number(reused[1]), await page.textContent("#stats"));
-    assert.deepEqual(errors, []);
-
-    // The "inside the engine" panel: phase, KV gauge and the candidates top-p kept.
-    await page.click("#inside summary");
-    await setSlider(page, "temperature", 1);
-    await setSlider(page, "top-p", 0.3);
-    await page.fill("#max-tokens", "1");
-    await page.fill("#prompt", "Name a color.");
-    await page.click("#send");
-    await waitIdle(page);
-    const narrow = await page.$$eval("#candidates li", (lis) => lis.map((li) => li.className));
-    assert.equal(narrow.length, 10);
-    assert.ok(narrow.includes("kept") && narrow.includes("dropped"), `top-p 0.3 keeps few: ${narrow}`);
-    const kv = await page.textContent("#kv-text");
-    const held = Number(kv.match(/^(\d+) \/ (\d+) tokens/)[1]);
-    assert.ok(held > 40, kv);
-    // 2 (K, V) x layers x KV heads x head dim x bytes per value (the engine's: 2 for f16, 4 for f32) per token.
-    const bytesPerValue = Number(await page.getAttribute("body", "data-kv-bytes-per-value"));
-    assert.ok(bytesPerValue === 2 || bytesPerValue === 4, `bytes per value ${bytesPerValue}`);
-    assert.match(kv, new RegExp(`${formatBytes(held * 2 * facts.layers * facts.kvHeads * facts.headDim * bytesPerValue)}`));
-    // The KV pool: the conversation's blocks, drawn one square each.
-    const pool = (await page.textContent("#kv-pool-text")).match(/^(\d+) of (\d+) blocks of (\d+) tokens held/);
-    assert.ok(pool, await page.textContent("#kv-pool-text"));
-    const [usedBlocks, allBlocks, blockTokens] = pool.slice(1).map(Number);
-    assert.ok(usedBlocks >= Math.ceil(held / blockTokens) && usedBlocks <= allBlocks, `${usedBlocks} blocks for ${held} tokens`);
-    assert.equal(await page.$$eval("#kv-pool span", (s) => s.length), allBlocks);
-    assert.equal(await page.$$eval("#kv-pool span:not(.free)", (s) => s.length), usedBlocks);
-    await setSlider(page, "top-p", 1);
-    await page.fill("#prompt", "And another?");
-    await page.click("#send");
-    await waitIdle(page);
-    const wide = await page.$$eval("#candidates li", (lis) => lis.filter((li) => li.className === "kept").length);
-    assert.ok(wide > narrow.filter((c) => c === "kept").length, "a higher top-p keeps more candidates");
-    assert.equal(await page.textContent("#phase"), "idle");
-    await page.screenshot({ path: path.join(artifacts, "page-inside-engine.png") });
-
-    // Speculative decoding (prompt lookup) on a repetitive request: the panel shows each token,
-    // accepted drafts marked and rejected drafts struck out, and counts them. In a new chat, so
-    // that the greedy reply does not depend on the sampled and stopped turns above.
-    await page.click("#clear");
-    await page.selectOption("#speculate", "lookup");
-    await setSlider(page, "temperature", 0);
-    await page.fill("#max-tokens", "12");
-    await page.fill("#prompt", "Repeat: red, green, blue, red, green, blue, red, green, blue, red, green, blue");
-    await page.click("#send");
-    await waitIdle(page);
-    assert.equal(JSON.parse(await page.getAttribute("body", "data-last-request")).speculate, "lookup");
-    const drafted = (await page.textContent("#drafts-text")).match(/^(\d+) of (\d+) drafted tokens accepted/);
-    assert.ok(drafted && Number(drafted[2]) > 0, await page.textContent("#drafts-text"));
-    const generated = Number((await page.textContent("#stats")).match(/\+ (\d+) generated tokens/)[1]);
-    assert.equal(await page.$$eval("#drafts span.accepted, #drafts span.own", (s) => s.length), generated);
-    assert.equal(await page.$$eval("#drafts span.accepted", (s) => s.length), Number(drafted[1]));
-    assert.equal(await page.$$eval("#drafts span.rejected", (s) => s.length), Number(drafted[2]) - Number(drafted[1]));
-    await page.screenshot({ path: path.join(artifacts, "page-speculation.png") });
-    await page.selectOption("#speculate", "");
-
-    // Reload: the model is checked and loaded from Cache Storage at once, nothing from the network.
-    const before = ggufGets(server).length;
-    await page.reload();
-    await page.waitForFunction(() => document.body.dataset.modelLoaded === "true", null, { timeout: LOAD_TIMEOUT, polling: 500 });
-    assert.equal(await page.getAttribute("body", "data-from-cache"), "true");
-    assert.equal(ggufGets(server).length, before, "the GGUF was fetched again");
-    assert.match(await page.textContent("#load-status"), /browser cache/);
-    await assertFacts(page, facts);
-
-    // Delete it from the list: gone from Cache Storage, and the list says so.
-    await page.waitForSelector("#cached-models li button.delete");
-    await page.click("#cached-models li button.delete");
-    await page.waitForSelector("#cache-empty:not([hidden])");
-    assert.deepEqual(await cacheEntries(page), []);
-    assert.equal(await page.$$eval("#cached-models li", (lis) => lis.length), 0);
-
-    // A download cut off halfway: an error in words, nothing cached, and a second try works.
-    await page.click("#check");
-    await page.waitForSelector("#load:not([disabled])");
-    server.cutNext();
-    await page.click("#load");
-    await page.waitForSelector("#error:not([hidden])", { timeout: LOAD_TIMEOUT });
-    const cut = await page.textContent("#error");
-    assert.match(cut, /could not be loaded: the model download from .* failed .*try again/);
-    assert.ok(fullDownloads(server).at(-1).sent < fs.statSync(modelPath).size);
-    await page.screenshot({ path: path.join(artifacts, "page-cut-download.png") });
-    assert.deepEqual(await cacheEntries(page), []);
-    assert.equal(await page.$$eval("#cached-models li", (lis) => lis.length), 0);
-    await page.click("#load");
-    await page.waitForFunction(() => document.body.dataset.modelLoaded === "true", null, { timeout: LOAD_TIMEOUT, polling: 500 });
-    assert.equal(await page.isHidden("#error"), true);
-    assert.equal(await page.getAttribute("body", "data-from-cache"), "false");
-    await page.waitForSelector("#cached-models li");
-    // One model: the entry under its URL and its 32 MiB chunks.
-    const entries = await cacheEntries(page);
-    assert.equal(entries.filter((u) => !/[?&]webgpu-llm-chunk=\d+$/.test(u)).length, 1, JSON.stringify(entries));
-    assert.equal(entries.length, 1 + Math.ceil(fs.statSync(modelPath).size / (32 << 20)));
-
-    // The known models on Hugging Face: unreachable from this test machine, which the page says in words.
-    const known = await page.$$eval("#known-models option", (os) => os.map((o) => o.value));
-    for (const name of ["gemma-3-270m-it-Q4_K_M.gguf", "qwen2.5-0.5b-instruct-q4_k_m.gguf", "Llama-3.2-1B-Instruct-Q4_K_M.gguf"]) {
-      assert.ok(known.some((url) => url.startsWith("https://huggingface.co/") && url.endsWith(`/resolve/main/${name}`)), name);
+    // The page as built, with the real default model: checked at start from its header alone
+    // (Range requests: 2 of its 98 MB), nothing downloaded.
+    const real = await serve(path.join(root, "dist"));
+    try {
+      const page = await browser.newPage();
+      await page.goto(real.url);
+      await page.waitForSelector("#model-info:not([hidden])", { timeout: LOAD_TIMEOUT });
+      assert.match(await page.textContent("#model-info-title"), /before downloading/);
+      const realFacts = modelFacts(defaultModel);
+      await assertFacts(page, realFacts);
+      assert.deepEqual(fullDownloads(real), []);
+      assert.ok(ggufGets(real).reduce((sum, r) => sum + r.sent, 0) < 4 << 20, "inspecting read more than the header");
+      assert.match(await page.textContent("#load"), new RegExp(`Download ${realFacts.size} and load`));
+      await page.screenshot({ path: path.join(artifacts, "page-before-download.png") });
+      await page.close();
+    } finally {
+      real.close();
     }
-    await page.selectOption("#known-models", { index: 1 });
-    await page.waitForSelector("#error:not([hidden])", { timeout: 120_000 });
-    assert.match(await page.textContent("#error"), /could not be checked: could not reach https:\/\/huggingface\.co\//);
-    assert.match(await page.textContent("#load-status"), /^Ready/);
 
-    // A corrupted GGUF (the default model's first 3 MB): the error is shown in words, the page keeps working.
-    const bad = path.join(artifacts, "corrupted.gguf");
-    const head = fs.readFileSync(defaultModel).subarray(0, 3_000_000);
-    fs.writeFileSync(bad, head);
-    await page.setInputFiles("#file-input", bad);
-    await page.waitForSelector("#error:not([hidden])", { timeout: LOAD_TIMEOUT });
-    const message = await page.textContent("#error");
-    assert.match(message, /could not be loaded: GGUF .* truncated or corrupt/);
-    await page.screenshot({ path: path.join(artifacts, "page-error.png") });
-    assert.deepEqual(errors, []);
+    // From here on the page's default model is the tiny one (stageDist).
+    const server = await serveDist();
+    try {
+      const context = await browser.newContext({ viewport: { width: 1100, height: 900 } });
+      const page = await context.newPage();
+      const errors = [];
+      page.on("pageerror", (e) => errors.push(String(e)));
+      await page.goto(server.url);
 
-    // Phone width: nothing overflows horizontally.
-    await page.setViewportSize({ width: 375, height: 800 });
-    const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
-    assert.ok(overflow <= 0, `the page is ${overflow}px wider than a phone screen`);
-    await page.screenshot({ path: path.join(artifacts, "page-phone.png"), fullPage: true });
+      // Before the download: what the model is and needs, read from its header with Range requests.
+      await page.waitForSelector("#model-info:not([hidden])", { timeout: LOAD_TIMEOUT });
+      assert.match(await page.textContent("#model-info-title"), /before downloading/);
+      await assertFacts(page, facts);
+      assert.deepEqual(fullDownloads(server), []);
+      assert.match(await page.textContent("#load"), new RegExp(`Download ${facts.size} and load`));
+
+      await page.click("#load");
+      await page.screenshot({ path: path.join(artifacts, "page-loading.png") });
+      await page.waitForFunction(() => document.body.dataset.modelLoaded === "true", null, { timeout: LOAD_TIMEOUT, polling: 500 });
+      assert.equal(await page.getAttribute("body", "data-from-cache"), "false");
+      assert.equal(fullDownloads(server).length, 1);
+      assert.match(await page.textContent("#model-info-title"), /loaded$/);
+      await assertFacts(page, facts);
+      await page.waitForSelector("#cached-models li");
+      assert.deepEqual(await page.$$eval("#cached-models li .name", (els) => els.map((e) => e.textContent)), [DEFAULT_NAME]);
+      assert.match(await page.textContent("#cached-models li .size"), new RegExp(`^${facts.size}`));
+
+      // Greedy chat: the answer grows over several DOM updates (each one the page makes is
+      // recorded) and equals the CPU reference's text.
+      await setSlider(page, "temperature", 0);
+      await setSlider(page, "top-p", 0.5);
+      assert.equal(await page.textContent("#temperature-value"), "0.00");
+      assert.equal(await page.textContent("#top-p-value"), "0.50");
+      await page.evaluate(() => {
+        window.replyStates = new Set();
+        new MutationObserver(() => {
+          const text = document.querySelector("#messages li.assistant:last-child .text")?.textContent;
+          if (text) window.replyStates.add(text);
+        }).observe(document.getElementById("messages"), { childList: true, subtree: true, characterData: true });
+      });
+      await page.fill("#prompt", QUESTION);
+      await page.click("#send");
+      await page.waitForFunction(() => window.replyStates.size >= 2, null, { timeout: GEN_TIMEOUT, polling: 50 });
+      await page.screenshot({ path: path.join(artifacts, "page-generating.png") });
+      await waitIdle(page);
+      assert.equal(await lastReply(page), answer.text);
+      const seen = await page.evaluate(() => window.replyStates.size);
+      assert.ok(seen >= 3, `the answer should appear over several updates, saw ${seen}`);
+      const request = JSON.parse(await page.getAttribute("body", "data-last-request"));
+      assert.equal(request.temperature, 0);
+      assert.equal(request.topP, 0.5);
+      assert.match(await page.textContent("#stats"), /TTFT .* tok\/s/);
+
+      // Stop mid-generation, then the page can send again. Stop is pressed as soon as the answer
+      // shows its first text (the tiny model would finish 200 tokens in seconds); top-k 1 keeps the
+      // answer from ending at a sampled end-of-sequence token first.
+      await setSlider(page, "temperature", 0.8);
+      await page.fill("#max-tokens", "200");
+      await page.fill("#top-k", "1");
+      await page.evaluate(() => {
+        const observer = new MutationObserver(() => {
+          if (document.querySelector("#messages li.assistant:last-child .text")?.textContent && document.body.dataset.generating === "true") {
+            observer.disconnect();
+            document.getElementById("stop").click();
+          }
+        });
+        observer.observe(document.getElementById("messages"), { childList: true, subtree: true, characterData: true });
+      });
+      await page.fill("#prompt", "Tell me a long story about a dragon who learns to sing.");
+      await page.click("#send");
+      await waitIdle(page);
+      assert.match(await page.textContent("#stats"), /aborted/);
+      const stopped = JSON.parse(await page.getAttribute("body", "data-last-request"));
+      assert.equal(stopped.temperature, 0.8);
+      assert.equal(stopped.topK, 1);
+      await page.fill("#top-k", "40");
+      await page.fill("#max-tokens", "2");
+      await page.fill("#prompt", "Thanks!");
+      assert.equal(await page.isEnabled("#send"), true);
+      await page.click("#send");
+      await waitIdle(page);
+      assert.ok((await page.$$("#messages li.assistant")).length === 3);
+      // The page resends the conversation each turn: the engine forks the last turn's KV blocks.
+      const reused = (await page.textContent("#stats")).match(/(\d+) prompt \((\d+) from the KV cache\)/);
+      assert.ok(reused && Number(reused[2]) >= 16 && Number(reused[2]) < Number(reused[1]), await page.textContent("#stats"));
+      assert.deepEqual(errors, []);
+
+      // The "inside the engine" panel: phase, KV gauge and the candidates top-p kept.
+      await page.click("#inside summary");
+      await setSlider(page, "temperature", 1);
+      await setSlider(page, "top-p", 0.3);
+      await page.fill("#max-tokens", "1");
+      await page.fill("#prompt", "Name a color.");
+      await page.click("#send");
+      await waitIdle(page);
+      const narrow = await page.$$eval("#candidates li", (lis) => lis.map((li) => li.className));
+      assert.equal(narrow.length, 10);
+      assert.ok(narrow.includes("kept") && narrow.includes("dropped"), `top-p 0.3 keeps few: ${narrow}`);
+      const kv = await page.textContent("#kv-text");
+      const held = Number(kv.match(/^(\d+) \/ (\d+) tokens/)[1]);
+      assert.ok(held > 40, kv);
+      // 2 (K, V) x layers x KV heads x head dim x bytes per value (the engine's: 2 for f16, 4 for f32) per token.
+      const bytesPerValue = Number(await page.getAttribute("body", "data-kv-bytes-per-value"));
+      assert.ok(bytesPerValue === 2 || bytesPerValue === 4, `bytes per value ${bytesPerValue}`);
+      assert.match(kv, new RegExp(`${formatBytes(held * 2 * facts.layers * facts.kvHeads * facts.headDim * bytesPerValue)}`));
+      // The KV pool: the conversation's blocks, drawn one square each.
+      const pool = (await page.textContent("#kv-pool-text")).match(/^(\d+) of (\d+) blocks of (\d+) tokens held/);
+      assert.ok(pool, await page.textContent("#kv-pool-text"));
+      const [usedBlocks, allBlocks, blockTokens] = pool.slice(1).map(Number);
+      assert.ok(usedBlocks >= Math.ceil(held / blockTokens) && usedBlocks <= allBlocks, `${usedBlocks} blocks for ${held} tokens`);
+      assert.equal(await page.$$eval("#kv-pool span", (s) => s.length), allBlocks);
+      assert.equal(await page.$$eval("#kv-pool span:not(.free)", (s) => s.length), usedBlocks);
+      await setSlider(page, "top-p", 1);
+      await page.fill("#prompt", "And another?");
+      await page.click("#send");
+      await waitIdle(page);
+      const wide = await page.$$eval("#candidates li", (lis) => lis.filter((li) => li.className === "kept").length);
+      assert.ok(wide > narrow.filter((c) => c === "kept").length, "a higher top-p keeps more candidates");
+      assert.equal(await page.textContent("#phase"), "idle");
+      await page.screenshot({ path: path.join(artifacts, "page-inside-engine.png") });
+
+      // Speculative decoding (prompt lookup) on a repetitive request: the panel shows each token,
+      // accepted drafts marked and rejected drafts struck out, and counts them. In a new chat, so
+      // that the greedy reply does not depend on the sampled and stopped turns above.
+      await page.click("#clear");
+      await page.selectOption("#speculate", "lookup");
+      await setSlider(page, "temperature", 0);
+      await page.fill("#max-tokens", "12");
+      await page.fill("#prompt", "Repeat: red, green, blue, red, green, blue, red, green, blue, red, green, blue");
+      await page.click("#send");
+      await waitIdle(page);
+      assert.equal(JSON.parse(await page.getAttribute("body", "data-last-request")).speculate, "lookup");
+      const drafted = (await page.textContent("#drafts-text")).match(/^(\d+) of (\d+) drafted tokens accepted/);
+      assert.ok(drafted && Number(drafted[2]) > 0, await page.textContent("#drafts-text"));
+      const generated = Number((await page.textContent("#stats")).match(/\+ (\d+) generated tokens/)[1]);
+      assert.equal(await page.$$eval("#drafts span.accepted, #drafts span.own", (s) => s.length), generated);
+      assert.equal(await page.$$eval("#drafts span.accepted", (s) => s.length), Number(drafted[1]));
+      assert.equal(await page.$$eval("#drafts span.rejected", (s) => s.length), Number(drafted[2]) - Number(drafted[1]));
+      await page.screenshot({ path: path.join(artifacts, "page-speculation.png") });
+      await page.selectOption("#speculate", "");
+
+      // Reload: the model is checked and loaded from Cache Storage at once, nothing from the network.
+      const before = ggufGets(server).length;
+      await page.reload();
+      await page.waitForFunction(() => document.body.dataset.modelLoaded === "true", null, { timeout: LOAD_TIMEOUT, polling: 500 });
+      assert.equal(await page.getAttribute("body", "data-from-cache"), "true");
+      assert.equal(ggufGets(server).length, before, "the GGUF was fetched again");
+      assert.match(await page.textContent("#load-status"), /browser cache/);
+      await assertFacts(page, facts);
+
+      // Delete it from the list: gone from Cache Storage, and the list says so.
+      await page.waitForSelector("#cached-models li button.delete");
+      await page.click("#cached-models li button.delete");
+      await page.waitForSelector("#cache-empty:not([hidden])");
+      assert.deepEqual(await cacheEntries(page), []);
+      assert.equal(await page.$$eval("#cached-models li", (lis) => lis.length), 0);
+
+      // A download cut off halfway: an error in words, nothing cached, and a second try works.
+      await page.click("#check");
+      await page.waitForSelector("#load:not([disabled])");
+      server.cutNext();
+      await page.click("#load");
+      await page.waitForSelector("#error:not([hidden])", { timeout: LOAD_TIMEOUT });
+      const cut = await page.textContent("#error");
+      assert.match(cut, /could not be loaded: the model download from .* failed .*try again/);
+      assert.ok(fullDownloads(server).at(-1).sent < fs.statSync(modelPath).size);
+      await page.screenshot({ path: path.join(artifacts, "page-cut-download.png") });
+      assert.deepEqual(await cacheEntries(page), []);
+      assert.equal(await page.$$eval("#cached-models li", (lis) => lis.length), 0);
+      await page.click("#load");
+      await page.waitForFunction(() => document.body.dataset.modelLoaded === "true", null, { timeout: LOAD_TIMEOUT, polling: 500 });
+      assert.equal(await page.isHidden("#error"), true);
+      assert.equal(await page.getAttribute("body", "data-from-cache"), "false");
+      await page.waitForSelector("#cached-models li");
+      // One model: the entry under its URL and its 32 MiB chunks.
+      const entries = await cacheEntries(page);
+      assert.equal(entries.filter((u) => !/[?&]webgpu-llm-chunk=\d+$/.test(u)).length, 1, JSON.stringify(entries));
+      assert.equal(entries.length, 1 + Math.ceil(fs.statSync(modelPath).size / (32 << 20)));
+
+      // The known models on Hugging Face: unreachable from this test machine, which the page says in words.
+      const known = await page.$$eval("#known-models option", (os) => os.map((o) => o.value));
+      for (const name of ["gemma-3-270m-it-Q4_K_M.gguf", "qwen2.5-0.5b-instruct-q4_k_m.gguf", "Llama-3.2-1B-Instruct-Q4_K_M.gguf"]) {
+        assert.ok(known.some((url) => url.startsWith("https://huggingface.co/") && url.endsWith(`/resolve/main/${name}`)), name);
+      }
+      await page.selectOption("#known-models", { index: 1 });
+      await page.waitForSelector("#error:not([hidden])", { timeout: 120_000 });
+      assert.match(await page.textContent("#error"), /could not be checked: could not reach https:\/\/huggingface\.co\//);
+      assert.match(await page.textContent("#load-status"), /^Ready/);
+
+      // A corrupted GGUF (the default model's first 3 MB): the error is shown in words, the page keeps working.
+      const bad = path.join(artifacts, "corrupted.gguf");
+      const head = fs.readFileSync(defaultModel).subarray(0, 3_000_000);
+      fs.writeFileSync(bad, head);
+      await page.setInputFiles("#file-input", bad);
+      await page.waitForSelector("#error:not([hidden])", { timeout: LOAD_TIMEOUT });
+      const message = await page.textContent("#error");
+      assert.match(message, /could not be loaded: GGUF .* truncated or corrupt/);
+      await page.screenshot({ path: path.join(artifacts, "page-error.png") });
+      assert.deepEqual(errors, []);
+
+      // Phone width: nothing overflows horizontally.
+      await page.setViewportSize({ width: 375, height: 800 });
+      const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+      assert.ok(overflow <= 0, `the page is ${overflow}px wider than a phone screen`);
+      await page.screenshot({ path: path.join(artifacts, "page-phone.png"), fullPage: true });
+    } finally {
+      server.close();
+    }
   } finally {
     await browser.close();
-    server.close();
   }
 });
 
