@@ -210,6 +210,8 @@ fn check_perplexity(
     for (c, tokens) in ids[..from].chunks(webgpu_llm::gpu::PREFILL_CHUNK).enumerate() {
         pollster::block_on(model.step(tokens, c * webgpu_llm::gpu::PREFILL_CHUNK, Readback::None)).unwrap();
     }
+    // Submitted is not done: the time printed below is the prefill's, not the next phase's.
+    model.gpu.device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
     let prefilled = start.elapsed().as_secs_f64();
     let chunk = model.all_logits_chunk();
     let mut nll = Vec::new();
