@@ -1,14 +1,15 @@
 // Top-k for sampling on the GPU: the K largest logits, ties going to the lower id as the CPU
 // sampler orders them, found by a radix select (8 bits a pass) over the logits' order-preserving
-// bit patterns in one workgroup. The host reads back K (id, logit) pairs instead of the whole
-// vocabulary and finishes top-p, min-p and the seeded draw on them.
-// TAIL (a top-p/min-p sampler without top-k): also what the host needs of the logits not
-// selected: the sum of exp(l / T - l_max / T) over them, and the largest |logit| of all.
-// Bindings: 0 logits (N), 1 want (K, at most the output's room; T's bits), 2 out: [count, tail
-// sum, largest |logit|, then count pairs (id, logit bits), in no order]. Dispatch: (1, 1, 1).
+// bit patterns, one workgroup a row of logits. The host reads back K (id, logit) pairs instead
+// of the whole vocabulary and finishes top-p, min-p and the seeded draw on them.
+// With a temperature T (a top-p/min-p sampler without top-k): also what the host needs of the
+// logits not selected: the sum of exp(l / T - l_max / T) over them, and the largest |logit|.
+// Bindings: 0 logits (rows of N), 1 want (per row: K, at most the output's room, 0 = skip the
+// row; T's bits, 0 = no tail), 2 out (per row OUT words: [count (K or N), tail sum, largest
+// |logit|, then count pairs (id, logit bits), in no order]). Dispatch: (rows, 1, 1).
 
 override N: u32;
-override TAIL: bool = false;
+override OUT: u32;
 const WG: u32 = 256u;
 const PAIRS: u32 = 3u;
 
@@ -22,8 +23,15 @@ var<workgroup> hist: array<atomic<u32>, 256>;
 var<workgroup> state: array<u32, 3>;
 var<workgroup> ties_before: array<u32, WG>;
 var<workgroup> written: atomic<u32>;
-// TAIL: per-invocation partial maxima and sums.
+// With a tail: per-invocation partial maxima and sums.
 var<workgroup> red: array<vec2<f32>, WG>;
+// This row's K and T's bits, read by every invocation as one (so that the barriers after a
+// test of them stay in uniform control flow).
+var<workgroup> row_k: u32;
+var<workgroup> row_t: u32;
+// The row's logits and output start.
+var<private> base: u32;
+var<private> out_base: u32;
 
 // Larger float, larger key (NaN aside: the argmax kernel flags those).
 fn key(l: f32) -> u32 {
@@ -33,8 +41,8 @@ fn key(l: f32) -> u32 {
 
 fn emit(i: u32) {
     let s = atomicAdd(&written, 1u);
-    out[PAIRS + 2u * s] = i;
-    out[PAIRS + 1u + 2u * s] = bitcast<u32>(logits[i]);
+    out[out_base + PAIRS + 2u * s] = i;
+    out[out_base + PAIRS + 1u + 2u * s] = bitcast<u32>(logits[base + i]);
 }
 
 // The workgroup's sum (of .x and .y alike, `max_of` false) or maximum of `red`, into red[0].
@@ -47,11 +55,22 @@ fn reduce(t: u32, max_of: bool) {
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_index) t: u32) {
+fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let row = wg.x;
+    base = row * N;
+    out_base = row * OUT;
+    if (t == 0u) {
+        row_k = want[2u * row];
+        row_t = want[2u * row + 1u];
+    }
+    let k_wanted = workgroupUniformLoad(&row_k);
+    if (k_wanted == 0u) { return; }
+    let t_bits = workgroupUniformLoad(&row_t);
+    let tail_on = t_bits != 0u;
     if (t == 0u) {
         state[0] = 0u;
         state[1] = 0u;
-        state[2] = min(want[0], N);
+        state[2] = min(k_wanted, N);
         atomicStore(&written, 0u);
     }
     for (var shift = 24u; shift < 32u; shift -= 8u) {
@@ -60,7 +79,7 @@ fn main(@builtin(local_invocation_index) t: u32) {
         let prefix = state[0];
         let mask = state[1];
         for (var i = t; i < N; i += WG) {
-            let k = key(logits[i]);
+            let k = key(logits[base + i]);
             if ((k & mask) == prefix) { atomicAdd(&hist[(k >> shift) & 255u], 1u); }
         }
         workgroupBarrier();
@@ -88,22 +107,22 @@ fn main(@builtin(local_invocation_index) t: u32) {
     let lo = min(t * chunk, N);
     let hi = min(lo + chunk, N);
     var equal = 0u;
-    // TAIL: the weights of the keys below the threshold, then of the equal ones not taken.
-    let temperature = bitcast<f32>(want[1]);
+    // With a tail: the weights of the keys below the threshold, then of the equal ones not taken.
+    let temperature = bitcast<f32>(t_bits);
     var top = 0.0;
     var tail = 0.0;
-    if (TAIL) {
+    if (tail_on) {
         var m = vec2<f32>(-3.4e38, 0.0);
-        for (var i = t; i < N; i += WG) { m = max(m, vec2<f32>(logits[i], abs(logits[i]))); }
+        for (var i = t; i < N; i += WG) { let l = logits[base + i]; m = max(m, vec2<f32>(l, abs(l))); }
         red[t] = m;
         reduce(t, true);
         top = red[0].x / temperature;
-        if (t == 0u) { out[2] = bitcast<u32>(red[0].y); }
+        if (t == 0u) { out[out_base + 2u] = bitcast<u32>(red[0].y); }
     }
     for (var i = lo; i < hi; i++) {
-        let l = logits[i];
+        let l = logits[base + i];
         let k = key(l);
-        if (k > threshold) { emit(i); } else if (k == threshold) { equal += 1u; } else if (TAIL) { tail += exp(l / temperature - top); }
+        if (k > threshold) { emit(i); } else if (k == threshold) { equal += 1u; } else if (tail_on) { tail += exp(l / temperature - top); }
     }
     ties_before[t] = equal;
     workgroupBarrier();
@@ -117,17 +136,18 @@ fn main(@builtin(local_invocation_index) t: u32) {
     }
     workgroupBarrier();
     var before = ties_before[t];
-    for (var i = lo; i < hi && (TAIL || before < take_ties); i++) {
-        if (key(logits[i]) == threshold) {
-            if (before < take_ties) { emit(i); } else { tail += exp(logits[i] / temperature - top); }
+    for (var i = lo; i < hi && (tail_on || before < take_ties); i++) {
+        let l = logits[base + i];
+        if (key(l) == threshold) {
+            if (before < take_ties) { emit(i); } else { tail += exp(l / temperature - top); }
             before += 1u;
         }
     }
-    if (TAIL) {
+    if (tail_on) {
         red[t] = vec2<f32>(tail, 0.0);
         reduce(t, false);
-        if (t == 0u) { out[1] = bitcast<u32>(red[0].x); }
+        if (t == 0u) { out[out_base + 1u] = bitcast<u32>(red[0].x); }
     }
     workgroupBarrier();
-    if (t == 0u) { out[0] = atomicLoad(&written); }
+    if (t == 0u) { out[out_base] = atomicLoad(&written); }
 }

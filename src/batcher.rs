@@ -25,10 +25,11 @@ use crate::engine::{
     TokenEvent, TokenLogprob,
 };
 use crate::error::{Error, Result};
-use crate::gpu::{BatchReadback, Readback, PREFILL_CHUNK};
+use crate::gpu::kernels::{MAX_TOP_K, NUCLEUS_K};
+use crate::gpu::{BatchReadback, Readback, RowReadback, RowsReadback, Selection, PREFILL_CHUNK};
 use crate::kv_pool::SeqId;
 use crate::model::{CpuKvCache, Logits};
-use crate::sampling::{all_finite, argmax, Sampler};
+use crate::sampling::{all_finite, argmax, Sampler, Tail};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
 use web_time::Instant;
@@ -110,7 +111,13 @@ pub struct Batcher {
     /// A decode step's rows: (request index, token, position), reused.
     rows: Vec<(usize, u32, usize)>,
     gpu_rows: Vec<(SeqId, u32, usize)>,
+    /// What each row reads back (its sampler's needs), and where: every row's argmax, the
+    /// selections of top-k/top-p/min-p rows, the logits of rows that need them all (row after
+    /// row, a vocabulary each; grown on first use).
+    want: Vec<RowReadback>,
     ids: Vec<u32>,
+    top: Vec<Vec<(u32, f32)>>,
+    tails: Vec<Tail>,
     logits: Vec<f32>,
 }
 
@@ -132,7 +139,10 @@ impl Batcher {
             max_rows,
             rows: Vec::with_capacity(max_rows),
             gpu_rows: Vec::with_capacity(max_rows),
+            want: Vec::with_capacity(max_rows),
             ids: vec![0; max_rows],
+            top: Vec::new(),
+            tails: vec![Tail::default(); max_rows],
             logits: Vec::new(),
         }
     }
@@ -403,7 +413,11 @@ impl Batcher {
             }
         }
         let vocab = engine.config.vocab_size;
+        let on_gpu = engine.gpu_model().is_some();
         self.logits.resize(vocab.max(self.logits.len()), 0.0);
+        if self.top.is_empty() {
+            self.top = (0..self.max_rows.max(1)).map(|_| Vec::with_capacity(MAX_TOP_K)).collect();
+        }
         let mut budget = self.prefill_budget;
         for i in 0..self.requests.len() {
             if budget == 0 {
@@ -420,27 +434,59 @@ impl Batcher {
             let last = r.prefilled + n == r.seq.prompt_len;
             let chunk = &r.seq.tokens[r.prefilled..r.prefilled + n];
             let logits = &mut self.logits[..vocab];
-            match (&mut engine.backend, &mut r.kv) {
+            let want = r.seq.row_readback(on_gpu);
+            let (top, tail) = (&mut self.top[0], &mut self.tails[0]);
+            let mut id = 0;
+            let ran = match (&mut engine.backend, &mut r.kv) {
                 (Backend::Cpu { model, .. }, SeqKv::Cpu(cache)) => {
                     let out = model.forward(cache, chunk, Logits::Last)?;
                     logits.copy_from_slice(&out);
+                    // As the GPU's argmax does: non-finite logits flag the row.
+                    id = if all_finite(logits) { argmax(logits) } else { u32::MAX };
+                    Ok(())
                 }
                 (Backend::Gpu(model), &mut SeqKv::Gpu(seq)) => {
-                    let readback = if last { Readback::Logits(logits) } else { Readback::None };
-                    model.step_in(seq, chunk, r.prefilled, readback).await?;
+                    let readback = match want {
+                        _ if !last => Readback::None,
+                        RowReadback::Argmax => Readback::Argmax,
+                        RowReadback::Select { k, tail: t } => {
+                            Readback::TopK(Selection { k, out: top, tail: t.map(|t| (t, &mut *tail)) })
+                        }
+                        RowReadback::Logits => Readback::Logits(logits),
+                    };
+                    model.step_in(seq, chunk, r.prefilled, readback).await.map(|got| id = got.unwrap_or(0))
                 }
                 _ => unreachable!("a request's cache is on its engine's backend"),
-            }
+            };
             r.prefilled += n;
             budget -= n;
+            match ran {
+                // The GPU's argmax flags non-finite logits: this request fails, not the batch.
+                Err(Error::NonFiniteLogits { .. }) => {
+                    r.seq.failed = Some(Error::NonFiniteLogits { position: r.seq.prompt_len });
+                    continue;
+                }
+                other => other?,
+            }
             if !last {
                 continue;
             }
-            if !all_finite(logits) {
+            if id == u32::MAX || (want == RowReadback::Logits && !all_finite(logits)) {
                 r.seq.failed = Some(Error::NonFiniteLogits { position: r.seq.prompt_len });
                 continue;
             }
-            r.seq.next = Some(r.seq.choose(&engine.tokenizer, logits));
+            let next = match r.seq.choose_from(&engine.tokenizer, want, id, &self.top[0], self.tails[0], logits) {
+                Some(next) => next,
+                None => {
+                    let Some(model) = engine.gpu_model() else { unreachable!("selected on the GPU") };
+                    model.read_logits(0, logits).await?;
+                    r.seq.choose(&engine.tokenizer, logits)
+                }
+            };
+            if next as usize >= vocab {
+                return Err(Error::TokenOutOfRange { id: next, vocab_size: vocab });
+            }
+            r.seq.next = Some(next);
             r.seq.ttft = r.seq.start.elapsed().as_secs_f64();
             r.seq.decode_start = Instant::now();
             let id = r.id;
@@ -457,20 +503,20 @@ impl Batcher {
         }
         let n = self.rows.len();
         if n > 0 {
-            let want_logits = self.rows.iter().any(|r| self.requests[r.0].seq.wants_logits());
-            if want_logits {
-                self.logits.resize(n * vocab, 0.0);
+            self.want.clear();
+            self.want.extend(self.rows.iter().map(|r| self.requests[r.0].seq.row_readback(on_gpu)));
+            if self.want.contains(&RowReadback::Logits) {
+                self.logits.resize(self.logits.len().max(n * vocab), 0.0);
             }
             match &mut engine.backend {
                 Backend::Cpu { model, .. } => {
                     for (k, &(i, token, _)) in self.rows.iter().enumerate() {
                         let SeqKv::Cpu(cache) = &mut self.requests[i].kv else { unreachable!() };
                         let out = model.forward(cache, &[token], Logits::Last)?;
-                        if want_logits {
+                        // As the GPU's argmax does: non-finite logits flag the row.
+                        self.ids[k] = if all_finite(&out) { argmax(&out) } else { u32::MAX };
+                        if self.want[k] == RowReadback::Logits {
                             self.logits[k * vocab..][..vocab].copy_from_slice(&out);
-                        } else {
-                            // As the GPU's argmax does: non-finite logits flag the row.
-                            self.ids[k] = if all_finite(&out) { argmax(&out) } else { u32::MAX };
                         }
                     }
                 }
@@ -480,35 +526,41 @@ impl Batcher {
                         let SeqKv::Gpu(seq) = self.requests[i].kv else { unreachable!() };
                         self.gpu_rows.push((seq, token, pos));
                     }
-                    let readback = if want_logits {
-                        BatchReadback::Logits(&mut self.logits)
-                    } else {
-                        BatchReadback::Argmax(&mut self.ids)
-                    };
-                    match model.decode_batch(&self.gpu_rows, readback).await {
-                        // The argmax flags a row with non-finite logits (u32::MAX): that
-                        // request fails below; the other rows' ids are read.
-                        Err(Error::NonFiniteLogits { .. }) if !want_logits => {}
-                        other => other?,
-                    }
+                    let readback = BatchReadback::Rows(RowsReadback {
+                        want: &self.want,
+                        ids: &mut self.ids,
+                        top: &mut self.top,
+                        tails: &mut self.tails,
+                        logits: &mut self.logits,
+                    });
+                    model.decode_batch(&self.gpu_rows, readback).await?;
                 }
             }
             for (k, &(i, token, pos)) in self.rows.iter().enumerate() {
                 let r = &mut self.requests[i];
                 r.seq.tokens.push(token);
-                let next = if want_logits {
-                    let row = &mut self.logits[k * vocab..][..vocab];
-                    if !all_finite(row) {
-                        r.seq.failed = Some(Error::NonFiniteLogits { position: pos + 1 });
-                        continue;
-                    }
-                    r.seq.choose(&engine.tokenizer, row)
-                } else if self.ids[k] == u32::MAX {
+                // The argmax flags a row with non-finite logits (u32::MAX): that request
+                // fails; the others go on.
+                let want = self.want[k];
+                let row =
+                    if want == RowReadback::Logits { &mut self.logits[k * vocab..][..vocab] } else { &mut [][..] };
+                if self.ids[k] == u32::MAX || (want == RowReadback::Logits && !all_finite(row)) {
                     r.seq.failed = Some(Error::NonFiniteLogits { position: pos + 1 });
                     continue;
-                } else {
-                    self.ids[k]
-                };
+                }
+                let next =
+                    match r.seq.choose_from(&engine.tokenizer, want, self.ids[k], &self.top[k], self.tails[k], row) {
+                        Some(next) => next,
+                        None => {
+                            // A top-p/min-p cut the selection cannot place: this row's logits,
+                            // still on the GPU until the next step.
+                            self.logits.resize(self.logits.len().max(vocab), 0.0);
+                            let row = &mut self.logits[..vocab];
+                            let Some(model) = engine.gpu_model() else { unreachable!("selected on the GPU") };
+                            model.read_logits(k, row).await?;
+                            r.seq.choose(&engine.tokenizer, row)
+                        }
+                    };
                 if next as usize >= vocab {
                     return Err(Error::TokenOutOfRange { id: next, vocab_size: vocab });
                 }
@@ -558,6 +610,7 @@ struct BatchSeq {
     /// The prompt, then every token fed back.
     tokens: Vec<u32>,
     sampler: Sampler,
+    vocab_size: usize,
     options: GenerateOptions,
     stream: StreamDecoder,
     stops: StopMatcher,
@@ -583,6 +636,7 @@ impl BatchSeq {
             reused: 0,
             tokens: p.tokens,
             sampler: p.sampler,
+            vocab_size: p.vocab_size,
             stops: StopMatcher::new(p.options.stop.clone()),
             options: p.options,
             stream: StreamDecoder::new(),
@@ -599,9 +653,42 @@ impl BatchSeq {
         }
     }
 
-    /// Whether choosing the next token needs the logits on the host (a sampler, or candidates).
-    fn wants_logits(&self) -> bool {
-        self.sampler.needs_logits() || self.options.top_candidates > 0
+    /// What choosing the next token needs read back of its row of logits: the argmax (greedy),
+    /// a selection on the GPU (top-k alone, or top-p/min-p without top-k: `Engine::generate`'s
+    /// rules), or the whole row (penalties, candidates, a larger top-k, the CPU backend).
+    fn row_readback(&self, on_gpu: bool) -> RowReadback {
+        let s = &self.sampler;
+        if !s.needs_logits() && self.options.top_candidates == 0 {
+            RowReadback::Argmax
+        } else if !on_gpu || self.options.top_candidates > 0 {
+            RowReadback::Logits
+        } else if let Some(k) = s.top_k_only().filter(|&k| k <= MAX_TOP_K) {
+            RowReadback::Select { k, tail: None }
+        } else if s.nucleus_only() {
+            RowReadback::Select { k: NUCLEUS_K, tail: Some(s.params().temperature) }
+        } else {
+            RowReadback::Logits
+        }
+    }
+
+    /// The next token from what its row read back (`row_readback`): the argmax, the selection
+    /// (`top`, `tail`) or the logits; None when a top-p/min-p selection cannot place the cut
+    /// (then read the row's logits and `choose` from them).
+    fn choose_from(
+        &mut self,
+        tok: &Tokenizer,
+        want: RowReadback,
+        argmax: u32,
+        top: &[(u32, f32)],
+        tail: Tail,
+        logits: &mut [f32],
+    ) -> Option<u32> {
+        match want {
+            RowReadback::Argmax => Some(argmax),
+            RowReadback::Select { tail: None, .. } => Some(self.sampler.sample_top_k(top)),
+            RowReadback::Select { tail: Some(_), .. } => self.sampler.sample_nucleus(top, self.vocab_size, tail),
+            RowReadback::Logits => Some(self.choose(tok, logits)),
+        }
     }
 
     /// Samples the next token from `logits` (which it changes); with `top_candidates`, keeps the

@@ -6,7 +6,7 @@ use crate::beam::{self, BeamModel, BeamOptions, Hypothesis};
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::ByteSource;
-use crate::gpu::kernels::MAX_TOP_K;
+use crate::gpu::kernels::{MAX_TOP_K, NUCLEUS_K};
 use crate::gpu::{BatchReadback, CounterSnapshot, Gpu, GpuModel, GpuOptions, InFlight, KvStore, Readback, Selection};
 use crate::kv_pool::SeqId;
 use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
@@ -685,12 +685,12 @@ impl Engine {
     ) -> Result<u32> {
         // A top-k sampler on the GPU needs only the k largest logits: selected there, 8 bytes
         // each come back instead of the whole vocabulary. A top-p/min-p sampler without top-k
-        // takes the largest MAX_TOP_K and what the rest add up to, and reads every logit only
+        // takes the largest NUCLEUS_K and what the rest add up to, and reads every logit only
         // when those cannot decide.
         let on_gpu = matches!(self.backend, Backend::Gpu(_)) && top == 0;
         let top_k_only = sampler.top_k_only().filter(|&k| on_gpu && k <= MAX_TOP_K);
         let nucleus = on_gpu && top_k_only.is_none() && sampler.nucleus_only();
-        let select = top_k_only.or(nucleus.then_some(MAX_TOP_K));
+        let select = top_k_only.or(nucleus.then_some(NUCLEUS_K));
         let want_logits = (sampler.needs_logits() || top > 0) && select.is_none();
         let temperature = sampler.params().temperature;
         let greedy_id = match &mut self.backend {
@@ -736,7 +736,7 @@ impl Engine {
                 Some(id) => id,
                 None => {
                     let Backend::Gpu(model) = &self.backend else { unreachable!("selected on the GPU") };
-                    model.read_logits(&mut self.logits).await?;
+                    model.read_logits(0, &mut self.logits).await?;
                     sampler.sample(&mut self.logits)
                 }
             },

@@ -886,6 +886,7 @@ gpu_test! {
     async fn top_k_selects_the_largest_logits_with_ties_to_the_lower_id() {
         let mut rng = Rng::new(12);
         let mut h = Harness::new(true).await;
+        let words = kernels::TOP_K_WORDS;
         // (vocabulary, k, logits rounded to this step: coarse steps make many ties).
         for (n, k, step) in [
             (5, 1, 0.0),
@@ -899,30 +900,41 @@ gpu_test! {
             (128256, 1024, 0.0),
             (128256, 1024, 1.0),
         ] {
-            let mut logits = random(&mut rng, n, 20.0);
-            if step > 0.0 {
-                logits.iter_mut().for_each(|l| *l = (*l / step).round() * step);
-            }
-            // Signs, zero and negative zero side by side.
-            logits[0] = -0.0;
-            if n > 3 {
-                logits[1] = 0.0;
-                logits[2] = -1e-30;
+            // Three rows in one dispatch, as a batched decode step has them: the first without
+            // a tail, the second skipped (k = 0: its words stay as they were), the third with a
+            // tail at temperature 0.7.
+            let temperature = 0.7f32;
+            let mut logits = Vec::with_capacity(3 * n);
+            for _ in 0..3 {
+                let mut row = random(&mut rng, n, 20.0);
+                if step > 0.0 {
+                    row.iter_mut().for_each(|l| *l = (*l / step).round() * step);
+                }
+                // Signs, zero and negative zero side by side.
+                row[0] = -0.0;
+                if n > 3 {
+                    row[1] = 0.0;
+                    row[2] = -1e-30;
+                }
+                logits.extend(row);
             }
             let lb = h.buf(&logits);
-            // The CPU sampler's order: value descending (-0 below +0, as total_cmp has it), then id.
-            let mut all: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-            all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            let (top, rest) = all.split_at(k.min(n));
-            for tail in [false, true] {
-                let temperature = 0.7f32;
-                let want = h.u32_buf(&[k as u32, temperature.to_bits()]);
-                let out = h.u32_buf(&vec![0; kernels::TOP_K_WORDS]);
-                let op = kernels::top_k(&h.gpu, &mut h.cache, n, tail, &lb, &want, &out);
-                h.run(&[op], 1);
-                let words: Vec<u32> =
-                    bytemuck::cast_slice(&h.gpu.read_buffer(&out, 4 * kernels::TOP_K_WORDS as u64).await.unwrap()).to_vec();
+            let want = h.u32_buf(&[k as u32, 0, 0, 0, k as u32, temperature.to_bits()]);
+            let out = h.u32_buf(&vec![0xDEAD; 3 * words]);
+            let op = kernels::top_k(&h.gpu, &mut h.cache, n, &lb, &want, &out);
+            h.run(&[op], 3);
+            let all_words: Vec<u32> =
+                bytemuck::cast_slice(&h.gpu.read_buffer(&out, 4 * 3 * words as u64).await.unwrap()).to_vec();
+            assert!(all_words[words..2 * words].iter().all(|&w| w == 0xDEAD), "n = {n}: a skipped row was written");
+            for (r, tail) in [(0, false), (2, true)] {
+                let row = &logits[r * n..(r + 1) * n];
+                let words = &all_words[r * words..(r + 1) * words];
+                // The CPU sampler's order: value descending (-0 below +0, as total_cmp has it), then id.
+                let mut all: Vec<(u32, f32)> = row.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+                all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                let (top, rest) = all.split_at(k.min(n));
                 let count = words[0] as usize;
+                assert_eq!(count, k.min(n), "n = {n}, k = {k}: the count is k (or the vocabulary)");
                 let mut got: Vec<(u32, f32)> =
                     words[3..3 + 2 * count].chunks_exact(2).map(|p| (p[0], f32::from_bits(p[1]))).collect();
                 got.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -935,7 +947,7 @@ gpu_test! {
                     let sum = f32::from_bits(words[1]) as f64;
                     let bound = exact * TAIL_REL_ERROR / 3.0 + 1e-30;
                     assert!((sum - exact).abs() <= bound, "n = {n}, k = {k}, step {step}: tail {sum} vs {exact}");
-                    let max_abs = logits.iter().fold(0f32, |m, l| m.max(l.abs()));
+                    let max_abs = row.iter().fold(0f32, |m, l| m.max(l.abs()));
                     assert_eq!(f32::from_bits(words[2]), max_abs, "n = {n}, k = {k}, step {step}");
                 }
             }

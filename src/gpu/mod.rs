@@ -7,4 +7,6 @@ pub mod shader;
 pub mod weights;
 
 pub use device::{CounterSnapshot, Gpu, GpuOptions, KernelStyle, KvStore, FORCE_F32_ENV};
-pub use model::{BatchReadback, GpuModel, InFlight, Readback, Selection, MAX_SEQS, PREFILL_CHUNK};
+pub use model::{
+    BatchReadback, GpuModel, InFlight, Readback, RowReadback, RowsReadback, Selection, MAX_SEQS, PREFILL_CHUNK,
+};

@@ -126,7 +126,9 @@ struct Buffers {
     /// Two, used in turn: pipelined greedy steps read one while the next step fills the other.
     staging_argmax: [wgpu::Buffer; 2],
     staging_logits: wgpu::Buffer,
-    /// Top-k selection: k, the selected pairs, and their staging (the argmax flag word first).
+    /// Top-k selection, per batch row: (k, temperature bits), the selection's words
+    /// (`kernels::TOP_K_WORDS` a row), and their staging (the rows' argmax words first, then
+    /// what each selecting row reads, one after another).
     top_k_want: wgpu::Buffer,
     top_k_out: wgpu::Buffer,
     staging_top_k: wgpu::Buffer,
@@ -174,6 +176,57 @@ pub enum BatchReadback<'a> {
     Argmax(&'a mut [u32]),
     /// Each row's logits, row after row (rows * vocab).
     Logits(&'a mut [f32]),
+    /// Each row what its sampler needs (`RowsReadback`).
+    Rows(RowsReadback<'a>),
+}
+
+/// What one row of a batched decode step reads back beside its argmax.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowReadback {
+    /// The argmax alone (4 bytes: greedy decoding).
+    Argmax,
+    /// The `k` largest logits (at most `kernels::MAX_TOP_K`), 8 bytes each; with a temperature,
+    /// also what a top-p/min-p sampler needs of the rest (8 bytes; see `Readback::TopK`).
+    Select { k: usize, tail: Option<f32> },
+    /// The whole row of logits (a sampler with penalties, candidates or log-probabilities).
+    Logits,
+}
+
+/// `BatchReadback::Rows`: every row's argmax into `ids` (u32::MAX flags non-finite logits, and
+/// is not an error here: that row's request fails, not the step); a `Select` row's pairs (in no
+/// order) into `top[row]` and its tail into `tails[row]`; a `Logits` row's logits into
+/// `logits[row * vocab..]`. The slices have a row's room for each of the step's rows.
+pub struct RowsReadback<'a> {
+    pub want: &'a [RowReadback],
+    pub ids: &'a mut [u32],
+    pub top: &'a mut [Vec<(u32, f32)>],
+    pub tails: &'a mut [Tail],
+    pub logits: &'a mut [f32],
+}
+
+/// Bytes of a row's selection read back: the tail's two words (with a temperature), then the
+/// pairs (`TOP_K_WORDS`' count word is not read: it is k, or the vocabulary when smaller).
+fn selection_bytes(k: usize, tail: bool) -> u64 {
+    4 * (2 * tail as u64 + 2 * k as u64)
+}
+
+/// The selection words' first word read back (see `selection_bytes`).
+fn selection_offset(tail: bool) -> u64 {
+    4 * if tail { 1 } else { 3 }
+}
+
+/// The `k` pairs and (with a tail) the tail from a row's selection bytes as read back.
+fn read_selection(bytes: &[u8], k: usize, tail: Option<&mut Tail>, out: &mut Vec<(u32, f32)>) {
+    let words: &[u32] = bytemuck::cast_slice(bytes);
+    let pairs = match tail {
+        Some(t) => {
+            *t = Tail { sum: f32::from_bits(words[0]), max_abs: f32::from_bits(words[1]) };
+            &words[2..]
+        }
+        None => words,
+    };
+    out.clear();
+    out.extend(pairs[..2 * k].chunks_exact(2).map(|p| (p[0], f32::from_bits(p[1]))));
 }
 
 /// A greedy decode step submitted and not yet read (see `GpuModel::submit_greedy`).
@@ -200,9 +253,8 @@ pub struct GpuModel {
     /// Self-speculation's draft step (its layer count and dispatches); made on first use.
     draft: Option<(usize, Vec<Dispatch>)>,
     prefill: Vec<Dispatch>,
-    /// The top-k selection that follows a pass when a sampler asks for it: without and with
-    /// the tail.
-    select: Vec<Dispatch>,
+    /// The top-k selection that follows a pass for the rows whose sampler asks for it.
+    select: Option<Dispatch>,
     /// Prefill that keeps every position's logits (perplexity, tests); made on first use.
     all_logits: Option<(Vec<Dispatch>, wgpu::Buffer)>,
     /// The KV cache's blocks and the sequences' block tables.
@@ -355,7 +407,7 @@ impl GpuModel {
             decode_batch: None,
             draft: None,
             prefill: Vec::new(),
-            select: Vec::new(),
+            select: None,
             all_logits: None,
             pool,
             layout,
@@ -375,11 +427,8 @@ impl GpuModel {
         model.prefill = model.record(Pass::Prefill);
         let b = &model.buf;
         let vocab = model.config.vocab_size;
-        model.select = [false, true]
-            .map(|tail| {
-                kernels::top_k(&model.gpu, &mut model.pipelines, vocab, tail, &b.logits, &b.top_k_want, &b.top_k_out)
-            })
-            .into();
+        model.select =
+            Some(kernels::top_k(&model.gpu, &mut model.pipelines, vocab, &b.logits, &b.top_k_want, &b.top_k_out));
         model.gpu.memory_watched(watch).await?;
         model.gpu.check()?;
         Ok(model)
@@ -434,9 +483,9 @@ impl GpuModel {
             v_cache: (0..c.n_layers).map(|_| gpu.storage("v_cache", kv_bytes)).collect::<Result<_>>()?,
             staging_argmax: [gpu.readback("staging_argmax", batch * 4), gpu.readback("staging_argmax", batch * 4)],
             staging_logits: gpu.readback("staging_logits", batch * c.vocab_size as u64 * f),
-            top_k_want: gpu.storage("top_k_want", 8)?,
-            top_k_out: gpu.storage("top_k_out", kernels::TOP_K_WORDS as u64 * 4)?,
-            staging_top_k: gpu.readback("staging_top_k", (1 + kernels::TOP_K_WORDS) as u64 * 4),
+            top_k_want: gpu.storage("top_k_want", batch * 8)?,
+            top_k_out: gpu.storage("top_k_out", batch * kernels::TOP_K_WORDS as u64 * 4)?,
+            staging_top_k: gpu.readback("staging_top_k", batch * (1 + kernels::TOP_K_WORDS) as u64 * 4),
         })
     }
 
@@ -829,12 +878,13 @@ impl GpuModel {
         Ok(id)
     }
 
-    /// The last step's logits, still in GPU memory until the next step: for a sampler that the
-    /// selection on the GPU could not serve (`Sampler::sample_nucleus` said None).
-    pub async fn read_logits(&self, out: &mut [f32]) -> Result<()> {
+    /// Row `row`'s logits of the last step, still in GPU memory until the next step: for a
+    /// sampler that the selection on the GPU could not serve (`Sampler::sample_nucleus` said
+    /// None). A single sequence's step has its logits in row 0.
+    pub async fn read_logits(&self, row: usize, out: &mut [f32]) -> Result<()> {
         let (b, bytes) = (&self.buf, self.config.vocab_size as u64 * 4);
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(&b.logits, 0, &b.staging_logits, 0, bytes);
+        enc.copy_buffer_to_buffer(&b.logits, row as u64 * bytes, &b.staging_logits, 0, bytes);
         self.gpu.submit(enc);
         self.gpu.read_mapped(&b.staging_logits, bytes, |v| out.copy_from_slice(bytemuck::cast_slice(v))).await
     }
@@ -940,15 +990,21 @@ impl GpuModel {
         }
         let ops = if n == 1 { &self.decode } else { self.decode_batch.as_ref().expect("recorded above") };
         Self::encode_ops(&mut enc, ops, n);
-        let b = &self.buf;
         let (argmax_bytes, logits_bytes) = (4 * n as u64, (n * self.config.vocab_size * 4) as u64);
         match &readback {
-            BatchReadback::Argmax(_) => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[0], 0, argmax_bytes),
-            BatchReadback::Logits(_) => enc.copy_buffer_to_buffer(&b.logits, 0, &b.staging_logits, 0, logits_bytes),
+            BatchReadback::Argmax(_) => {
+                enc.copy_buffer_to_buffer(&self.buf.argmax, 0, &self.buf.staging_argmax[0], 0, argmax_bytes)
+            }
+            BatchReadback::Logits(_) => {
+                enc.copy_buffer_to_buffer(&self.buf.logits, 0, &self.buf.staging_logits, 0, logits_bytes)
+            }
+            BatchReadback::Rows(r) => self.encode_rows(&mut enc, r.want)?,
         }
+        let b = &self.buf;
         self.gpu.submit(enc);
         self.count_host_time(host);
         match readback {
+            BatchReadback::Rows(r) => self.read_rows(r).await?,
             BatchReadback::Argmax(out) => {
                 self.gpu
                     .read_mapped(&b.staging_argmax[0], argmax_bytes, |bytes| {
@@ -967,6 +1023,97 @@ impl GpuModel {
                     })
                     .await?;
             }
+        }
+        Ok(())
+    }
+
+    /// `BatchReadback::Rows`' work after a decode step's pass: the selection for the rows that
+    /// want one (their k and temperatures written first), then the copies of what each row
+    /// reads, one after another in the staging buffers (so that only those bytes are mapped).
+    fn encode_rows(&mut self, enc: &mut wgpu::CommandEncoder, want: &[RowReadback]) -> Result<()> {
+        let n = want.len();
+        let b = &self.buf;
+        let vocab = self.config.vocab_size;
+        let selects = want.iter().any(|w| matches!(w, RowReadback::Select { .. }));
+        if selects {
+            self.row_words.clear();
+            for w in want {
+                self.row_words.extend(match *w {
+                    RowReadback::Select { k, tail } => {
+                        let t = tail.unwrap_or(0.0);
+                        debug_assert!(tail.is_none() || t > 0.0, "a tail needs a temperature");
+                        [k.clamp(1, kernels::MAX_TOP_K.min(vocab)) as u32, t.to_bits()]
+                    }
+                    _ => [0, 0],
+                });
+            }
+            self.gpu.queue.write_buffer(&b.top_k_want, 0, bytemuck::cast_slice(&self.row_words));
+            Self::encode_ops(enc, self.select.as_slice(), n);
+        }
+        enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_top_k, 0, 4 * n as u64);
+        let (mut at, mut logits_at) = (4 * n as u64, 0u64);
+        let (row_words, row_logits) = (kernels::TOP_K_WORDS as u64 * 4, vocab as u64 * 4);
+        for (r, w) in want.iter().enumerate() {
+            match *w {
+                RowReadback::Argmax => {}
+                RowReadback::Select { k, tail } => {
+                    let (from, len) = (selection_offset(tail.is_some()), selection_bytes(k.min(vocab), tail.is_some()));
+                    enc.copy_buffer_to_buffer(&b.top_k_out, r as u64 * row_words + from, &b.staging_top_k, at, len);
+                    at += len;
+                }
+                RowReadback::Logits => {
+                    enc.copy_buffer_to_buffer(
+                        &b.logits,
+                        r as u64 * row_logits,
+                        &b.staging_logits,
+                        logits_at,
+                        row_logits,
+                    );
+                    logits_at += row_logits;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what `encode_rows` copied into `r`.
+    async fn read_rows(&self, r: RowsReadback<'_>) -> Result<()> {
+        let b = &self.buf;
+        let (n, vocab) = (r.want.len(), self.config.vocab_size);
+        let select_bytes: u64 = r
+            .want
+            .iter()
+            .map(|w| match *w {
+                RowReadback::Select { k, tail } => selection_bytes(k.min(vocab), tail.is_some()),
+                _ => 0,
+            })
+            .sum();
+        let (want, ids, top, tails) = (r.want, r.ids, r.top, r.tails);
+        self.gpu
+            .read_mapped(&b.staging_top_k, 4 * n as u64 + select_bytes, |bytes| {
+                ids[..n].copy_from_slice(bytemuck::cast_slice(&bytes[..4 * n]));
+                let mut at = 4 * n;
+                for (row, w) in want.iter().enumerate() {
+                    if let RowReadback::Select { k, tail } = *w {
+                        let (k, len) = (k.min(vocab), selection_bytes(k.min(vocab), tail.is_some()) as usize);
+                        read_selection(&bytes[at..at + len], k, tail.map(|_| &mut tails[row]), &mut top[row]);
+                        at += len;
+                    }
+                }
+            })
+            .await?;
+        let logit_rows = want.iter().filter(|w| **w == RowReadback::Logits).count();
+        if logit_rows > 0 {
+            let logits = r.logits;
+            self.gpu
+                .read_mapped(&b.staging_logits, (logit_rows * vocab * 4) as u64, |bytes| {
+                    let mut values = bytemuck::cast_slice::<u8, f32>(bytes).chunks_exact(vocab);
+                    for (row, _) in want.iter().enumerate().filter(|(_, w)| **w == RowReadback::Logits) {
+                        let read = values.next().expect("a row read for each");
+                        logits[row * vocab..][..vocab].copy_from_slice(read);
+                    }
+                })
+                .await?;
         }
         Ok(())
     }
@@ -1004,6 +1151,7 @@ impl GpuModel {
         };
         if let Readback::TopK(sel) = &readback {
             let temperature = sel.tail.as_ref().map_or(0.0, |t| t.0);
+            debug_assert!(sel.tail.is_none() || temperature > 0.0, "a tail needs a temperature");
             let want = [top_k as u32, temperature.to_bits()];
             self.gpu.queue.write_buffer(&self.buf.top_k_want, 0, bytemuck::cast_slice(&want));
         }
@@ -1018,15 +1166,11 @@ impl GpuModel {
             Readback::Argmax => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4),
             Readback::Logits(_) => enc.copy_buffer_to_buffer(&b.logits, 0, &b.staging_logits, 0, logits_bytes),
             Readback::TopK(sel) => {
-                {
-                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                        label: Some("top_k"),
-                        timestamp_writes: None,
-                    });
-                    self.select[sel.tail.is_some() as usize].encode(&mut pass, 1);
-                }
+                Self::encode_ops(&mut enc, self.select.as_slice(), 1);
+                let tail = sel.tail.is_some();
                 enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_top_k, 0, 4);
-                enc.copy_buffer_to_buffer(&b.top_k_out, 0, &b.staging_top_k, 4, (3 + 2 * top_k as u64) * 4);
+                let (from, len) = (selection_offset(tail), selection_bytes(top_k, tail));
+                enc.copy_buffer_to_buffer(&b.top_k_out, from, &b.staging_top_k, 4, len);
             }
         }
         let submission = self.gpu.submit(enc);
@@ -1040,18 +1184,13 @@ impl GpuModel {
                 self.read_greedy(flight).await.map(Some)
             }
             Readback::TopK(sel) => {
+                let len = 4 + selection_bytes(top_k, sel.tail.is_some());
                 let finite = self
                     .gpu
-                    .read_mapped(&b.staging_top_k, (4 + 2 * top_k as u64) * 4, |bytes| {
-                        let words: &[u32] = bytemuck::cast_slice(bytes);
-                        let count = (words[1] as usize).min(top_k);
-                        sel.out.clear();
-                        sel.out.extend(words[4..4 + 2 * count].chunks_exact(2).map(|p| (p[0], f32::from_bits(p[1]))));
-                        if let Some((_, tail)) = sel.tail {
-                            *tail = Tail { sum: f32::from_bits(words[2]), max_abs: f32::from_bits(words[3]) };
-                        }
+                    .read_mapped(&b.staging_top_k, len, |bytes| {
+                        read_selection(&bytes[4..], top_k, sel.tail.map(|t| t.1), sel.out);
                         // The argmax kernel flags NaN or infinite logits with u32::MAX.
-                        words[0] != u32::MAX
+                        bytemuck::cast_slice::<u8, u32>(&bytes[..4])[0] != u32::MAX
                     })
                     .await?;
                 if !finite {

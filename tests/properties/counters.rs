@@ -39,3 +39,89 @@ fn a_decode_step_creates_nothing_submits_once_and_reads_back_four_bytes() {
         assert_eq!(d.bytes_read_back, steps as u64 * 4, "{style:?}");
     }
 }
+
+/// A batched decode step reads back each row what its sampler needs, in one submission: the
+/// argmax of every row (4 bytes), the 8-byte (id, logit) pairs of a top-k sampler's k, a
+/// top-p sampler's 1023 pairs and its tail (8 KiB in all), and the whole row (4 bytes a token)
+/// only for a sampler with penalties or a request for candidates. Counted by hand from those
+/// rules; each request draws what it draws alone (`Engine::generate`, its own loop).
+#[test]
+fn a_batched_decode_step_reads_back_each_row_what_its_sampler_needs() {
+    use webgpu_llm::batcher::{BatchEvent, Batcher};
+    use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt};
+    use webgpu_llm::gpu::kernels::NUCLEUS_K;
+    use webgpu_llm::sampling::SamplingParams;
+    let opts = LoadOptions { backend: BackendKind::Gpu, context_length: Some(1024), gpu: GpuOptions::default() };
+    let mut e = pollster::block_on(Engine::load(tiny::chat(), opts, &mut |_, _| {})).unwrap();
+    let vocab = e.config.vocab_size as u64;
+    assert!(vocab > 1024, "a vocabulary over MAX_TOP_K: selecting is then the point");
+    let sampled = |temperature, top_k, top_p, seed| SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p: 0.0,
+        seed,
+        ..SamplingParams::default()
+    };
+    let steps = 12;
+    let base = GenerateOptions { max_tokens: steps + 2, ignore_eos: true, ..GenerateOptions::default() };
+    // (options, bytes its row reads back a step beside its argmax)
+    let rows: Vec<(GenerateOptions, u64)> = vec![
+        (GenerateOptions { sampling: SamplingParams::greedy(), ..base.clone() }, 0),
+        (GenerateOptions { sampling: sampled(0.8, 40, 0.9, 1), ..base.clone() }, 40 * 8),
+        (GenerateOptions { sampling: sampled(1.0, 1024, 1.0, 2), ..base.clone() }, 1024 * 8),
+        // A peaked distribution: its top-p cut falls within the selection at every step.
+        (GenerateOptions { sampling: sampled(0.3, 0, 0.9, 3), ..base.clone() }, 8 + NUCLEUS_K as u64 * 8),
+        (
+            GenerateOptions {
+                sampling: SamplingParams { repetition_penalty: 1.3, ..sampled(0.8, 40, 0.9, 4) },
+                ..base.clone()
+            },
+            vocab * 4,
+        ),
+        (GenerateOptions { sampling: sampled(0.8, 40, 0.9, 5), top_candidates: 3, ..base.clone() }, vocab * 4),
+    ];
+    assert_eq!(rows[3].1 + 4, 8 * 1024 + 4, "a top-p row: 8 KiB and its argmax");
+    let prompts = tiny::prompts();
+    let mut alone = Vec::new();
+    for (i, (o, _)) in rows.iter().enumerate() {
+        let mut ids = Vec::new();
+        pollster::block_on(e.generate(&Prompt::Tokens(prompts[i].clone()), o, &mut |ev| {
+            ids.push(ev.id);
+            true
+        }))
+        .unwrap();
+        alone.push(ids);
+    }
+    let mut batcher = Batcher::new(&mut e, usize::MAX);
+    let mut ids = Vec::new();
+    for (i, (o, _)) in rows.iter().enumerate() {
+        let p = Batcher::prepare(&e, &Prompt::Tokens(prompts[i].clone()), o).unwrap();
+        ids.push(batcher.enqueue(p));
+    }
+    let mut got = vec![Vec::new(); rows.len()];
+    let want_bytes = 4 * rows.len() as u64 + rows.iter().map(|r| r.1).sum::<u64>();
+    for step in 0..steps {
+        let before = e.gpu_model().unwrap().gpu.counters();
+        let n = pollster::block_on(batcher.step(&mut e, &mut |_| true, &mut |id, ev| {
+            match ev {
+                BatchEvent::Token(t) => got[ids.iter().position(|&r| r == id).unwrap()].push(t.id),
+                other => panic!("{other:?}"),
+            }
+            true
+        }))
+        .unwrap();
+        assert_eq!(n, rows.len());
+        let d = e.gpu_model().unwrap().gpu.counters() - before;
+        // The first round also prefills every prompt (a pass each, its first token read).
+        if step > 0 {
+            assert_eq!(d.submissions, 1, "step {step}");
+            assert_eq!(d.bytes_read_back, want_bytes, "step {step}");
+            assert_eq!((d.buffers, d.bind_groups, d.pipelines), (0, 0, 0), "step {step}");
+        }
+    }
+    batcher.clear(&mut e);
+    for (i, (a, g)) in alone.iter().zip(&got).enumerate() {
+        assert_eq!(&a[..g.len()], &g[..], "row {i} draws what it draws alone");
+    }
+}

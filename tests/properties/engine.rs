@@ -180,10 +180,9 @@ fn gpu_top_k_sampling_reads_back_k_candidates_and_draws_what_sampling_all_logits
     let options = GenerateOptions { max_tokens: 48, sampling, ignore_eos: true, ..Default::default() };
     let (ids, _, stats) = run(&mut engine, &sampled_prompt(), &options);
     assert_eq!(ids.len(), 48);
-    // Per step: the argmax's non-finite flag, the count, the tail's two words (unused here),
-    // then 40 (id, logit) pairs.
+    // Per step: the argmax (its non-finite flag), then 40 (id, logit) pairs.
     let read = stats.decode_counters.unwrap().bytes_read_back;
-    assert_eq!(read, stats.decode_steps as u64 * (16 + 8 * 40));
+    assert_eq!(read, stats.decode_steps as u64 * (4 + 8 * 40));
     // Asking for candidates to show reads all the logits back and samples from them: the same
     // sampler, the same seed, the same tokens.
     let (all_ids, _, all_stats) =
@@ -197,17 +196,18 @@ fn gpu_top_k_sampling_reads_back_k_candidates_and_draws_what_sampling_all_logits
 fn gpu_top_p_sampling_reads_back_the_largest_logits_and_draws_what_sampling_all_logits_draws() {
     let mut engine = engine(BackendKind::Gpu);
     let vocab_bytes = 4 * engine.config.vocab_size as u64;
-    assert!(vocab_bytes > 4 * 1024, "the vocabulary is larger than the 1024 candidates read back");
+    assert!(vocab_bytes > 4 * 1024, "the vocabulary is larger than the 1023 candidates read back");
     // OpenAI-style: temperature and top-p (or min-p), no top-k.
     for (temperature, top_p, min_p, seed) in [(0.8, 0.9, 0.0, 13), (1.0, 0.95, 0.0, 14), (0.7, 1.0, 0.05, 15)] {
         let sampling = SamplingParams { temperature, top_k: 0, top_p, min_p, seed, ..SamplingParams::greedy() };
         let options = GenerateOptions { max_tokens: 48, sampling, ignore_eos: true, ..Default::default() };
         let (ids, _, stats) = run(&mut engine, &sampled_prompt(), &options);
         assert_eq!(ids.len(), 48);
-        // Per step the 1024 largest (8 KiB) and the tail; all the logits only when those could
-        // not decide.
+        // Per step the argmax, the tail's two words and the 1023 largest (8 KiB with the tail);
+        // all the logits only when those could not decide.
         let (steps, read) = (stats.decode_steps as u64, stats.decode_counters.unwrap().bytes_read_back);
-        let selected = steps * (16 + 8 * 1024);
+        let selected = steps * (4 + 8 + 8 * 1023);
+        assert_eq!(selected, steps * (8 * 1024 + 4));
         let fallbacks = (read - selected) / vocab_bytes;
         assert_eq!(read, selected + fallbacks * vocab_bytes, "temperature {temperature}, top-p {top_p}");
         assert!(fallbacks <= steps / 4, "{fallbacks} of {steps} steps read every logit");

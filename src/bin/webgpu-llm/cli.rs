@@ -29,7 +29,8 @@ enum Command {
     // Negative numbers are values (`--temperature -1` is then refused as invalid, not misparsed).
     #[command(allow_negative_numbers = true)]
     Generate(GenerateArgs),
-    /// Measure prefill and decode speed (greedy, EOS ignored) and what a decode step costs.
+    /// Measure prefill and decode speed (greedy unless sampling flags are given, EOS ignored) and
+    /// what a decode step costs.
     Bench(BenchArgs),
     /// Serve the model over HTTP: OpenAI-compatible chat and text completions, streamed as
     /// server-sent events, many requests batched on one GPU.
@@ -92,9 +93,64 @@ struct BenchArgs {
     #[arg(long, default_value_t = 4, requires = "speculate")]
     draft_tokens: usize,
     /// Also time batched decode of this many sequences at once (comma-separated, e.g.
-    /// 1,2,4,8,16,32): aggregate and per-sequence decode tok/s, each prompt --prompt-tokens long.
+    /// 1,2,4,8,16,32): aggregate and per-sequence decode tok/s, each prompt --prompt-tokens long,
+    /// and what a step submits and reads back.
     #[arg(long, value_delimiter = ',', value_parser = at_least_one)]
     batch: Vec<usize>,
+    /// With --batch: a request with a prompt of this many tokens joins each batch halfway
+    /// through its decode (its prefill then shares the steps of the running rows).
+    #[arg(long, requires = "batch", value_parser = at_least_one)]
+    join: Option<usize>,
+    /// The sampler of the timed runs (speculation's stays greedy): greedy unless given.
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+/// The sampling flags of `generate` and `bench`. A flag left out keeps the command's base:
+/// `generate` samples as `SamplingParams::default()` has it (temperature 0.7, top-k 40, top-p
+/// 0.9, min-p 0.05, no penalties), `bench` is greedy (temperature 0, no cuts).
+#[derive(Args)]
+struct SamplingArgs {
+    /// 0 = greedy [default: generate 0.7, bench 0]
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// 1 = no top-p cut [default: generate 0.9, bench 1]
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// 0 = no top-k cut [default: generate 40, bench 0]
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// 0 = no min-p cut [default: generate 0.05, bench 0]
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// 1 = none [default: 1]
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
+    /// [default: 0]
+    #[arg(long)]
+    presence_penalty: Option<f32>,
+    /// [default: 0]
+    #[arg(long)]
+    frequency_penalty: Option<f32>,
+    /// RNG seed [default: generate from the clock, printed in the stats; bench 0]
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    /// `base` with the flags given; `seed` when no --seed.
+    fn params(&self, base: SamplingParams, seed: impl FnOnce() -> u64) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature.unwrap_or(base.temperature),
+            top_k: self.top_k.unwrap_or(base.top_k),
+            top_p: self.top_p.unwrap_or(base.top_p),
+            min_p: self.min_p.unwrap_or(base.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(base.repetition_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(base.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(base.frequency_penalty),
+            seed: self.seed.unwrap_or_else(seed),
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -119,25 +175,8 @@ struct GenerateArgs {
     system: Option<String>,
     #[arg(long, default_value_t = 128, value_parser = at_least_one)]
     max_tokens: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = SamplingParams::default().temperature)]
-    temperature: f32,
-    #[arg(long, default_value_t = SamplingParams::default().top_p)]
-    top_p: f32,
-    /// 0 = no top-k cut.
-    #[arg(long, default_value_t = SamplingParams::default().top_k)]
-    top_k: usize,
-    #[arg(long, default_value_t = SamplingParams::default().min_p)]
-    min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
-    repetition_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
-    presence_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
-    frequency_penalty: f32,
-    /// RNG seed [default: from the clock; printed in the stats]
-    #[arg(long)]
-    seed: Option<u64>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Stop when the text contains this string (repeatable).
     #[arg(long)]
     stop: Vec<String>,
@@ -326,21 +365,13 @@ async fn load_from(file: &(impl ByteSource + ?Sized), args: &ModelArgs) -> Resul
 }
 
 async fn generate(args: GenerateArgs) -> Result<(), Error> {
-    let seed = args.seed.unwrap_or_else(|| {
+    let sampling = args.sampling.params(SamplingParams::default(), || {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
     });
+    let seed = sampling.seed;
     let options = GenerateOptions {
         max_tokens: args.max_tokens,
-        sampling: SamplingParams {
-            temperature: args.temperature,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            min_p: args.min_p,
-            repetition_penalty: args.repetition_penalty,
-            presence_penalty: args.presence_penalty,
-            frequency_penalty: args.frequency_penalty,
-            seed,
-        },
+        sampling,
         stop: args.stop,
         ignore_eos: args.ignore_eos,
         top_candidates: 0,
@@ -543,7 +574,8 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
     // --batch B needs B prompts and their tokens in the KV pool at once.
     // (Each sequence holds whole blocks of the pool.)
     let per_seq = (args.prompt_tokens + args.gen_tokens).next_multiple_of(webgpu_llm::gpu::kernels::KV_BLOCK);
-    let batch_needed = args.batch.iter().max().map_or(0, |&b| b.saturating_mul(per_seq));
+    let joining = args.join.map_or(0, |n| (n + 1).next_multiple_of(webgpu_llm::gpu::kernels::KV_BLOCK));
+    let batch_needed = args.batch.iter().max().map_or(0, |&b| b.saturating_mul(per_seq).saturating_add(joining));
     match args.model.context_length {
         Some(context) if needed > context => return Err(bench_overflow(&args, longest, Some(context))),
         Some(_) => {}
@@ -567,10 +599,11 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
     }
     let options = GenerateOptions {
         max_tokens: args.gen_tokens,
-        sampling: SamplingParams::greedy(),
+        sampling: args.sampling.params(SamplingParams::greedy(), || 0),
         ignore_eos: true,
         ..GenerateOptions::default()
     };
+    options.validate()?;
     let text = BENCH_TEXT.repeat(longest / 40 + 1);
     let all_tokens = engine.tokenizer.encode(&text)?;
     // A first short run compiles the driver's shader variants and warms caches.
@@ -607,7 +640,7 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
         }
     }
     if !args.batch.is_empty() {
-        bench_batch(&mut engine, &args, &all_tokens).await?;
+        bench_batch(&mut engine, &args, &options, &all_tokens).await?;
     }
     if let Some(spec) = &args.speculate {
         let drafter = drafter(spec)?;
@@ -720,59 +753,132 @@ async fn bench_speculation(engine: &mut Engine, args: &BenchArgs, spec: Speculat
     Ok(())
 }
 
-/// `bench --batch`: B prompts (each its own first token, so nothing is shared) decoded together;
-/// decode is timed from the moment every sequence has its first token, so prefill is left out.
-async fn bench_batch(engine: &mut Engine, args: &BenchArgs, all_tokens: &[u32]) -> Result<(), Error> {
+/// `bench --batch`: B prompts (each its own first token, so nothing is shared) decoded together
+/// by the batcher the server runs; decode is timed from the step after every sequence has its
+/// first token, so their prefill is left out (a `--join` request's is in). Per step: the GPU
+/// submissions and the bytes read back (over every step timed, and over the rows' steps).
+async fn bench_batch(
+    engine: &mut Engine,
+    args: &BenchArgs,
+    options: &GenerateOptions,
+    all_tokens: &[u32],
+) -> Result<(), Error> {
+    use webgpu_llm::batcher::{BatchEvent, Batcher};
     let prompt_tokens = args.prompt_tokens.min(all_tokens.len());
     let vocab = engine.config.vocab_size as u32;
     let mut single = None;
+    let p = &options.sampling;
+    let sampler = if p.is_greedy() {
+        "greedy".to_string()
+    } else {
+        format!(
+            "temperature {}, top-k {}, top-p {}, min-p {}, penalties {}/{}/{}",
+            p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty, p.frequency_penalty
+        )
+    };
     if !args.json {
-        println!("batched decode ({prompt_tokens}-token prompts, {} tokens each):", args.gen_tokens);
-        println!("{:>6} {:>18} {:>20} {:>8}", "batch", "aggregate tok/s", "per-sequence tok/s", "vs one");
+        println!("batched decode ({prompt_tokens}-token prompts, {} tokens each, {sampler}):", args.gen_tokens);
+        println!(
+            "{:>6} {:>18} {:>20} {:>8} {:>12} {:>14} {:>14}",
+            "batch",
+            "aggregate tok/s",
+            "per-sequence tok/s",
+            "vs one",
+            "submissions",
+            "read back/step",
+            "read back/row"
+        );
     }
+    let counters = |e: &Engine| e.gpu_model().map(|m| m.gpu.counters()).unwrap_or_default();
     for &b in &args.batch {
-        let requests: Vec<(Prompt, GenerateOptions)> = (0..b)
-            .map(|i| {
-                let mut tokens = all_tokens[..prompt_tokens].to_vec();
-                tokens[0] = (tokens[0] + 2 + i as u32) % vocab;
-                let options = GenerateOptions {
-                    max_tokens: args.gen_tokens,
-                    sampling: SamplingParams::greedy(),
-                    ignore_eos: true,
-                    ..GenerateOptions::default()
-                };
-                (Prompt::Tokens(tokens), options)
-            })
-            .collect();
-        let mut first = vec![false; b];
-        let (mut started, mut decoded) = (None, 0usize);
-        engine
-            .generate_batch(&requests, &mut |seq, _| {
-                if first[seq] {
-                    decoded += 1;
-                } else {
-                    first[seq] = true;
-                    if first.iter().all(|&f| f) {
-                        started = Some(web_time::Instant::now());
+        let mut batcher = Batcher::new(engine, usize::MAX);
+        batcher.limit_rows(b + args.join.is_some() as usize);
+        let prompt_of = |i: usize| {
+            let mut tokens = all_tokens[..prompt_tokens].to_vec();
+            tokens[0] = (tokens[0] + 2 + i as u32) % vocab;
+            Prompt::Tokens(tokens)
+        };
+        let mut ids = Vec::with_capacity(b);
+        for i in 0..b {
+            ids.push(batcher.enqueue(Batcher::prepare(engine, &prompt_of(i), options)?));
+        }
+        let join = match args.join {
+            Some(n) => {
+                let tokens: Vec<u32> = all_tokens.iter().cycle().take(n).map(|&t| (t + 1) % vocab).collect();
+                let options = GenerateOptions { max_tokens: 1, ..options.clone() };
+                Some(Batcher::prepare(engine, &Prompt::Tokens(tokens), &options)?)
+            }
+            None => None,
+        };
+        let mut join = join.map(|p| (args.gen_tokens / 2, p));
+        let (mut first, mut decoded, mut failed) = (vec![false; b], 0usize, None);
+        let (mut started, mut steps, mut rows, mut since) = (None, 0usize, 0usize, counters(engine));
+        let mut most_submissions = 0;
+        while !batcher.is_empty() {
+            if join.as_ref().is_some_and(|j| started.is_some() && steps == j.0) {
+                batcher.enqueue(join.take().expect("checked").1);
+            }
+            let timed = started.is_some();
+            let before = counters(engine).submissions;
+            let ran = batcher
+                .step(engine, &mut |_| true, &mut |id, event| {
+                    match (event, ids.iter().position(|&r| r == id)) {
+                        (BatchEvent::Token(_), Some(i)) => {
+                            if first[i] {
+                                decoded += 1;
+                            } else {
+                                first[i] = true;
+                            }
+                        }
+                        (BatchEvent::Failed(e), _) => failed = Some(e),
+                        _ => {}
                     }
-                }
-                true
-            })
-            .await?;
+                    true
+                })
+                .await?;
+            if let Some(e) = failed.take() {
+                batcher.clear(engine);
+                return Err(e);
+            }
+            if timed {
+                steps += 1;
+                rows += ran;
+                most_submissions = most_submissions.max(counters(engine).submissions - before);
+            } else if first.iter().all(|&f| f) {
+                started = Some(web_time::Instant::now());
+                since = counters(engine);
+            }
+        }
+        batcher.clear(engine);
         let secs = started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let spent = counters(engine) - since;
+        let per_step = |v: u64| v as f64 / steps.max(1) as f64;
+        let (submissions, read_back) = (per_step(spent.submissions), per_step(spent.bytes_read_back));
+        let per_row = spent.bytes_read_back as f64 / rows.max(1) as f64;
         let aggregate = decoded as f64 / secs.max(1e-9);
         let base = *single.get_or_insert(aggregate / b as f64);
         if args.json {
             let line = serde_json::json!({
                 "batch": b,
+                "join": args.join,
+                "sampler": sampler,
                 "aggregate_decode_tok_s": aggregate,
                 "per_sequence_decode_tok_s": aggregate / b as f64,
                 "prompt_tokens": prompt_tokens,
                 "gen_tokens": args.gen_tokens,
+                "steps": steps,
+                "submissions_per_step": submissions,
+                "max_submissions_per_step": most_submissions,
+                "readback_bytes_per_step": read_back,
+                "readback_bytes_per_row": per_row,
             });
             println!("{line}");
         } else {
-            println!("{b:>6} {aggregate:>18.2} {:>20.2} {:>7.2}x", aggregate / b as f64, aggregate / base);
+            println!(
+                "{b:>6} {aggregate:>18.2} {:>20.2} {:>7.2}x {submissions:>12.2} {read_back:>14.0} {per_row:>14.0}",
+                aggregate / b as f64,
+                aggregate / base
+            );
         }
     }
     Ok(())
@@ -846,6 +952,8 @@ impl BenchReport {
             "decode_steps": self.decode_steps,
             "dispatches_per_token": g.map(|g| g.dispatches),
             "submissions_per_token": g.map(|g| g.submissions),
+            "submissions_per_step": g.map(|g| g.submissions),
+            "readback_bytes_per_step": g.map(|g| g.bytes_read_back),
             "host_ms_per_token": g.map(|g| g.host_ms),
             "ledger_bytes_per_token": g.map(|g| g.ledger.total()),
             "min_bytes_per_token": g.map(|g| g.min.total()),

@@ -18,7 +18,7 @@ pub use embed::embed;
 pub use matmul::{gemm, gemv, gemv_rope_kv, Epilogue, GemvBatch};
 pub use norm::{rms_norm, NormOut};
 pub use rope::{rope_kv, rope_table, QkvExtras, RopeKvFold};
-pub use top_k::{top_k, MAX_TOP_K, TOP_K_WORDS};
+pub use top_k::{top_k, MAX_TOP_K, NUCLEUS_K, TOP_K_WORDS};
 
 use crate::gpu::{Gpu, KernelStyle};
 
