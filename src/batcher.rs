@@ -2,13 +2,21 @@
 //!
 //! A `Batcher` holds the requests being generated, each in its own KV-pool sequence (its own
 //! cache on the CPU backend), and the queue of those waiting to start. `step` runs one round:
-//! the waiting requests are admitted in order while the pool can hold them at their longest and
-//! a decode step has a row for them; then up to `prefill_budget` prompt tokens of requests still
-//! being prefilled (in pieces of at most `PREFILL_CHUNK`, oldest request first), then one decode
-//! step of every prefilled request the caller says is ready, as one batch (each weight read once
-//! for all rows); finished ones leave at the end of the round and give their blocks back. Greedy
+//! the waiting requests are admitted in order while the batch has a row and the pool has the
+//! blocks their prompt needs; then up to `prefill_budget` prompt tokens of requests still being
+//! prefilled (in pieces of at most `PREFILL_CHUNK`, oldest request first), then one decode step
+//! of every prefilled request the caller says is ready, as one batch (each weight read once for
+//! all rows); finished ones leave at the end of the round and give their blocks back. Greedy
 //! output of a request is what it gives alone; a sampled request draws with its own seed what it
 //! draws alone.
+//!
+//! Blocks on demand (vLLM's rule): a request holds the blocks of the positions it has written,
+//! and takes one more as it crosses a block boundary; `max_tokens` bounds it but reserves
+//! nothing. When a step's rows need more blocks than are free, the kept prefixes go first, then
+//! the most recently admitted request is preempted: its blocks are freed and it waits at the
+//! head of the queue with everything it has (sampler, text, the token to feed next), to be
+//! recomputed from its tokens when there is room (forking a kept prefix where one matches), and
+//! to go on as if nothing happened: the same tokens as never preempted.
 //!
 //! Between two decode steps of a running request there is at most one step of every row plus
 //! `prefill_budget` prompt tokens: that is the bound a newcomer's prefill puts on the others'
@@ -86,10 +94,9 @@ struct Request {
     id: RequestId,
     seq: BatchSeq,
     kv: SeqKv,
-    /// Prompt tokens run so far (from the prefix cache, then prefilled).
-    prefilled: usize,
-    /// KV blocks the request holds at its longest (prompt + max_tokens).
-    blocks: usize,
+    /// Positions of `seq.tokens` whose keys and values are in `kv` (from the prefix cache, then
+    /// prefilled or recomputed, then decoded): the rest are to run before it decodes.
+    computed: usize,
 }
 
 /// An ended request's sequence, kept for a later prompt that starts with `tokens` (whose keys
@@ -103,9 +110,15 @@ pub struct Batcher {
     requests: Vec<Request>,
     /// Requests enqueued and not yet admitted, in order (admitted at the start of a round).
     waiting: VecDeque<(RequestId, Prepared)>,
+    /// Requests preempted for their blocks, admitted again before any waiting one, in the order
+    /// they were first admitted.
+    preempted: VecDeque<(RequestId, BatchSeq)>,
+    preemptions: u64,
     /// The prefix cache, oldest first; at most `max_rows` sequences.
     kept: Vec<Kept>,
     next_id: RequestId,
+    /// The sequence `admit_as` made (and the positions it forked), for `push_admitted`.
+    admitted: Option<(SeqKv, usize)>,
     prefill_budget: usize,
     max_rows: usize,
     /// A decode step's rows: (request index, token, position), reused.
@@ -133,8 +146,11 @@ impl Batcher {
         Self {
             requests: Vec::new(),
             waiting: VecDeque::new(),
+            preempted: VecDeque::new(),
+            preemptions: 0,
             kept: Vec::new(),
             next_id: 0,
+            admitted: None,
             prefill_budget: prefill_budget.max(1),
             max_rows,
             rows: Vec::with_capacity(max_rows),
@@ -162,19 +178,24 @@ impl Batcher {
         self.requests.len()
     }
 
-    /// Requests enqueued and not yet admitted.
+    /// Requests enqueued and not yet admitted (preempted ones included).
     pub fn waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() + self.preempted.len()
     }
 
     /// Nothing running and nothing waiting.
     pub fn is_empty(&self) -> bool {
-        self.requests.is_empty() && self.waiting.is_empty()
+        self.requests.is_empty() && self.waiting.is_empty() && self.preempted.is_empty()
     }
 
-    /// Requests whose prompt is not yet all run.
+    /// Requests whose prompt (or, preempted, whose tokens so far) is not yet all run.
     pub fn prefilling(&self) -> usize {
-        self.requests.iter().filter(|r| r.prefilled < r.seq.prompt_len).count()
+        self.requests.iter().filter(|r| r.computed < r.seq.tokens.len()).count()
+    }
+
+    /// Requests preempted so far (their blocks taken for others', to be recomputed).
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
     }
 
     /// Checks a request against the model: options, prompt tokens, context. Errors here are the
@@ -194,41 +215,30 @@ impl Batcher {
         Ok(Prepared { tokens, sampler, options: options.clone(), vocab_size: engine.config.vocab_size })
     }
 
-    /// KV blocks a request needs at its longest (0 on the CPU backend, which has no pool), less
-    /// the whole blocks it shares with the kept sequence it forks (`reused` positions).
-    fn blocks_needed(engine: &Engine, p: &Prepared, reused: usize) -> usize {
+    /// The pool's free blocks (unbounded on the CPU backend, which has no pool).
+    fn free_blocks(engine: &Engine) -> usize {
+        engine.gpu_model().map_or(usize::MAX, |m| m.pool().free_blocks())
+    }
+
+    /// Blocks a request with `tokens` to run (then one position to decode) takes when admitted,
+    /// past the `reused` positions it forks from a kept sequence (0 on the CPU backend).
+    fn blocks_to_admit(engine: &Engine, tokens: usize, reused: usize) -> usize {
         engine.gpu_model().map_or(0, |m| {
             let bt = m.pool().block_tokens();
-            (p.tokens.len() + p.options.max_tokens).div_ceil(bt) - reused / bt
+            (tokens + 1).div_ceil(bt) - reused / bt
         })
     }
 
-    /// Blocks no admitted request will take: the pool's free blocks less what running requests
-    /// will still reserve as they grow.
-    fn uncommitted_blocks(&self, engine: &Engine) -> usize {
-        let Some(m) = engine.gpu_model() else { return usize::MAX };
-        let pool = m.pool();
-        let owed: usize = self
-            .requests
-            .iter()
-            .map(|r| match r.kv {
-                SeqKv::Gpu(seq) => r.blocks.saturating_sub(pool.table(seq).len()),
-                SeqKv::Cpu(_) => 0,
-            })
-            .sum();
-        pool.free_blocks().saturating_sub(owed)
-    }
-
-    /// The kept sequence `p` would fork and the prompt positions it takes from it: the longest
-    /// common prefix (the most recent on a tie), short of the prompt's last token (whose logits
-    /// the request needs from its own prefill), in whole blocks (shared as they are: the
-    /// request writes only blocks of its own, and needs exactly the blocks past them).
-    fn reuse(&self, engine: &Engine, p: &Prepared) -> Option<(usize, usize)> {
+    /// The kept sequence a request with `tokens` would fork and the positions it takes from it:
+    /// the longest common prefix (the most recent on a tie), short of the last token (whose
+    /// logits a new request needs from its own prefill), in whole blocks (shared as they are:
+    /// the request writes only blocks of its own, and needs exactly the blocks past them).
+    fn reuse(&self, engine: &Engine, tokens: &[u32]) -> Option<(usize, usize)> {
         let bt = engine.gpu_model()?.pool().block_tokens();
         let mut best: Option<(usize, usize)> = None;
         for (i, k) in self.kept.iter().enumerate() {
-            let common = k.tokens.iter().zip(&p.tokens).take_while(|(a, b)| a == b).count();
-            let len = common.min(p.tokens.len() - 1) / bt * bt;
+            let common = k.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+            let len = common.min(tokens.len() - 1) / bt * bt;
             if len > 0 && best.is_none_or(|(_, l)| len >= l) {
                 best = Some((i, len));
             }
@@ -236,27 +246,74 @@ impl Batcher {
         best
     }
 
-    /// Whether `p` fits now, evicting kept sequences (oldest first, the one it would fork
-    /// last) until it does or none is left: a row, a sequence slot and the pool's room for it at
-    /// its longest.
-    fn make_room(&mut self, engine: &mut Engine, p: &Prepared) -> bool {
+    /// Evicts the oldest kept sequence other than `keep`; false when there is none.
+    fn evict_kept(&mut self, engine: &mut Engine, keep: Option<usize>) -> bool {
+        let Some(victim) = (0..self.kept.len()).find(|&i| Some(i) != keep) else { return false };
+        let k = self.kept.remove(victim);
+        free(engine, &SeqKv::Gpu(k.seq));
+        true
+    }
+
+    /// Whether a request with `tokens` to run fits now, evicting kept sequences (oldest first,
+    /// the one it would fork last) until it does or none is left: a row, a sequence slot and
+    /// the blocks of its tokens and its first decoded position, with `margin` blocks to spare
+    /// (for the running requests to grow by).
+    fn make_room(&mut self, engine: &mut Engine, tokens: &[u32], margin: usize) -> bool {
         if self.requests.len() >= self.max_rows {
             return false;
         }
         loop {
-            let reuse = self.reuse(engine, p);
-            let needed = Self::blocks_needed(engine, p, reuse.map_or(0, |r| r.1));
+            let reuse = self.reuse(engine, tokens);
+            let needed = Self::blocks_to_admit(engine, tokens.len(), reuse.map_or(0, |r| r.1));
             let slot = engine.gpu_model().is_none_or(|m| m.pool().free_slots() > 0);
-            if slot && needed <= self.uncommitted_blocks(engine) {
+            if slot && needed.saturating_add(margin) <= Self::free_blocks(engine) {
                 return true;
             }
             let forked = reuse.map(|r| r.0);
-            let Some(victim) = (0..self.kept.len()).find(|&i| Some(i) != forked).or(forked) else {
-                return false;
-            };
-            let k = self.kept.remove(victim);
-            free(engine, &SeqKv::Gpu(k.seq));
+            if !self.evict_kept(engine, forked) {
+                if forked.is_none() || !self.evict_kept(engine, None) {
+                    return false;
+                }
+            }
         }
+    }
+
+    /// Blocks request `i` takes to hold `len` positions (0 on the CPU backend).
+    fn blocks_to_grow(&self, engine: &Engine, i: usize, len: usize) -> usize {
+        match (&self.requests[i].kv, engine.gpu_model()) {
+            (&SeqKv::Gpu(seq), Some(m)) => m.pool().blocks_to_reserve(seq, len),
+            _ => 0,
+        }
+    }
+
+    /// Running requests that will decode (each may take a block at its next step): the room
+    /// an admission leaves them.
+    fn decoding(&self) -> usize {
+        self.requests.iter().filter(|r| r.computed == r.seq.tokens.len()).count()
+    }
+
+    /// Takes the most recently admitted request out of the batch for its blocks: it waits at
+    /// the head of the queue with its state, and is recomputed from its tokens when admitted
+    /// again.
+    fn preempt_last(&mut self, engine: &mut Engine) {
+        let r = self.requests.pop().expect("a running request to preempt");
+        free(engine, &r.kv);
+        self.preemptions += 1;
+        self.preempted.push_front((r.id, r.seq));
+    }
+
+    /// Frees blocks until `needed` are free: kept sequences first, then running requests, most
+    /// recently admitted first, down to (not past) `floor` of them. Whether they now are.
+    fn free_up(&mut self, engine: &mut Engine, needed: usize, floor: usize) -> bool {
+        while needed > Self::free_blocks(engine) {
+            if !self.evict_kept(engine, None) {
+                if self.requests.len() <= floor {
+                    return false;
+                }
+                self.preempt_last(engine);
+            }
+        }
+        true
     }
 
     /// Queues a prepared request: each round first admits the waiting requests, in order,
@@ -278,58 +335,54 @@ impl Batcher {
         p: Prepared,
     ) -> std::result::Result<RequestId, (Error, Box<Prepared>)> {
         let id = self.next_id;
-        let admitted = self.admit_as(engine, id, p)?;
+        if let Err(e) = self.admit_as(engine, &p.tokens) {
+            return Err((e, Box::new(p)));
+        }
         self.next_id += 1;
-        Ok(admitted)
+        let seq = BatchSeq::new(p);
+        self.push_admitted(id, seq);
+        Ok(id)
     }
 
-    fn admit_as(
-        &mut self,
-        engine: &mut Engine,
-        id: RequestId,
-        p: Prepared,
-    ) -> std::result::Result<RequestId, (Error, Box<Prepared>)> {
+    /// Checks that a request with `tokens` can start now and makes its sequence; it is pushed
+    /// by `push_admitted`.
+    fn admit_as(&mut self, engine: &mut Engine, tokens: &[u32]) -> Result<()> {
         if self.requests.len() >= self.max_rows {
-            return Err((Error::TooManySequences { max: self.max_rows }, Box::new(p)));
+            return Err(Error::TooManySequences { max: self.max_rows });
         }
-        let fits = self.make_room(engine, &p);
-        let reuse = self.reuse(engine, &p);
-        let needed = Self::blocks_needed(engine, &p, reuse.map_or(0, |r| r.1));
-        let free_blocks = self.uncommitted_blocks(engine);
-        let mut reused = 0;
+        let fits = self.make_room(engine, tokens, 0);
+        let reuse = self.reuse(engine, tokens);
+        let needed = Self::blocks_to_admit(engine, tokens.len(), reuse.map_or(0, |r| r.1));
+        let free_blocks = Self::free_blocks(engine);
         let kv = match &mut engine.backend {
             Backend::Cpu { model, .. } => SeqKv::Cpu(Box::new(model.new_cache())),
             Backend::Gpu(model) => {
                 let bt = model.pool().block_tokens();
                 if !fits && needed > free_blocks {
-                    let capacity_tokens = model.pool().blocks() * bt;
-                    return Err((
-                        Error::KvPoolFull {
-                            needed_tokens: needed * bt,
-                            free_tokens: free_blocks * bt,
-                            capacity_tokens,
-                        },
-                        Box::new(p),
-                    ));
+                    return Err(Error::KvPoolFull {
+                        needed_tokens: needed * bt,
+                        free_tokens: free_blocks * bt,
+                        capacity_tokens: model.pool().blocks() * bt,
+                    });
                 }
                 let seq = match reuse {
-                    Some((i, len)) => {
-                        reused = len;
-                        model.fork_sequence(self.kept[i].seq, len)
-                    }
+                    Some((i, len)) => model.fork_sequence(self.kept[i].seq, len),
                     None => model.new_sequence(),
                 };
-                match seq {
-                    Ok(seq) => SeqKv::Gpu(seq),
-                    Err(e) => return Err((e, Box::new(p))),
-                }
+                SeqKv::Gpu(seq?)
             }
         };
-        let blocks = needed + engine.gpu_model().map_or(0, |m| reused / m.pool().block_tokens());
-        let mut seq = BatchSeq::new(p);
-        seq.reused = reused;
-        self.requests.push(Request { id, seq, kv, prefilled: reused, blocks });
-        Ok(id)
+        self.admitted = Some((kv, reuse.map_or(0, |r| r.1)));
+        Ok(())
+    }
+
+    /// Pushes the request `admit_as` made room for.
+    fn push_admitted(&mut self, id: RequestId, mut seq: BatchSeq) {
+        let (kv, reused) = self.admitted.take().expect("admit_as made its sequence");
+        if seq.next.is_none() {
+            seq.reused = reused;
+        }
+        self.requests.push(Request { id, seq, kv, computed: reused });
     }
 
     /// Ends a request now (its client went away): it leaves the batch (or the queue) and its
@@ -339,6 +392,11 @@ impl Batcher {
             let (_, p) = self.waiting.remove(i).expect("found");
             let mut seq = BatchSeq::new(p);
             seq.stop = Some(StopReason::Aborted);
+            return Some(seq.stats());
+        }
+        if let Some(i) = self.preempted.iter().position(|w| w.0 == id) {
+            let (_, mut seq) = self.preempted.remove(i).expect("found");
+            seq.stop.get_or_insert(StopReason::Aborted);
             return Some(seq.stats());
         }
         let i = self.requests.iter().position(|r| r.id == id)?;
@@ -352,7 +410,13 @@ impl Batcher {
     /// Ends every request (after an error that is not one request's: a lost device) and frees
     /// the kept sequences: every block the batcher held is back in the pool.
     pub fn clear(&mut self, engine: &mut Engine) -> Vec<RequestId> {
-        let ids = self.requests.iter().map(|r| r.id).chain(self.waiting.drain(..).map(|w| w.0)).collect();
+        let ids = self
+            .requests
+            .iter()
+            .map(|r| r.id)
+            .chain(self.preempted.drain(..).map(|w| w.0))
+            .chain(self.waiting.drain(..).map(|w| w.0))
+            .collect();
         for r in self.requests.drain(..) {
             free(engine, &r.kv);
         }
@@ -376,7 +440,7 @@ impl Batcher {
     /// positions whose keys and values it wrote), unless it failed or holds nothing.
     fn retire(&mut self, engine: &mut Engine, r: Request) {
         let SeqKv::Gpu(seq) = r.kv else { return };
-        let written = if r.prefilled < r.seq.prompt_len { r.prefilled } else { r.seq.tokens.len() };
+        let written = r.computed;
         if r.seq.failed.is_some() || written == 0 {
             free(engine, &r.kv);
             return;
@@ -403,13 +467,32 @@ impl Batcher {
         ready: &mut dyn FnMut(RequestId) -> bool,
         on_event: &mut dyn FnMut(RequestId, BatchEvent) -> bool,
     ) -> Result<usize> {
+        // Preempted requests first (their blocks were taken, not refused), then the queue; each
+        // leaves the running ones a block each to grow by.
+        while let Some((id, seq)) = self.preempted.pop_front() {
+            let margin = self.decoding();
+            if !self.requests.is_empty() && !self.make_room(engine, &seq.tokens, margin) {
+                self.preempted.push_front((id, seq));
+                break;
+            }
+            match self.admit_as(engine, &seq.tokens) {
+                Ok(()) => self.push_admitted(id, seq),
+                Err(e) => {
+                    on_event(id, BatchEvent::Failed(e));
+                }
+            }
+        }
         while let Some((id, p)) = self.waiting.pop_front() {
-            if !self.requests.is_empty() && !self.make_room(engine, &p) {
+            let margin = self.decoding();
+            if !self.preempted.is_empty() || (!self.requests.is_empty() && !self.make_room(engine, &p.tokens, margin)) {
                 self.waiting.push_front((id, p));
                 break;
             }
-            if let Err((e, _)) = self.admit_as(engine, id, p) {
-                on_event(id, BatchEvent::Failed(e));
+            match self.admit_as(engine, &p.tokens) {
+                Ok(()) => self.push_admitted(id, BatchSeq::new(p)),
+                Err(e) => {
+                    on_event(id, BatchEvent::Failed(e));
+                }
             }
         }
         let vocab = engine.config.vocab_size;
@@ -419,20 +502,25 @@ impl Batcher {
             self.top = (0..self.max_rows.max(1)).map(|_| Vec::with_capacity(MAX_TOP_K)).collect();
         }
         let mut budget = self.prefill_budget;
-        for i in 0..self.requests.len() {
-            if budget == 0 {
-                break;
-            }
-            let r = &mut self.requests[i];
-            if r.prefilled == r.seq.prompt_len {
+        let mut i = 0;
+        while i < self.requests.len() && budget > 0 {
+            i += 1;
+            let (computed, len) = (self.requests[i - 1].computed, self.requests[i - 1].seq.tokens.len());
+            if computed == len {
                 continue;
             }
-            if r.prefilled == r.seq.reused {
+            let n = budget.min(PREFILL_CHUNK).min(len - computed);
+            // Its chunk's blocks, taken from kept sequences and the requests admitted after it.
+            if !self.free_up(engine, self.blocks_to_grow(engine, i - 1, computed + n), i) {
+                continue;
+            }
+            let r = &mut self.requests[i - 1];
+            if r.seq.next.is_none() && computed == r.seq.reused {
                 r.seq.start = Instant::now();
             }
-            let n = budget.min(PREFILL_CHUNK).min(r.seq.prompt_len - r.prefilled);
-            let last = r.prefilled + n == r.seq.prompt_len;
-            let chunk = &r.seq.tokens[r.prefilled..r.prefilled + n];
+            // A preempted request's tokens are recomputed: its next token is already chosen.
+            let last = computed + n == len && r.seq.next.is_none();
+            let chunk = &r.seq.tokens[computed..computed + n];
             let logits = &mut self.logits[..vocab];
             let want = r.seq.row_readback(on_gpu);
             let (top, tail) = (&mut self.top[0], &mut self.tails[0]);
@@ -454,11 +542,11 @@ impl Batcher {
                         }
                         RowReadback::Logits => Readback::Logits(logits),
                     };
-                    model.step_in(seq, chunk, r.prefilled, readback).await.map(|got| id = got.unwrap_or(0))
+                    model.step_in(seq, chunk, computed, readback).await.map(|got| id = got.unwrap_or(0))
                 }
                 _ => unreachable!("a request's cache is on its engine's backend"),
             };
-            r.prefilled += n;
+            r.computed += n;
             budget -= n;
             match ran {
                 // The GPU's argmax flags non-finite logits: this request fails, not the batch.
@@ -496,10 +584,26 @@ impl Batcher {
         self.rows.clear();
         for (i, r) in self.requests.iter_mut().enumerate() {
             if let (Some(next), None, None) = (r.seq.next, r.seq.stop, &r.seq.failed) {
-                if ready(r.id) {
+                if r.computed == r.seq.tokens.len() && ready(r.id) {
                     self.rows.push((i, next, r.seq.tokens.len()));
                 }
             }
+        }
+        // The blocks the rows grow into: kept sequences go first, then the requests admitted
+        // last (their rows with them) until the others' fit.
+        loop {
+            let needed: usize = self.rows.iter().map(|&(i, _, pos)| self.blocks_to_grow(engine, i, pos + 1)).sum();
+            if needed <= Self::free_blocks(engine) || self.evict_kept(engine, None) {
+                if needed <= Self::free_blocks(engine) {
+                    break;
+                }
+                continue;
+            }
+            let last = self.requests.len() - 1;
+            if self.rows.last().is_some_and(|r| r.0 == last) {
+                self.rows.pop();
+            }
+            self.preempt_last(engine);
         }
         let n = self.rows.len();
         if n > 0 {
@@ -539,6 +643,7 @@ impl Batcher {
             for (k, &(i, token, pos)) in self.rows.iter().enumerate() {
                 let r = &mut self.requests[i];
                 r.seq.tokens.push(token);
+                r.computed += 1;
                 // The argmax flags a row with non-finite logits (u32::MAX): that request
                 // fails; the others go on.
                 let want = self.want[k];

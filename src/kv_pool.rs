@@ -117,6 +117,18 @@ impl KvPool {
         self.live(seq).map_or(&[], |s| &s.table)
     }
 
+    /// Blocks `reserve(seq, len)` would take from the free list: the blocks appended, and a
+    /// shared last block copied before it is written (0 for an unknown sequence).
+    pub fn blocks_to_reserve(&self, seq: SeqId, len: usize) -> usize {
+        let Some(slot) = self.live(seq) else { return 0 };
+        let bt = self.block_tokens;
+        if len <= slot.len {
+            return 0;
+        }
+        let cow = slot.len % bt != 0 && self.refcount[slot.table[slot.len / bt] as usize] > 1;
+        len.div_ceil(bt) - slot.table.len() + usize::from(cow)
+    }
+
     /// Makes positions 0..len of `seq` writable from its current length on: appends free blocks
     /// as needed, and for a block that is shared (refcount > 1) and will be written (it holds a
     /// position in old_len..len), copy-on-write: takes a free block, pushes (old_block,

@@ -347,3 +347,81 @@ fn enqueued_requests_wait_for_a_row_in_order_and_a_cancelled_one_never_runs() {
     );
     b.clear(&mut e);
 }
+
+/// Blocks on demand: `max_tokens` bounds a request and reserves nothing, so five requests
+/// whose longest lengths add up to more than the pool all start at once; as they grow past the
+/// pool, the most recently admitted is preempted (its blocks freed), waits at the head of the
+/// queue and is recomputed from its tokens, and every request still gives the CPU reference's
+/// tokens (a sampled one what it draws alone, with its seed). No request is refused.
+#[test]
+fn requests_that_outgrow_the_pool_are_preempted_and_recomputed_with_the_same_tokens() {
+    use std::collections::HashMap;
+    use webgpu_llm::batcher::{BatchEvent, Batcher};
+    // 96 tokens: six blocks of 16. Each request's prompt (5 to 12 tokens) fits one block and
+    // it runs to 24 tokens: two blocks at its longest, ten for the five.
+    let mut e = engine(BackendKind::Gpu, 96);
+    let blocks = e.gpu_model().unwrap().pool().blocks();
+    assert_eq!(blocks, 6);
+    let sampled = GenerateOptions {
+        max_tokens: 24,
+        sampling: SamplingParams { temperature: 0.9, top_k: 40, seed: 21, ..SamplingParams::default() },
+        ignore_eos: true,
+        ..Default::default()
+    };
+    // Raw prompts of 4 to 12 tokens; the last one sampled.
+    let prompts: Vec<Vec<u32>> = vec![
+        prompt_ids(0),
+        prompt_ids(2),
+        vec![tiny::IM_START, 400, 401, 402],
+        vec![tiny::IM_START, 500, 1501, 502, 7, 1900],
+        prompt_ids(2)[..9].to_vec(),
+    ];
+    let sampled_one = prompts.len() - 1;
+    let options = |i: usize| if i == sampled_one { sampled.clone() } else { greedy(24) };
+    // What each gives alone (`Engine::generate`, its own loop, on the same GPU: the CPU
+    // reference's greedy tokens part from the GPU's at a near tie of prompt 2's 23rd token).
+    let alone: Vec<Vec<u32>> = (0..prompts.len())
+        .map(|i| {
+            let mut ids = Vec::new();
+            pollster::block_on(e.generate(&Prompt::Tokens(prompts[i].clone()), &options(i), &mut |ev| {
+                ids.push(ev.id);
+                true
+            }))
+            .unwrap();
+            ids
+        })
+        .collect();
+    assert_eq!(alone[0], want(0, 24), "the GPU alone against the CPU reference");
+    let mut b = Batcher::new(&mut e, usize::MAX);
+    let mut which = HashMap::new();
+    for (i, p) in prompts.iter().enumerate() {
+        assert!(p.len() < 16, "prompt {i} fits one block");
+        let p = Batcher::prepare(&e, &Prompt::Tokens(p.clone()), &options(i)).unwrap();
+        which.insert(b.enqueue(p), i);
+    }
+    let mut ids: HashMap<usize, Vec<u32>> = HashMap::new();
+    let (mut rounds, mut all_started_at) = (0, None);
+    while !b.is_empty() {
+        pollster::block_on(b.step(&mut e, &mut |_| true, &mut |id, ev| {
+            match ev {
+                BatchEvent::Token(t) => ids.entry(which[&id]).or_default().push(t.id),
+                BatchEvent::Done(s) => assert_eq!(s.stop_reason, StopReason::MaxTokens),
+                BatchEvent::Failed(err) => panic!("request {} failed: {err}", which[&id]),
+            }
+            true
+        }))
+        .unwrap();
+        rounds += 1;
+        if all_started_at.is_none() && ids.len() == prompts.len() {
+            all_started_at = Some(rounds);
+        }
+        assert!(rounds < 500, "the batch does not end");
+    }
+    assert_eq!(all_started_at, Some(1), "all five start in the first round: max_tokens reserves nothing");
+    assert!(b.preemptions() > 0, "ten blocks' worth of requests in six: some were preempted");
+    for (i, want) in alone.iter().enumerate() {
+        assert_eq!(&ids[&i], want, "prompt {i}");
+    }
+    b.clear(&mut e);
+    assert_eq!(e.gpu_model().unwrap().pool().free_blocks(), blocks, "every block back in the pool");
+}
