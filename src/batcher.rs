@@ -34,7 +34,7 @@ use crate::engine::{
 };
 use crate::error::{Error, Result};
 use crate::gpu::kernels::{MAX_TOP_K, NUCLEUS_K};
-use crate::gpu::{BatchReadback, Readback, RowReadback, RowsReadback, Selection, PREFILL_CHUNK};
+use crate::gpu::{RowReadback, RowsReadback, PREFILL_CHUNK, ROUND_PASSES};
 use crate::kv_pool::SeqId;
 use crate::model::{CpuKvCache, Logits};
 use crate::sampling::{all_finite, argmax, Sampler, Tail};
@@ -84,6 +84,16 @@ impl Prepared {
     }
 }
 
+/// A row of a round's decode step: request `request`'s `token` at `pos`; `first`: its prompt's
+/// last token, whose logits choose its first token.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    request: usize,
+    token: u32,
+    pos: usize,
+    first: bool,
+}
+
 /// Where a request's keys and values live.
 enum SeqKv {
     Cpu(Box<CpuKvCache>),
@@ -121,8 +131,9 @@ pub struct Batcher {
     admitted: Option<(SeqKv, usize)>,
     prefill_budget: usize,
     max_rows: usize,
-    /// A decode step's rows: (request index, token, position), reused.
-    rows: Vec<(usize, u32, usize)>,
+    /// A round's decode rows and prompt chunks (request index, first position, tokens), reused.
+    rows: Vec<Row>,
+    chunks: Vec<(usize, usize, usize)>,
     gpu_rows: Vec<(SeqId, u32, usize)>,
     /// What each row reads back (its sampler's needs), and where: every row's argmax, the
     /// selections of top-k/top-p/min-p rows, the logits of rows that need them all (row after
@@ -154,6 +165,7 @@ impl Batcher {
             prefill_budget: prefill_budget.max(1),
             max_rows,
             rows: Vec::with_capacity(max_rows),
+            chunks: Vec::with_capacity(ROUND_PASSES),
             gpu_rows: Vec::with_capacity(max_rows),
             want: Vec::with_capacity(max_rows),
             ids: vec![0; max_rows],
@@ -270,10 +282,9 @@ impl Batcher {
                 return true;
             }
             let forked = reuse.map(|r| r.0);
-            if !self.evict_kept(engine, forked) {
-                if forked.is_none() || !self.evict_kept(engine, None) {
-                    return false;
-                }
+            // The one it would fork goes last.
+            if !self.evict_kept(engine, forked) && (forked.is_none() || !self.evict_kept(engine, None)) {
+                return false;
             }
         }
     }
@@ -457,223 +468,186 @@ impl Batcher {
         }
     }
 
-    /// One round: admit waiting requests, prefill within the budget, then one decode step of
-    /// every prefilled request for which `ready(id)` (a request whose reader is behind waits; its
-    /// state is kept), then the finished requests leave. Events go to `on_event`. Returns the decode step's rows.
-    /// An error here is not one request's (the batch should be cleared).
+    /// One round: admit waiting requests, then one pass of the model over rows of every kind:
+    /// a decode row of every running request for which `ready(id)` (a request whose reader is
+    /// behind waits; its state is kept), and up to `prefill_budget` prompt tokens of requests
+    /// still being prefilled (in chunks of at most `PREFILL_CHUNK`, oldest request first),
+    /// whose prompt's last token is a row of the decode step, which chooses its first token.
+    /// On the GPU the round is one submission (`GpuModel::run_round`). Then the finished
+    /// requests leave. Events go to `on_event`. Returns the decode step's rows. An error here
+    /// is not one request's (the batch should be cleared).
     pub async fn step(
         &mut self,
         engine: &mut Engine,
         ready: &mut dyn FnMut(RequestId) -> bool,
         on_event: &mut dyn FnMut(RequestId, BatchEvent) -> bool,
     ) -> Result<usize> {
-        // Preempted requests first (their blocks were taken, not refused), then the queue; each
-        // leaves the running ones a block each to grow by.
-        while let Some((id, seq)) = self.preempted.pop_front() {
-            let margin = self.decoding();
-            if !self.requests.is_empty() && !self.make_room(engine, &seq.tokens, margin) {
-                self.preempted.push_front((id, seq));
-                break;
-            }
-            match self.admit_as(engine, &seq.tokens) {
-                Ok(()) => self.push_admitted(id, seq),
-                Err(e) => {
-                    on_event(id, BatchEvent::Failed(e));
-                }
-            }
-        }
-        while let Some((id, p)) = self.waiting.pop_front() {
-            let margin = self.decoding();
-            if !self.preempted.is_empty() || (!self.requests.is_empty() && !self.make_room(engine, &p.tokens, margin)) {
-                self.waiting.push_front((id, p));
-                break;
-            }
-            match self.admit_as(engine, &p.tokens) {
-                Ok(()) => self.push_admitted(id, BatchSeq::new(p)),
-                Err(e) => {
-                    on_event(id, BatchEvent::Failed(e));
-                }
-            }
-        }
+        self.admit_waiting(engine, on_event);
         let vocab = engine.config.vocab_size;
         let on_gpu = engine.gpu_model().is_some();
-        self.logits.resize(vocab.max(self.logits.len()), 0.0);
         if self.top.is_empty() {
             self.top = (0..self.max_rows.max(1)).map(|_| Vec::with_capacity(MAX_TOP_K)).collect();
         }
-        let mut budget = self.prefill_budget;
-        let mut i = 0;
-        while i < self.requests.len() && budget > 0 {
-            i += 1;
-            let (computed, len) = (self.requests[i - 1].computed, self.requests[i - 1].seq.tokens.len());
-            if computed == len {
-                continue;
-            }
-            let n = budget.min(PREFILL_CHUNK).min(len - computed);
-            // Its chunk's blocks, taken from kept sequences and the requests admitted after it.
-            if !self.free_up(engine, self.blocks_to_grow(engine, i - 1, computed + n), i) {
-                continue;
-            }
-            let r = &mut self.requests[i - 1];
-            if r.seq.next.is_none() && computed == r.seq.reused {
-                r.seq.start = Instant::now();
-            }
-            // A preempted request's tokens are recomputed: its next token is already chosen.
-            let last = computed + n == len && r.seq.next.is_none();
-            let chunk = &r.seq.tokens[computed..computed + n];
-            let logits = &mut self.logits[..vocab];
-            let want = r.seq.row_readback(on_gpu);
-            let (top, tail) = (&mut self.top[0], &mut self.tails[0]);
-            let mut id = 0;
-            let ran = match (&mut engine.backend, &mut r.kv) {
-                (Backend::Cpu { model, .. }, SeqKv::Cpu(cache)) => {
-                    let out = model.forward(cache, chunk, Logits::Last)?;
-                    logits.copy_from_slice(&out);
-                    // As the GPU's argmax does: non-finite logits flag the row.
-                    id = if all_finite(logits) { argmax(logits) } else { u32::MAX };
-                    Ok(())
-                }
-                (Backend::Gpu(model), &mut SeqKv::Gpu(seq)) => {
-                    let readback = match want {
-                        _ if !last => Readback::None,
-                        RowReadback::Argmax => Readback::Argmax,
-                        RowReadback::Select { k, tail: t } => {
-                            Readback::TopK(Selection { k, out: top, tail: t.map(|t| (t, &mut *tail)) })
-                        }
-                        RowReadback::Logits => Readback::Logits(logits),
-                    };
-                    model.step_in(seq, chunk, computed, readback).await.map(|got| id = got.unwrap_or(0))
-                }
-                _ => unreachable!("a request's cache is on its engine's backend"),
-            };
-            r.computed += n;
-            budget -= n;
-            match ran {
-                // The GPU's argmax flags non-finite logits: this request fails, not the batch.
-                Err(Error::NonFiniteLogits { .. }) => {
-                    r.seq.failed = Some(Error::NonFiniteLogits { position: r.seq.prompt_len });
-                    continue;
-                }
-                other => other?,
-            }
-            if !last {
-                continue;
-            }
-            if id == u32::MAX || (want == RowReadback::Logits && !all_finite(logits)) {
-                r.seq.failed = Some(Error::NonFiniteLogits { position: r.seq.prompt_len });
-                continue;
-            }
-            let next = match r.seq.choose_from(&engine.tokenizer, want, id, &self.top[0], self.tails[0], logits) {
-                Some(next) => next,
-                None => {
-                    let Some(model) = engine.gpu_model() else { unreachable!("selected on the GPU") };
-                    model.read_logits(0, logits).await?;
-                    r.seq.choose(&engine.tokenizer, logits)
-                }
-            };
-            if next as usize >= vocab {
-                return Err(Error::TokenOutOfRange { id: next, vocab_size: vocab });
-            }
-            r.seq.next = Some(next);
-            r.seq.ttft = r.seq.start.elapsed().as_secs_f64();
-            r.seq.decode_start = Instant::now();
-            let id = r.id;
-            r.seq.emit(&engine.tokenizer, &mut |ev| on_event(id, BatchEvent::Token(ev)));
-        }
 
+        // Decode rows first (a running request keeps its pace), with the blocks they grow into:
+        // kept sequences go first, then the requests admitted last (their rows with them).
         self.rows.clear();
         for (i, r) in self.requests.iter_mut().enumerate() {
             if let (Some(next), None, None) = (r.seq.next, r.seq.stop, &r.seq.failed) {
                 if r.computed == r.seq.tokens.len() && ready(r.id) {
-                    self.rows.push((i, next, r.seq.tokens.len()));
+                    self.rows.push(Row { request: i, token: next, pos: r.seq.tokens.len(), first: false });
                 }
             }
         }
-        // The blocks the rows grow into: kept sequences go first, then the requests admitted
-        // last (their rows with them) until the others' fit.
+        let mut committed;
         loop {
-            let needed: usize = self.rows.iter().map(|&(i, _, pos)| self.blocks_to_grow(engine, i, pos + 1)).sum();
-            if needed <= Self::free_blocks(engine) || self.evict_kept(engine, None) {
-                if needed <= Self::free_blocks(engine) {
-                    break;
-                }
+            committed = self.rows.iter().map(|row| self.blocks_to_grow(engine, row.request, row.pos + 1)).sum();
+            if committed <= Self::free_blocks(engine) {
+                break;
+            }
+            if self.evict_kept(engine, None) {
                 continue;
             }
             let last = self.requests.len() - 1;
-            if self.rows.last().is_some_and(|r| r.0 == last) {
+            if self.rows.last().is_some_and(|r| r.request == last) {
                 self.rows.pop();
             }
             self.preempt_last(engine);
         }
+
+        // Then prompt chunks within the budget, each with its blocks (from kept sequences; from
+        // the requests admitted after it only when nothing else would run this round).
+        self.chunks.clear();
+        let mut budget = self.prefill_budget;
+        let mut i = 0;
+        while i < self.requests.len() && budget > 0 && self.chunks.len() + 1 < ROUND_PASSES {
+            i += 1;
+            let (computed, len) = (self.requests[i - 1].computed, self.requests[i - 1].seq.tokens.len());
+            if computed == len || self.requests[i - 1].seq.failed.is_some() {
+                continue;
+            }
+            let n = budget.min(PREFILL_CHUNK).min(len - computed);
+            // Blocks are taken when the round runs: this chunk's come after those already
+            // counted for it.
+            let needed = committed + self.blocks_to_grow(engine, i - 1, computed + n);
+            let fits = if self.rows.is_empty() && self.chunks.is_empty() {
+                self.free_up(engine, needed, i)
+            } else {
+                while needed > Self::free_blocks(engine) && self.evict_kept(engine, None) {}
+                needed <= Self::free_blocks(engine)
+            };
+            if !fits {
+                continue;
+            }
+            committed = needed;
+            let r = &mut self.requests[i - 1];
+            if r.seq.next.is_none() && computed == r.seq.reused {
+                r.seq.start = Instant::now();
+            }
+            budget -= n;
+            // A prompt's last token is a decode row: its logits choose the first token. (A
+            // preempted request's tokens are recomputed: its next token is already chosen.)
+            let first = computed + n == len && r.seq.next.is_none();
+            let run = n - first as usize;
+            if run > 0 {
+                self.chunks.push((i - 1, computed, run));
+            }
+            if first {
+                self.rows.push(Row { request: i - 1, token: r.seq.tokens[len - 1], pos: len - 1, first: true });
+            }
+        }
+
         let n = self.rows.len();
-        if n > 0 {
-            self.want.clear();
-            self.want.extend(self.rows.iter().map(|r| self.requests[r.0].seq.row_readback(on_gpu)));
-            if self.want.contains(&RowReadback::Logits) {
-                self.logits.resize(self.logits.len().max(n * vocab), 0.0);
-            }
-            match &mut engine.backend {
-                Backend::Cpu { model, .. } => {
-                    for (k, &(i, token, _)) in self.rows.iter().enumerate() {
-                        let SeqKv::Cpu(cache) = &mut self.requests[i].kv else { unreachable!() };
-                        let out = model.forward(cache, &[token], Logits::Last)?;
-                        // As the GPU's argmax does: non-finite logits flag the row.
-                        self.ids[k] = if all_finite(&out) { argmax(&out) } else { u32::MAX };
-                        if self.want[k] == RowReadback::Logits {
-                            self.logits[k * vocab..][..vocab].copy_from_slice(&out);
-                        }
-                    }
+        self.want.clear();
+        self.want.extend(self.rows.iter().map(|r| self.requests[r.request].seq.row_readback(on_gpu)));
+        if self.want.contains(&RowReadback::Logits) || (!on_gpu && n > 0) {
+            self.logits.resize(self.logits.len().max(n.max(1) * vocab), 0.0);
+        }
+        match &mut engine.backend {
+            Backend::Cpu { model, .. } => {
+                for &(i, start, len) in &self.chunks {
+                    let r = &mut self.requests[i];
+                    let SeqKv::Cpu(cache) = &mut r.kv else { unreachable!() };
+                    model.forward(cache, &r.seq.tokens[start..start + len], Logits::Last)?;
                 }
-                Backend::Gpu(model) => {
-                    self.gpu_rows.clear();
-                    for &(i, token, pos) in &self.rows {
-                        let SeqKv::Gpu(seq) = self.requests[i].kv else { unreachable!() };
-                        self.gpu_rows.push((seq, token, pos));
-                    }
-                    let readback = BatchReadback::Rows(RowsReadback {
-                        want: &self.want,
-                        ids: &mut self.ids,
-                        top: &mut self.top,
-                        tails: &mut self.tails,
-                        logits: &mut self.logits,
-                    });
-                    model.decode_batch(&self.gpu_rows, readback).await?;
+                for (k, row) in self.rows.iter().enumerate() {
+                    let SeqKv::Cpu(cache) = &mut self.requests[row.request].kv else { unreachable!() };
+                    let out = model.forward(cache, &[row.token], Logits::Last)?;
+                    // As the GPU's argmax does: non-finite logits flag the row.
+                    self.ids[k] = if all_finite(&out) { argmax(&out) } else { u32::MAX };
+                    self.logits[k * vocab..][..vocab].copy_from_slice(&out);
                 }
             }
-            for (k, &(i, token, pos)) in self.rows.iter().enumerate() {
-                let r = &mut self.requests[i];
-                r.seq.tokens.push(token);
-                r.computed += 1;
-                // The argmax flags a row with non-finite logits (u32::MAX): that request
-                // fails; the others go on.
-                let want = self.want[k];
-                let row =
-                    if want == RowReadback::Logits { &mut self.logits[k * vocab..][..vocab] } else { &mut [][..] };
-                if self.ids[k] == u32::MAX || (want == RowReadback::Logits && !all_finite(row)) {
-                    r.seq.failed = Some(Error::NonFiniteLogits { position: pos + 1 });
-                    continue;
+            Backend::Gpu(model) => {
+                self.gpu_rows.clear();
+                for row in &self.rows {
+                    let SeqKv::Gpu(seq) = self.requests[row.request].kv else { unreachable!() };
+                    self.gpu_rows.push((seq, row.token, row.pos));
                 }
-                let next =
-                    match r.seq.choose_from(&engine.tokenizer, want, self.ids[k], &self.top[k], self.tails[k], row) {
-                        Some(next) => next,
-                        None => {
-                            // A top-p/min-p cut the selection cannot place: this row's logits,
-                            // still on the GPU until the next step.
-                            self.logits.resize(self.logits.len().max(vocab), 0.0);
-                            let row = &mut self.logits[..vocab];
-                            let Some(model) = engine.gpu_model() else { unreachable!("selected on the GPU") };
-                            model.read_logits(k, row).await?;
-                            r.seq.choose(&engine.tokenizer, row)
-                        }
-                    };
-                if next as usize >= vocab {
-                    return Err(Error::TokenOutOfRange { id: next, vocab_size: vocab });
+                let prefills: Vec<(SeqId, &[u32], usize)> = self
+                    .chunks
+                    .iter()
+                    .map(|&(i, start, len)| {
+                        let r = &self.requests[i];
+                        let SeqKv::Gpu(seq) = r.kv else { unreachable!() };
+                        (seq, &r.seq.tokens[start..start + len], start)
+                    })
+                    .collect();
+                let readback = RowsReadback {
+                    want: &self.want,
+                    ids: &mut self.ids,
+                    top: &mut self.top,
+                    tails: &mut self.tails,
+                    logits: &mut self.logits,
+                };
+                if n > 0 || !prefills.is_empty() {
+                    model.run_round(&prefills, &self.gpu_rows, readback).await?;
                 }
-                r.seq.next = Some(next);
+            }
+        }
+        for &(i, _, len) in &self.chunks {
+            self.requests[i].computed += len;
+        }
+        for (k, row) in self.rows.iter().enumerate() {
+            let r = &mut self.requests[row.request];
+            if !row.first {
+                r.seq.tokens.push(row.token);
+            }
+            r.computed += 1;
+            // The argmax flags a row with non-finite logits (u32::MAX): that request fails;
+            // the others go on.
+            let want = self.want[k];
+            let logits_row = !on_gpu || want == RowReadback::Logits;
+            let logits = if logits_row { &mut self.logits[k * vocab..][..vocab] } else { &mut [][..] };
+            if self.ids[k] == u32::MAX || (logits_row && !all_finite(logits)) {
+                r.seq.failed = Some(Error::NonFiniteLogits { position: row.pos + 1 });
+                continue;
+            }
+            let next =
+                match r.seq.choose_from(&engine.tokenizer, want, self.ids[k], &self.top[k], self.tails[k], logits) {
+                    Some(next) => next,
+                    None => {
+                        // A top-p/min-p cut the selection cannot place: this row's logits, still on
+                        // the GPU until the next step.
+                        self.logits.resize(self.logits.len().max(vocab), 0.0);
+                        let logits = &mut self.logits[..vocab];
+                        let Some(model) = engine.gpu_model() else { unreachable!("selected on the GPU") };
+                        model.read_logits(k, logits).await?;
+                        r.seq.choose(&engine.tokenizer, logits)
+                    }
+                };
+            if next as usize >= vocab {
+                return Err(Error::TokenOutOfRange { id: next, vocab_size: vocab });
+            }
+            r.seq.next = Some(next);
+            if row.first {
+                r.seq.ttft = r.seq.start.elapsed().as_secs_f64();
+                r.seq.decode_start = Instant::now();
+            } else {
                 r.seq.decode_steps += 1;
-                let id = r.id;
-                r.seq.emit(&engine.tokenizer, &mut |ev| on_event(id, BatchEvent::Token(ev)));
             }
+            let id = r.id;
+            r.seq.emit(&engine.tokenizer, &mut |ev| on_event(id, BatchEvent::Token(ev)));
         }
 
         let mut i = 0;
@@ -698,6 +672,37 @@ impl Batcher {
             };
         }
         Ok(n)
+    }
+
+    /// The round's admissions: preempted requests first (their blocks were taken, not
+    /// refused), then the queue, in order; each leaves the running ones a block each to grow by.
+    fn admit_waiting(&mut self, engine: &mut Engine, on_event: &mut dyn FnMut(RequestId, BatchEvent) -> bool) {
+        while let Some((id, seq)) = self.preempted.pop_front() {
+            let margin = self.decoding();
+            if !self.requests.is_empty() && !self.make_room(engine, &seq.tokens, margin) {
+                self.preempted.push_front((id, seq));
+                return;
+            }
+            match self.admit_as(engine, &seq.tokens) {
+                Ok(()) => self.push_admitted(id, seq),
+                Err(e) => {
+                    on_event(id, BatchEvent::Failed(e));
+                }
+            }
+        }
+        while let Some((id, p)) = self.waiting.pop_front() {
+            let margin = self.decoding();
+            if !self.requests.is_empty() && !self.make_room(engine, &p.tokens, margin) {
+                self.waiting.push_front((id, p));
+                return;
+            }
+            match self.admit_as(engine, &p.tokens) {
+                Ok(()) => self.push_admitted(id, BatchSeq::new(p)),
+                Err(e) => {
+                    on_event(id, BatchEvent::Failed(e));
+                }
+            }
+        }
     }
 }
 

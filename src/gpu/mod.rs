@@ -9,4 +9,5 @@ pub mod weights;
 pub use device::{CounterSnapshot, Gpu, GpuOptions, KernelStyle, KvStore, FORCE_F32_ENV};
 pub use model::{
     BatchReadback, GpuModel, InFlight, Readback, RowReadback, RowsReadback, Selection, MAX_SEQS, PREFILL_CHUNK,
+    ROUND_PASSES,
 };

@@ -6,7 +6,7 @@
 
 use super::kernels::{
     self, BatchLayout, Dispatch, Epilogue, GemvBatch, Ledger, NormOut, Params, QkvExtras, RopeKvFold, KV_BLOCK,
-    MAX_BATCH,
+    MAX_BATCH, MAX_ROWS,
 };
 use super::shader::PipelineCache;
 use super::weights::{Linear, Rows};
@@ -42,6 +42,13 @@ pub const MAX_SEQS: usize = 2 * MAX_BATCH + 1;
 
 /// Batch rows per pass over the weights in a batched decode step (gemv.wgsl's MB).
 const BATCH_MB: u32 = 8;
+
+/// Passes one round (`GpuModel::run_round`) holds at most: prefill chunks and the decode step.
+pub const ROUND_PASSES: usize = 8;
+
+/// Words of a pass's region of the uploads buffer: its tokens, its rows' (position, table)
+/// words, its params.
+const UPLOAD_WORDS: usize = 3 * MAX_ROWS + 4;
 
 /// What a step reads back.
 #[derive(Debug, PartialEq)]
@@ -126,6 +133,9 @@ struct Buffers {
     /// Two, used in turn: pipelined greedy steps read one while the next step fills the other.
     staging_argmax: [wgpu::Buffer; 2],
     staging_logits: wgpu::Buffer,
+    /// `run_round`'s passes' inputs, a region each (`UPLOAD_WORDS`), copied into place between
+    /// the passes.
+    uploads: wgpu::Buffer,
     /// Top-k selection, per batch row: (k, temperature bits), the selection's words
     /// (`kernels::TOP_K_WORDS` a row), and their staging (the rows' argmax words first, then
     /// what each selecting row reads, one after another).
@@ -267,6 +277,7 @@ pub struct GpuModel {
     /// Reused per step: the pool's copy-on-write block copies, the rows' batch words.
     copies: Vec<(u32, u32)>,
     row_words: Vec<u32>,
+    round_tokens: Vec<u32>,
     /// The params last written (a step writes them only when they change).
     params_now: Params,
     /// Decode rows one step takes at most (decode attention's records fit one binding).
@@ -415,6 +426,7 @@ impl GpuModel {
             dirty: vec![false; MAX_SEQS],
             copies: Vec::new(),
             row_words: Vec::with_capacity(2 * PREFILL_CHUNK),
+            round_tokens: Vec::with_capacity(MAX_BATCH),
             params_now: Params::default(),
             max_batch,
             block_scratch: None,
@@ -483,6 +495,7 @@ impl GpuModel {
             v_cache: (0..c.n_layers).map(|_| gpu.storage("v_cache", kv_bytes)).collect::<Result<_>>()?,
             staging_argmax: [gpu.readback("staging_argmax", batch * 4), gpu.readback("staging_argmax", batch * 4)],
             staging_logits: gpu.readback("staging_logits", batch * c.vocab_size as u64 * f),
+            uploads: gpu.storage("uploads", (ROUND_PASSES * UPLOAD_WORDS * 4) as u64)?,
             top_k_want: gpu.storage("top_k_want", batch * 8)?,
             top_k_out: gpu.storage("top_k_out", batch * kernels::TOP_K_WORDS as u64 * 4)?,
             staging_top_k: gpu.readback("staging_top_k", batch * (1 + kernels::TOP_K_WORDS) as u64 * 4),
@@ -752,6 +765,35 @@ impl GpuModel {
         rows: impl Iterator<Item = (SeqId, usize)> + Clone,
         params: Params,
     ) -> Result<()> {
+        self.reserve(enc, rows.clone())?;
+        let queue = &self.gpu.queue;
+        let mut single = rows.clone();
+        match (single.next(), single.next()) {
+            (Some((seq, pos)), None) if seq == self.main => {
+                enc.copy_buffer_to_buffer(&self.buf.main_rows, pos as u64 * 8, &self.buf.batch, 0, 8);
+            }
+            _ => {
+                self.row_words.clear();
+                for (seq, pos) in rows {
+                    self.row_words.extend([pos as u32, self.layout.table(seq.0) as u32]);
+                }
+                queue.write_buffer(&self.buf.batch, 0, bytemuck::cast_slice(&self.row_words));
+            }
+        }
+        if params != self.params_now {
+            queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
+            self.params_now = params;
+        }
+        Ok(())
+    }
+
+    /// The pool's side of `prepare`: reserves the rows' positions, copies (in `enc`) shared
+    /// blocks before they are written, and uploads the block tables that changed.
+    fn reserve(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        rows: impl Iterator<Item = (SeqId, usize)> + Clone,
+    ) -> Result<()> {
         self.copies.clear();
         if let Some((_, pos)) = rows.clone().find(|&(_, pos)| pos >= self.context) {
             return Err(Error::ContextOverflow { prompt_tokens: pos + 1, max_tokens: 0, context_length: self.context });
@@ -782,22 +824,94 @@ impl GpuModel {
                 queue.write_buffer(&self.buf.batch, at, bytemuck::cast_slice(table));
             }
         }
-        let mut single = rows.clone();
-        match (single.next(), single.next()) {
-            (Some((seq, pos)), None) if seq == self.main => {
-                enc.copy_buffer_to_buffer(&self.buf.main_rows, pos as u64 * 8, &self.buf.batch, 0, 8);
-            }
-            _ => {
-                self.row_words.clear();
-                for (seq, pos) in rows {
-                    self.row_words.extend([pos as u32, self.layout.table(seq.0) as u32]);
-                }
-                queue.write_buffer(&self.buf.batch, 0, bytemuck::cast_slice(&self.row_words));
-            }
+        Ok(())
+    }
+
+    /// One pass of a round (`run_round`), pass `k` of it: its tokens, its rows' (position,
+    /// table) words and its params go into the k-th region of the uploads buffer and are copied
+    /// into place in `enc` just before the pass, so that every pass of the round sees its own.
+    fn upload_pass(&mut self, enc: &mut wgpu::CommandEncoder, k: usize, tokens: &[u32], params: Params) {
+        let b = &self.buf;
+        let region = (k * UPLOAD_WORDS * 4) as u64;
+        let (rows_at, params_at) = (region + 4 * MAX_ROWS as u64, region + 12 * MAX_ROWS as u64);
+        let queue = &self.gpu.queue;
+        queue.write_buffer(&b.uploads, region, bytemuck::cast_slice(tokens));
+        queue.write_buffer(&b.uploads, rows_at, bytemuck::cast_slice(&self.row_words));
+        queue.write_buffer(&b.uploads, params_at, bytemuck::bytes_of(&params));
+        enc.copy_buffer_to_buffer(&b.uploads, region, &b.tokens, 0, 4 * tokens.len() as u64);
+        enc.copy_buffer_to_buffer(&b.uploads, rows_at, &b.batch, 0, 4 * self.row_words.len() as u64);
+        enc.copy_buffer_to_buffer(&b.uploads, params_at, &b.params, 0, std::mem::size_of::<Params>() as u64);
+        // What the params buffer holds after the round is the last pass's: written anew by the
+        // next single pass.
+        self.params_now = Params::default();
+    }
+
+    /// A round of the batcher as one submission: each of `prefills` (sequence, tokens, first
+    /// position; at most PREFILL_CHUNK tokens) as a prefill pass that reads nothing back, then
+    /// the decode `rows` as one pass that reads back each row what `readback` asks. Every
+    /// pass's inputs are uploaded into regions of their own and copied into place between
+    /// the passes (`upload_pass`), so the GPU runs them back to back and the host waits once.
+    pub async fn run_round(
+        &mut self,
+        prefills: &[(SeqId, &[u32], usize)],
+        rows: &[(SeqId, u32, usize)],
+        readback: RowsReadback<'_>,
+    ) -> Result<()> {
+        let n = rows.len();
+        if n > self.max_batch || prefills.len() + 1 > ROUND_PASSES {
+            return Err(Error::InvalidOption {
+                name: "round",
+                value: format!("{} prefill passes and {n} decode rows", prefills.len()),
+                expected: format!(
+                    "at most {} prefill passes and {} decode rows a round on this GPU",
+                    ROUND_PASSES - 1,
+                    self.max_batch
+                ),
+            });
         }
-        if params != self.params_now {
-            queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
-            self.params_now = params;
+        self.gpu.check()?;
+        let host = HostClock::now();
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("round") });
+        for (k, &(seq, tokens, start)) in prefills.iter().enumerate() {
+            let len = tokens.len();
+            if len == 0 || len > PREFILL_CHUNK || start + len > self.context {
+                return Err(Error::ContextOverflow {
+                    prompt_tokens: start + len,
+                    max_tokens: 0,
+                    context_length: self.context,
+                });
+            }
+            self.reserve(&mut enc, (start..start + len).map(|p| (seq, p)))?;
+            let table = self.layout.table(seq.0) as u32;
+            self.row_words.clear();
+            self.row_words.extend((start..start + len).flat_map(|p| [p as u32, table]));
+            self.upload_pass(&mut enc, k, tokens, Params::new(len, 1));
+            Self::encode_ops(&mut enc, if len == 1 { &self.decode } else { &self.prefill }, len);
+        }
+        if n > 0 {
+            self.reserve(&mut enc, rows.iter().map(|r| (r.0, r.2)))?;
+            self.row_words.clear();
+            for &(seq, _, pos) in rows {
+                self.row_words.extend([pos as u32, self.layout.table(seq.0) as u32]);
+            }
+            self.round_tokens.clear();
+            self.round_tokens.extend(rows.iter().map(|r| r.1));
+            let tokens = std::mem::take(&mut self.round_tokens);
+            self.upload_pass(&mut enc, prefills.len(), &tokens, Params::new(n, n));
+            self.round_tokens = tokens;
+            if n > 1 && self.decode_batch.is_none() {
+                self.decode_batch = Some(self.record(Pass::Decode { mb: BATCH_MB, layers: self.layers.len() }));
+            }
+            let ops = if n == 1 { &self.decode } else { self.decode_batch.as_ref().expect("recorded above") };
+            Self::encode_ops(&mut enc, ops, n);
+            self.encode_rows(&mut enc, readback.want)?;
+        }
+        self.gpu.submit(enc);
+        self.count_host_time(host);
+        if n > 0 {
+            self.read_rows(readback).await?;
+        } else {
+            self.gpu.check()?;
         }
         Ok(())
     }

@@ -44,7 +44,9 @@ fn a_decode_step_creates_nothing_submits_once_and_reads_back_four_bytes() {
 /// argmax of every row (4 bytes), the 8-byte (id, logit) pairs of a top-k sampler's k, a
 /// top-p sampler's 1023 pairs and its tail (8 KiB in all), and the whole row (4 bytes a token)
 /// only for a sampler with penalties or a request for candidates. Counted by hand from those
-/// rules; each request draws what it draws alone (`Engine::generate`, its own loop).
+/// rules; each request draws what it draws alone (`Engine::generate`, its own loop). A
+/// 512-token prompt joining the batch is prefilled in the same rounds, each still one
+/// submission in which every running request gets its token; round times are printed.
 #[test]
 fn a_batched_decode_step_reads_back_each_row_what_its_sampler_needs() {
     use webgpu_llm::batcher::{BatchEvent, Batcher};
@@ -93,35 +95,68 @@ fn a_batched_decode_step_reads_back_each_row_what_its_sampler_needs() {
         .unwrap();
         alone.push(ids);
     }
-    let mut batcher = Batcher::new(&mut e, usize::MAX);
+    // 256 prompt tokens a round: a 512-token prompt joining at step 4 is prefilled over two
+    // rounds (256, then 255 and its last token as a row of the decode step).
+    let mut batcher = Batcher::new(&mut e, 256);
     let mut ids = Vec::new();
     for (i, (o, _)) in rows.iter().enumerate() {
         let p = Batcher::prepare(&e, &Prompt::Tokens(prompts[i].clone()), o).unwrap();
         ids.push(batcher.enqueue(p));
     }
+    let long: Vec<u32> = (0..512).map(|i| 259 + (i * 37) % 1700).collect();
+    let joining = GenerateOptions { max_tokens: 1, sampling: SamplingParams::greedy(), ..base.clone() };
     let mut got = vec![Vec::new(); rows.len()];
+    let mut joined = Vec::new();
     let want_bytes = 4 * rows.len() as u64 + rows.iter().map(|r| r.1).sum::<u64>();
+    let mut round_ms = Vec::new();
     for step in 0..steps {
+        if step == 4 {
+            ids.push(batcher.enqueue(Batcher::prepare(&e, &Prompt::Tokens(long.clone()), &joining).unwrap()));
+        }
         let before = e.gpu_model().unwrap().gpu.counters();
+        let counts: Vec<usize> = got.iter().map(Vec::len).collect();
+        let start = std::time::Instant::now();
         let n = pollster::block_on(batcher.step(&mut e, &mut |_| true, &mut |id, ev| {
             match ev {
-                BatchEvent::Token(t) => got[ids.iter().position(|&r| r == id).unwrap()].push(t.id),
+                BatchEvent::Token(t) => match ids.iter().position(|&r| r == id).unwrap() {
+                    i if i < rows.len() => got[i].push(t.id),
+                    _ => joined.push(t.id),
+                },
+                BatchEvent::Done(_) => {}
                 other => panic!("{other:?}"),
             }
             true
         }))
         .unwrap();
-        assert_eq!(n, rows.len());
+        round_ms.push(start.elapsed().as_secs_f64() * 1e3);
         let d = e.gpu_model().unwrap().gpu.counters() - before;
-        // The first round also prefills every prompt (a pass each, its first token read).
+        // Every running request gets a token every round, the joining prompt's rounds too.
+        assert!(got.iter().zip(&counts).all(|(g, c)| g.len() == c + 1), "step {step}: a stream missed a round");
+        // One submission a round, the first (every prompt) and the joining prompt's included;
+        // the prompt's first token is the argmax of its row in the second of its rounds.
+        assert_eq!(d.submissions, 1, "step {step}");
+        // (The first batched step records the batched pass: its pipelines and bind groups.)
         if step > 0 {
-            assert_eq!(d.submissions, 1, "step {step}");
-            assert_eq!(d.bytes_read_back, want_bytes, "step {step}");
             assert_eq!((d.buffers, d.bind_groups, d.pipelines), (0, 0, 0), "step {step}");
+        }
+        match step {
+            0 => assert_eq!(n, rows.len()),
+            4 => assert_eq!((n, d.bytes_read_back), (rows.len(), want_bytes), "step 4: the first 256 tokens"),
+            5 => assert_eq!((n, d.bytes_read_back), (rows.len() + 1, want_bytes + 4), "step 5: the rest and its row"),
+            _ => assert_eq!((n, d.bytes_read_back), (rows.len(), want_bytes), "step {step}"),
         }
     }
     batcher.clear(&mut e);
     for (i, (a, g)) in alone.iter().zip(&got).enumerate() {
         assert_eq!(&a[..g.len()], &g[..], "row {i} draws what it draws alone");
     }
+    let (want_joined, _) = tiny::greedy(tiny::chat(), &long, 1);
+    assert_eq!(joined, want_joined, "the joining prompt's first token: the CPU reference's");
+    let plain: Vec<f64> = round_ms.iter().enumerate().filter(|(i, _)| ![0, 4, 5].contains(i)).map(|r| *r.1).collect();
+    println!(
+        "round times (ms): {:.1} alone on average, {:.1} and {:.1} with the 512-token prompt joining (256 tokens a round)",
+        plain.iter().sum::<f64>() / plain.len() as f64,
+        round_ms[4],
+        round_ms[5]
+    );
 }
