@@ -36,10 +36,11 @@ export interface GenerateOptions {
   repetitionPenalty?: number;
   presencePenalty?: number;
   frequencyPenalty?: number;
+  /** Default 256 (as the server's and the CLI's: one options type in the engine holds them). */
   maxTokens?: number;
   seed?: number;
-  /** Generation ends when the text contains one of these (not emitted). */
-  stop?: string[];
+  /** Generation ends when the text contains one of these (not emitted): at most 4, of at most 1024 bytes each. */
+  stop?: string | string[];
   ignoreEos?: boolean;
   /** Attach the N most likely candidates to every token (reads logits back each step). */
   candidates?: number;
@@ -129,7 +130,7 @@ export interface ChatCompletionChunk {
 export interface BeamOptions {
   /** Beams kept and hypotheses returned (1 to 32). Default 4. */
   beams?: number;
-  /** New tokens at most per hypothesis. Default 64. */
+  /** New tokens at most per hypothesis. Default 256. */
   maxTokens?: number;
   /** A hypothesis scores its summed log-probability / length^lengthPenalty. Default 1. */
   lengthPenalty?: number;

@@ -57,7 +57,7 @@ pub enum BatchEvent<'a> {
 }
 
 /// A request checked against the model (tokenized, options valid, fits the context), not yet
-/// admitted: kept by a caller's queue while the batch is full.
+/// admitted: `Batcher::enqueue` queues it (or `admit` starts it now).
 pub struct Prepared {
     tokens: Vec<u32>,
     sampler: Sampler,

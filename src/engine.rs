@@ -57,7 +57,7 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// Keep going past the end-of-sequence token.
     pub ignore_eos: bool,
-    /// Attach the this many most likely candidates to every token event (reads the logits back
+    /// Attach this many most likely candidates to every token event (reads the logits back
     /// every step; 0 = off, the fast path).
     pub top_candidates: usize,
     /// Speculative decoding: draft tokens cheaply, check them in one pass (greedy output and the

@@ -1,5 +1,6 @@
 //! webgpu-llm: runs a GGUF language model on the user's own GPU, in the browser through WebGPU
-//! and natively through wgpu. See DESIGN.md in the shared folder for the architecture.
+//! and natively through wgpu. The README's "How it works", "Layout" and "Correctness" sections
+//! say how the pieces fit and how each is checked.
 
 pub mod arch;
 pub mod batcher;
@@ -12,6 +13,7 @@ pub mod gguf;
 pub mod gpu;
 pub mod kv_pool;
 pub mod model;
+pub mod options;
 pub mod quant;
 pub mod sampling;
 pub mod speculate;

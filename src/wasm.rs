@@ -6,7 +6,7 @@ use crate::chat::Message;
 use crate::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats};
 use crate::gguf::{ByteSource, Gguf, GgufError, SplitSource};
 use crate::gpu::GpuOptions;
-use crate::sampling::SamplingParams;
+use crate::options::RequestOptions;
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -28,47 +28,26 @@ struct JsLoadOptions {
     stall_ms: Option<u32>,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-struct JsGenerateOptions {
-    temperature: f32,
-    top_p: f32,
-    top_k: usize,
-    min_p: f32,
-    repetition_penalty: f32,
-    presence_penalty: f32,
-    frequency_penalty: f32,
-    max_tokens: usize,
-    seed: Option<f64>,
-    stop: Vec<String>,
-    ignore_eos: bool,
-    /// Attach the top-N candidates to each token (the page's "inside the engine" panel).
+/// The page's extra to a request's options: attach the top-N candidates to each token (its
+/// "inside the engine" panel, and `logprobs` in `chat.completions.create`).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct JsExtras {
     candidates: usize,
-    /// Speculative decoding: "lookup" or "layers:L".
-    speculate: Option<String>,
-    draft_tokens: usize,
 }
 
-impl Default for JsGenerateOptions {
-    fn default() -> Self {
-        let s = SamplingParams::default();
-        Self {
-            temperature: s.temperature,
-            top_p: s.top_p,
-            top_k: s.top_k,
-            min_p: s.min_p,
-            repetition_penalty: s.repetition_penalty,
-            presence_penalty: s.presence_penalty,
-            frequency_penalty: s.frequency_penalty,
-            max_tokens: 256,
-            seed: None,
-            stop: Vec::new(),
-            ignore_eos: false,
-            candidates: 0,
-            speculate: None,
-            draft_tokens: 4,
-        }
+/// The package's options (camelCase, every field optional) as a request's (`RequestOptions`:
+/// the defaults and bounds the server and the CLI share), with the page's `candidates`.
+fn js_request(options: JsValue) -> Result<(RequestOptions, JsExtras), JsValue> {
+    if options.is_undefined() || options.is_null() {
+        return Ok(Default::default());
     }
+    Ok((serde_wasm_bindgen::from_value(options.clone())?, serde_wasm_bindgen::from_value(options)?))
+}
+
+/// A seed for a request that gives none.
+fn random_seed() -> u64 {
+    (js_sys::Math::random() * 9007199254740991.0) as u64
 }
 
 #[derive(Serialize)]
@@ -437,41 +416,23 @@ async fn generate(
     result.map_err(engine_err)
 }
 
-/// The package's generation options (camelCase, every field optional) as the engine's.
+/// The package's generation options as the engine's; beam search and several choices have
+/// calls of their own (`beamSearch`, one `generate` a choice), so they are refused here.
 fn js_generate_options(options: JsValue) -> Result<GenerateOptions, JsValue> {
-    let o: JsGenerateOptions = if options.is_undefined() || options.is_null() {
-        Default::default()
-    } else {
-        serde_wasm_bindgen::from_value(options)?
-    };
-    let seed = match o.seed {
-        Some(s) if s.is_finite() && s >= 0.0 => s as u64,
-        Some(s) => return Err(js_err(format!("invalid seed {s}: use a non-negative integer"))),
-        None => (js_sys::Math::random() * 9007199254740991.0) as u64,
-    };
-    let options = GenerateOptions {
-        max_tokens: o.max_tokens,
-        sampling: SamplingParams {
-            temperature: o.temperature,
-            top_k: o.top_k,
-            top_p: o.top_p,
-            min_p: o.min_p,
-            repetition_penalty: o.repetition_penalty,
-            presence_penalty: o.presence_penalty,
-            frequency_penalty: o.frequency_penalty,
-            seed,
-        },
-        stop: o.stop,
-        ignore_eos: o.ignore_eos,
-        top_candidates: o.candidates,
-        speculate: match &o.speculate {
-            Some(s) => Some(crate::speculate::Speculation {
-                drafter: s.parse().map_err(engine_err)?,
-                draft_tokens: o.draft_tokens,
-            }),
-            None => None,
-        },
-    };
+    let (request, extras) = js_request(options)?;
+    let resolved = request.resolve(random_seed()).map_err(engine_err)?;
+    if resolved.beams.is_some() || resolved.n > 1 {
+        let (name, value) =
+            if resolved.beams.is_some() { ("beams", request.beams.unwrap_or(0)) } else { ("n", resolved.n) };
+        return Err(engine_err(crate::Error::InvalidOption {
+            name,
+            value: value.to_string(),
+            expected: "beamSearch for beams, one call a choice for n".into(),
+        }));
+    }
+    let mut options = resolved.generate;
+    options.top_candidates = extras.candidates;
+    options.validate().map_err(engine_err)?;
     Ok(options)
 }
 
@@ -579,22 +540,6 @@ async fn pump(
     pumping.set(false);
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-struct JsBeamOptions {
-    beams: usize,
-    max_tokens: usize,
-    length_penalty: f64,
-    early_stopping: serde_json::Value,
-    ignore_eos: bool,
-}
-
-impl Default for JsBeamOptions {
-    fn default() -> Self {
-        Self { beams: 4, max_tokens: 64, length_penalty: 1.0, early_stopping: false.into(), ignore_eos: false }
-    }
-}
-
 async fn beam_search(
     engine: &Rc<RefCell<Option<Engine>>>,
     batch: &Rc<RefCell<Option<crate::batcher::Batcher>>>,
@@ -602,28 +547,17 @@ async fn beam_search(
     chat: bool,
     options: JsValue,
 ) -> Result<JsValue, JsValue> {
-    use crate::beam::{BeamOptions, EarlyStopping};
-    let o: JsBeamOptions = if options.is_undefined() || options.is_null() {
-        Default::default()
-    } else {
-        serde_wasm_bindgen::from_value(options)?
-    };
-    let early_stopping = match &o.early_stopping {
-        serde_json::Value::Bool(false) => EarlyStopping::Heuristic,
-        serde_json::Value::Bool(true) => EarlyStopping::Done,
-        serde_json::Value::String(s) if s == "never" => EarlyStopping::Never,
-        other => return Err(js_err(format!("earlyStopping must be false, true or \"never\", not {other}"))),
-    };
+    let (mut request, _) = js_request(options)?;
+    // `beamSearch`'s own default: 4 beams.
+    request.beams.get_or_insert(4);
+    let ignore_eos = request.ignore_eos;
+    let mut options = request.resolve(0).map_err(engine_err)?.beams.expect("beams set above");
     let prompt = js_prompt(prompt, chat)?;
     let mut e = engine.borrow_mut().take().ok_or_else(|| js_err("the model was unloaded"))?;
     release_batch(batch, &mut e);
-    let options = BeamOptions {
-        beams: o.beams,
-        max_tokens: o.max_tokens,
-        stop_ids: if o.ignore_eos { Vec::new() } else { e.tokenizer.stop_ids.clone() },
-        length_penalty: o.length_penalty,
-        early_stopping,
-    };
+    if !ignore_eos {
+        options.stop_ids = e.tokenizer.stop_ids.clone();
+    }
     let result = e.beam_search(&prompt, &options).await;
     *engine.borrow_mut() = Some(e);
     #[derive(Serialize)]

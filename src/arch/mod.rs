@@ -1,7 +1,8 @@
 //! The layer plan of each architecture: which norms, projections, biases, activation, RoPE and
 //! attention window every layer has, built once from GGUF metadata and tensor names. The CPU
-//! reference and the GPU forward pass both walk this plan, so they cannot drift, and a new
-//! architecture is one new arm in `Plan::from_gguf`. A tensor or metadata key that would change
+//! reference and the GPU forward pass both walk this plan (each writes the order of the ops
+//! itself: the architecture references and the golden tests hold them together), and a new
+//! architecture starts as a new arm in `Plan::from_gguf`. A tensor or metadata key that would change
 //! the math but that no plan implements is an error naming it, never silently ignored.
 
 use crate::error::{Error, Result};

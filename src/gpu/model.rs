@@ -1,8 +1,11 @@
 //! The forward pass on the GPU, read top to bottom as a list of named dispatches per layer.
-//! Everything — weights, KV cache, activations, pipelines, bind groups — is created at load;
-//! a step sets a 16-byte uniform (a decode step copies it from a table made at load) and the
-//! token ids, encodes the recorded dispatches in one compute pass, submits once, and reads back
-//! 4 bytes (greedy), the largest logits (sampling on the GPU's selection) or all of them.
+//! The weights, KV cache, activations and the decode and prefill passes' pipelines and bind
+//! groups are created at load; the batched decode pass, self-speculation's draft pass, the
+//! all-logits pass and a copy-on-write scratch block on first use. A step sets a 16-byte
+//! uniform (a decode step copies it from a table made at load) and the token ids, encodes the
+//! recorded dispatches in one compute pass, submits once, and reads back 4 bytes (greedy), the
+//! largest logits (sampling on the GPU's selection) or all of them; a batcher round
+//! (`run_round`) encodes its prefill chunks and its decode step in one submission.
 
 use super::kernels::{
     self, BatchLayout, Dispatch, Epilogue, GemvBatch, Ledger, NormOut, Params, QkvExtras, RopeKvFold, KV_BLOCK,

@@ -1,15 +1,16 @@
-//! The commands: `generate` streams a completion to stdout, `bench` measures speed.
+//! The commands: `generate` streams a completion to stdout, `bench` measures speed, `serve`
+//! runs the OpenAI-compatible server (serve.rs), `synthetic` writes bench's random-weight model.
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use webgpu_llm::beam::{BeamOptions, EarlyStopping};
 use webgpu_llm::chat::Message;
 use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats};
 use webgpu_llm::gguf::{ByteSource, FileSource, SplitSource};
 use webgpu_llm::gpu::GpuOptions;
+use webgpu_llm::options::{RequestOptions, Resolved, Stop};
 use webgpu_llm::sampling::SamplingParams;
 use webgpu_llm::speculate::{Drafter, Speculation, SpeculationStats};
 use webgpu_llm::Error;
@@ -138,17 +139,18 @@ struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    /// `base` with the flags given; `seed` when no --seed.
-    fn params(&self, base: SamplingParams, seed: impl FnOnce() -> u64) -> SamplingParams {
-        SamplingParams {
-            temperature: self.temperature.unwrap_or(base.temperature),
-            top_k: self.top_k.unwrap_or(base.top_k),
-            top_p: self.top_p.unwrap_or(base.top_p),
-            min_p: self.min_p.unwrap_or(base.min_p),
-            repetition_penalty: self.repetition_penalty.unwrap_or(base.repetition_penalty),
-            presence_penalty: self.presence_penalty.unwrap_or(base.presence_penalty),
-            frequency_penalty: self.frequency_penalty.unwrap_or(base.frequency_penalty),
-            seed: self.seed.unwrap_or_else(seed),
+    /// The flags as a request's sampling fields (`RequestOptions` holds the defaults).
+    fn request(&self) -> RequestOptions {
+        RequestOptions {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            ..RequestOptions::default()
         }
     }
 }
@@ -173,8 +175,9 @@ struct GenerateArgs {
     /// System prompt for --chat.
     #[arg(long, requires = "chat")]
     system: Option<String>,
-    #[arg(long, default_value_t = 128, value_parser = at_least_one)]
-    max_tokens: usize,
+    /// [default: 256, as every entry point's]
+    #[arg(long, value_parser = at_least_one)]
+    max_tokens: Option<usize>,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Stop when the text contains this string (repeatable).
@@ -192,20 +195,47 @@ struct GenerateArgs {
     /// tokenizer drafts).
     #[arg(long)]
     speculate: Option<String>,
-    /// Tokens drafted per verifying pass with --speculate.
-    #[arg(long, default_value_t = 4, requires = "speculate")]
-    draft_tokens: usize,
+    /// Tokens drafted per verifying pass with --speculate [default: 4]
+    #[arg(long, requires = "speculate")]
+    draft_tokens: Option<usize>,
     /// Beam search with N beams (transformers' semantics; deterministic: the sampling flags do
     /// not apply) instead of sampling; prints the N best hypotheses when the search ends.
     #[arg(long, value_parser = at_least_one)]
     beams: Option<usize>,
-    /// Beam search: a hypothesis scores its summed log-probability / length^P.
-    #[arg(long, default_value_t = 1.0, requires = "beams")]
-    length_penalty: f64,
+    /// Beam search: a hypothesis scores its summed log-probability / length^P [default: 1]
+    #[arg(long, requires = "beams")]
+    length_penalty: Option<f64>,
     /// Beam search: when to stop (false: no running beam can beat the worst finished one;
-    /// true: N hypotheses finished; never: as false, scoring running beams at --max-tokens).
-    #[arg(long, default_value = "false", value_parser = ["false", "true", "never"], requires = "beams")]
-    early_stopping: String,
+    /// true: N hypotheses finished; never: as false, scoring running beams at --max-tokens)
+    /// [default: false]
+    #[arg(long, value_parser = ["false", "true", "never"], requires = "beams")]
+    early_stopping: Option<String>,
+}
+
+impl GenerateArgs {
+    /// The flags as a request's options (`RequestOptions`: the defaults and bounds every entry
+    /// point shares).
+    fn request(&self) -> RequestOptions {
+        RequestOptions {
+            max_tokens: self.max_tokens,
+            stop: (!self.stop.is_empty()).then(|| Stop::Many(self.stop.clone())),
+            ignore_eos: self.ignore_eos,
+            // A draft model's path is loaded here; the request says "draft".
+            speculate: self
+                .speculate
+                .as_ref()
+                .map(|s| if s.starts_with("draft:") { "draft".into() } else { s.clone() }),
+            draft_tokens: self.draft_tokens,
+            beams: self.beams,
+            length_penalty: self.length_penalty,
+            early_stopping: self.early_stopping.as_deref().map(|e| match e {
+                "true" => serde_json::Value::Bool(true),
+                "false" => serde_json::Value::Bool(false),
+                other => serde_json::Value::String(other.into()),
+            }),
+            ..self.sampling.request()
+        }
+    }
 }
 
 /// A count flag: a whole number of at least 1.
@@ -365,42 +395,15 @@ async fn load_from(file: &(impl ByteSource + ?Sized), args: &ModelArgs) -> Resul
 }
 
 async fn generate(args: GenerateArgs) -> Result<(), Error> {
-    let sampling = args.sampling.params(SamplingParams::default(), || {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-    });
-    let seed = sampling.seed;
-    let options = GenerateOptions {
-        max_tokens: args.max_tokens,
-        sampling,
-        stop: args.stop,
-        ignore_eos: args.ignore_eos,
-        top_candidates: 0,
-        speculate: match &args.speculate {
-            Some(s) => Some(Speculation { drafter: drafter(s)?, draft_tokens: args.draft_tokens }),
-            None => None,
-        },
-    };
-    let beam_options = args.beams.map(|beams| BeamOptions {
-        beams,
-        max_tokens: args.max_tokens,
-        stop_ids: Vec::new(),
-        length_penalty: args.length_penalty,
-        early_stopping: match args.early_stopping.as_str() {
-            "true" => EarlyStopping::Done,
-            "never" => EarlyStopping::Never,
-            _ => EarlyStopping::Heuristic,
-        },
-    });
+    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     // Flags first: a typo should not cost a model load.
-    options.validate()?;
-    if let Some(beam) = &beam_options {
-        beam.validate()?;
-    }
+    let Resolved { generate: options, beams: beam_options, .. } = args.request().resolve(clock)?;
+    let seed = options.sampling.seed;
     if let Some(context) = args.model.context_length {
-        if args.max_tokens >= context {
+        if options.max_tokens >= context {
             return Err(Error::ContextOverflow {
                 prompt_tokens: 1,
-                max_tokens: args.max_tokens,
+                max_tokens: options.max_tokens,
                 context_length: context,
             });
         }
@@ -599,7 +602,7 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
     }
     let options = GenerateOptions {
         max_tokens: args.gen_tokens,
-        sampling: args.sampling.params(SamplingParams::greedy(), || 0),
+        sampling: args.sampling.request().resolve_over(SamplingParams::greedy())?.generate.sampling,
         ignore_eos: true,
         ..GenerateOptions::default()
     };

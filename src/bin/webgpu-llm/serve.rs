@@ -30,11 +30,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 use webgpu_llm::batcher::{BatchEvent, Batcher, RequestId};
-use webgpu_llm::beam::{BeamOptions, EarlyStopping};
+use webgpu_llm::beam::BeamOptions;
 use webgpu_llm::chat::Message;
 use webgpu_llm::engine::{Engine, GenerateOptions, Prompt, Stats, StopReason};
-use webgpu_llm::sampling::SamplingParams;
-use webgpu_llm::speculate::Speculation;
+use webgpu_llm::options::{RequestOptions, Resolved, MAX_TOP_LOGPROBS};
 use webgpu_llm::Error;
 
 #[derive(Args)]
@@ -71,11 +70,6 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 1 << 20, value_parser = at_least_one)]
     max_body: usize,
 }
-
-/// max_tokens when a request gives none.
-const DEFAULT_MAX_TOKENS: usize = 256;
-/// The longest stop string (each is searched for in the held-back text at every token).
-const MAX_STOP_BYTES: usize = 1024;
 
 pub fn main(args: ServeArgs) -> Result<(), Error> {
     let model_id = args
@@ -665,47 +659,23 @@ impl IntoResponse for ApiError {
 }
 
 #[derive(Deserialize)]
-#[serde(untagged)]
-enum OneOrMany {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Deserialize)]
 struct StreamOptions {
     #[serde(default)]
     include_usage: bool,
 }
 
-/// The fields both endpoints take (OpenAI's, then the engine's extensions).
+/// The fields both endpoints take: the request's options (`RequestOptions`: OpenAI's, then the
+/// engine's extensions), and what only the server's answer shapes.
 #[derive(Deserialize)]
 struct Common {
     model: Option<String>,
     #[serde(default)]
     stream: bool,
     stream_options: Option<StreamOptions>,
-    max_tokens: Option<usize>,
-    max_completion_tokens: Option<usize>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    seed: Option<u64>,
-    stop: Option<OneOrMany>,
-    n: Option<usize>,
-    presence_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
     logprobs: Option<Value>,
     top_logprobs: Option<usize>,
-    // Extensions.
-    top_k: Option<usize>,
-    min_p: Option<f32>,
-    repetition_penalty: Option<f32>,
-    #[serde(default)]
-    ignore_eos: bool,
-    beams: Option<usize>,
-    length_penalty: Option<f64>,
-    early_stopping: Option<Value>,
-    speculate: Option<String>,
-    draft_tokens: Option<usize>,
+    #[serde(flatten)]
+    options: RequestOptions,
 }
 
 #[derive(Deserialize)]
@@ -767,8 +737,8 @@ fn parse<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>) ->
     })
 }
 
-/// The engine's options from a request's fields; errors name the field.
-/// The engine's options, `n`, beam search's options and the alternatives per token in `logprobs`.
+/// A request's fields as the engine's options, `n`, beam search's options and the alternatives
+/// per token in `logprobs` (`options`: errors name the field).
 type Parsed = (GenerateOptions, usize, Option<BeamOptions>, usize);
 
 fn options(state: &AppState, c: &Common) -> Result<Parsed, ApiError> {
@@ -795,81 +765,18 @@ fn options(state: &AppState, c: &Common) -> Result<Parsed, ApiError> {
             return Err(ApiError::invalid("logprobs", format!("{v}: true or false (chat), a count (completions)")))
         }
     };
-    if top_logprobs.is_some_and(|k| k > 20) {
-        return Err(ApiError::invalid("top_logprobs", "at most 20 alternatives per token"));
+    if top_logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
+        return Err(ApiError::invalid("top_logprobs", format!("at most {MAX_TOP_LOGPROBS} alternatives per token")));
     }
-    let defaults = SamplingParams::default();
-    let seed =
-        c.seed.unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
-    let sampling = SamplingParams {
-        temperature: c.temperature.unwrap_or(defaults.temperature),
-        top_p: c.top_p.unwrap_or(defaults.top_p),
-        top_k: c.top_k.unwrap_or(defaults.top_k),
-        min_p: c.min_p.unwrap_or(defaults.min_p),
-        repetition_penalty: c.repetition_penalty.unwrap_or(defaults.repetition_penalty),
-        presence_penalty: c.presence_penalty.unwrap_or(defaults.presence_penalty),
-        frequency_penalty: c.frequency_penalty.unwrap_or(defaults.frequency_penalty),
-        seed,
-    };
-    let stop = match &c.stop {
-        None => Vec::new(),
-        Some(OneOrMany::One(s)) => vec![s.clone()],
-        Some(OneOrMany::Many(v)) if v.len() <= 4 => v.clone(),
-        Some(OneOrMany::Many(v)) => {
-            return Err(ApiError::invalid("stop", format!("at most 4 stop strings ({} given)", v.len())))
-        }
-    };
-    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
-        return Err(ApiError::invalid(
-            "stop",
-            format!("a stop string of {} bytes: at most {MAX_STOP_BYTES}", long.len()),
-        ));
-    }
-    let max_tokens = c.max_completion_tokens.or(c.max_tokens).unwrap_or(DEFAULT_MAX_TOKENS);
-    let speculate = match &c.speculate {
-        None => None,
-        Some(s) => {
-            let drafter = s.parse().map_err(|e: Error| ApiError::invalid("speculate", e.to_string()))?;
-            Some(Speculation { drafter, draft_tokens: c.draft_tokens.unwrap_or(4) })
-        }
-    };
-    let n = c.n.unwrap_or(1);
-    if n == 0 || n > 8 {
-        return Err(ApiError::invalid("n", format!("n = {n}: from 1 to 8 choices")));
+    let seed = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let Resolved { generate: mut options, n, beams } =
+        c.options.resolve(seed).map_err(|e| ApiError::from_engine(&e, "prompt"))?;
+    if beams.is_some() && top_logprobs.is_some() {
+        return Err(ApiError::invalid("beams", "beams return the N best choices themselves: no logprobs with them"));
     }
     // The candidates carry the alternatives; one at least, so the token's own logprob comes too.
-    let top_candidates = top_logprobs.map_or(0, |k| k.max(1));
-    let options = GenerateOptions { max_tokens, sampling, stop, ignore_eos: c.ignore_eos, top_candidates, speculate };
+    options.top_candidates = top_logprobs.map_or(0, |k| k.max(1));
     options.validate().map_err(|e| ApiError::from_engine(&e, "prompt"))?;
-    if options.speculate.is_some() && n > 1 {
-        return Err(ApiError::invalid("n", "speculate runs one choice"));
-    }
-    let beams = match c.beams {
-        None => None,
-        Some(beams) => {
-            if n > 1 || options.speculate.is_some() || top_logprobs.is_some() {
-                return Err(ApiError::invalid(
-                    "beams",
-                    "beams return the N best choices themselves: no n, speculate or logprobs with them",
-                ));
-            }
-            let early_stopping = match &c.early_stopping {
-                None | Some(Value::Bool(false)) => EarlyStopping::Heuristic,
-                Some(Value::Bool(true)) => EarlyStopping::Done,
-                Some(Value::String(s)) if s == "never" => EarlyStopping::Never,
-                Some(v) => return Err(ApiError::invalid("early_stopping", format!("{v}: true, false or \"never\""))),
-            };
-            let b = BeamOptions {
-                beams,
-                max_tokens,
-                stop_ids: Vec::new(),
-                length_penalty: c.length_penalty.unwrap_or(1.0),
-                early_stopping,
-            };
-            b.validate().map_err(|e| ApiError::from_engine(&e, "beams"))?;
-            Some(b)
-        }
-    };
     Ok((options, n, beams, top_logprobs.unwrap_or(0)))
 }
 

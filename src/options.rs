@@ -1,0 +1,234 @@
+//! A request's options as every entry point receives them: the server's JSON (OpenAI's field
+//! names), the package's objects (the same names in camelCase, as aliases) and the CLI's flags.
+//! Every default and every bound of a request is here, once; `resolve` checks them and makes
+//! the engine's options, naming the field of whatever is wrong.
+
+use crate::beam::{BeamOptions, EarlyStopping};
+use crate::engine::GenerateOptions;
+use crate::error::{Error, Result};
+use crate::sampling::SamplingParams;
+use crate::speculate::Speculation;
+use serde::Deserialize;
+
+/// Tokens generated when a request does not say.
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+/// Tokens drafted per verifying pass when a speculative request does not say.
+pub const DEFAULT_DRAFT_TOKENS: usize = 4;
+/// Stop strings a request may give (OpenAI's bound), and the bytes of each: matching costs
+/// grow with both at every token.
+pub const MAX_STOPS: usize = 4;
+pub const MAX_STOP_BYTES: usize = 1024;
+/// Choices (`n`) a request may ask for.
+pub const MAX_CHOICES: usize = 8;
+/// Alternatives per token a request may ask for with its log-probabilities (OpenAI's bound).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// One stop string or several.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// What a request asks for; None is the default. Unknown fields are the caller's to refuse.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct RequestOptions {
+    #[serde(alias = "maxTokens")]
+    pub max_tokens: Option<usize>,
+    /// OpenAI's newer name for `max_tokens` (chat), which it takes before `max_tokens`.
+    #[serde(alias = "maxCompletionTokens")]
+    pub max_completion_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    #[serde(alias = "topP")]
+    pub top_p: Option<f32>,
+    #[serde(alias = "topK")]
+    pub top_k: Option<usize>,
+    #[serde(alias = "minP")]
+    pub min_p: Option<f32>,
+    #[serde(alias = "repetitionPenalty")]
+    pub repetition_penalty: Option<f32>,
+    #[serde(alias = "presencePenalty")]
+    pub presence_penalty: Option<f32>,
+    #[serde(alias = "frequencyPenalty")]
+    pub frequency_penalty: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    #[serde(alias = "ignoreEos")]
+    pub ignore_eos: bool,
+    /// Choices sampled from the same prompt, each with seed + i.
+    pub n: Option<usize>,
+    /// Speculative decoding: "lookup", "layers:L" or "draft" (a loaded draft model).
+    pub speculate: Option<String>,
+    #[serde(alias = "draftTokens")]
+    pub draft_tokens: Option<usize>,
+    /// Beam search with this many beams (deterministic: the sampling fields do not apply).
+    pub beams: Option<usize>,
+    #[serde(alias = "lengthPenalty")]
+    pub length_penalty: Option<f64>,
+    /// true, false or "never" (transformers' `early_stopping`).
+    #[serde(alias = "earlyStopping")]
+    pub early_stopping: Option<serde_json::Value>,
+}
+
+/// A checked request: the engine's options, the choices to sample and, for beam search, its
+/// options.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub generate: GenerateOptions,
+    pub n: usize,
+    pub beams: Option<BeamOptions>,
+}
+
+fn invalid(name: &'static str, value: impl std::fmt::Display, expected: impl Into<String>) -> Error {
+    Error::InvalidOption { name, value: value.to_string(), expected: expected.into() }
+}
+
+impl RequestOptions {
+    /// The request's options with their defaults (`SamplingParams::default()`'s sampler, 256
+    /// tokens, `seed` when none is given), checked: an error names the field.
+    pub fn resolve(&self, seed: u64) -> Result<Resolved> {
+        self.resolve_over(SamplingParams { seed, ..SamplingParams::default() })
+    }
+
+    /// `resolve` with another base sampler (the CLI's `bench` is greedy unless told).
+    pub fn resolve_over(&self, base: SamplingParams) -> Result<Resolved> {
+        let sampling = SamplingParams {
+            temperature: self.temperature.unwrap_or(base.temperature),
+            top_p: self.top_p.unwrap_or(base.top_p),
+            top_k: self.top_k.unwrap_or(base.top_k),
+            min_p: self.min_p.unwrap_or(base.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(base.repetition_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(base.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(base.frequency_penalty),
+            seed: self.seed.unwrap_or(base.seed),
+        };
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stop.len() > MAX_STOPS {
+            return Err(invalid(
+                "stop",
+                format!("{} strings", stop.len()),
+                format!("at most {MAX_STOPS} stop strings"),
+            ));
+        }
+        if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(invalid(
+                "stop",
+                format!("a string of {} bytes", long.len()),
+                format!("a stop string of at most {MAX_STOP_BYTES} bytes"),
+            ));
+        }
+        let max_tokens = self.max_completion_tokens.or(self.max_tokens).unwrap_or(DEFAULT_MAX_TOKENS);
+        let speculate = match &self.speculate {
+            None => None,
+            Some(s) => Some(Speculation {
+                drafter: s.parse()?,
+                draft_tokens: self.draft_tokens.unwrap_or(DEFAULT_DRAFT_TOKENS),
+            }),
+        };
+        if self.draft_tokens.is_some() && speculate.is_none() {
+            return Err(invalid("draft_tokens", self.draft_tokens.unwrap_or(0), "draft tokens only with speculate"));
+        }
+        let n = self.n.unwrap_or(1);
+        if n == 0 || n > MAX_CHOICES {
+            return Err(invalid("n", n, format!("from 1 to {MAX_CHOICES} choices")));
+        }
+        let generate =
+            GenerateOptions { max_tokens, sampling, stop, ignore_eos: self.ignore_eos, top_candidates: 0, speculate };
+        generate.validate()?;
+        if generate.speculate.is_some() && n > 1 {
+            return Err(invalid("n", n, "speculate runs one choice"));
+        }
+        let beam_fields = self.length_penalty.is_some() || self.early_stopping.is_some();
+        let beams = match self.beams {
+            None if beam_fields => {
+                return Err(invalid("beams", "none", "beams with length_penalty or early_stopping"));
+            }
+            None => None,
+            Some(beams) => {
+                if n > 1 || generate.speculate.is_some() {
+                    return Err(invalid(
+                        "beams",
+                        beams,
+                        "no n or speculate with beams: they return the N best choices themselves",
+                    ));
+                }
+                let early_stopping = match &self.early_stopping {
+                    None | Some(serde_json::Value::Bool(false)) => EarlyStopping::Heuristic,
+                    Some(serde_json::Value::Bool(true)) => EarlyStopping::Done,
+                    Some(serde_json::Value::String(s)) if s == "never" => EarlyStopping::Never,
+                    Some(v) => return Err(invalid("early_stopping", v, "true, false or \"never\"")),
+                };
+                let b = BeamOptions {
+                    beams,
+                    max_tokens,
+                    stop_ids: Vec::new(),
+                    length_penalty: self.length_penalty.unwrap_or(1.0),
+                    early_stopping,
+                };
+                b.validate()?;
+                Some(b)
+            }
+        };
+        Ok(Resolved { generate, n, beams })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from(json: &str) -> RequestOptions {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn defaults_are_the_engine_sampler_and_256_tokens() {
+        let r = RequestOptions::default().resolve(9).unwrap();
+        assert_eq!(r.generate.max_tokens, 256);
+        assert_eq!(r.generate.sampling, SamplingParams { seed: 9, ..SamplingParams::default() });
+        assert_eq!((r.n, r.beams.is_none(), r.generate.speculate.is_none()), (1, true, true));
+    }
+
+    #[test]
+    fn snake_case_and_camel_case_name_the_same_fields() {
+        let snake =
+            from(r#"{"max_tokens": 7, "top_p": 0.5, "ignore_eos": true, "draft_tokens": 2, "speculate": "lookup"}"#);
+        let camel =
+            from(r#"{"maxTokens": 7, "topP": 0.5, "ignoreEos": true, "draftTokens": 2, "speculate": "lookup"}"#);
+        assert_eq!(snake, camel);
+        let r = snake.resolve(0).unwrap();
+        assert_eq!((r.generate.max_tokens, r.generate.sampling.top_p, r.generate.ignore_eos), (7, 0.5, true));
+        assert_eq!(r.generate.speculate.unwrap().draft_tokens, 2);
+        assert_eq!(from(r#"{"max_tokens": 7, "max_completion_tokens": 9}"#).resolve(0).unwrap().generate.max_tokens, 9);
+    }
+
+    #[test]
+    fn every_bound_names_its_field() {
+        let field = |json: &str| match from(json).resolve(0) {
+            Err(Error::InvalidOption { name, .. } | Error::InvalidSamplingParameter { name, .. }) => name,
+            other => panic!("{json}: {other:?}"),
+        };
+        let long = format!(r#"{{"stop": ["{}"]}}"#, "x".repeat(1025));
+        assert_eq!(field(&long), "stop");
+        assert_eq!(field(r#"{"stop": ["a", "b", "c", "d", "e"]}"#), "stop");
+        assert_eq!(field(r#"{"stop": ""}"#), "stop");
+        assert_eq!(field(r#"{"n": 9}"#), "n");
+        assert_eq!(field(r#"{"n": 0}"#), "n");
+        assert_eq!(field(r#"{"max_tokens": 0}"#), "max_tokens");
+        assert_eq!(field(r#"{"temperature": -1}"#), "temperature");
+        assert_eq!(field(r#"{"speculate": "lookup", "n": 2}"#), "n");
+        assert_eq!(field(r#"{"draft_tokens": 3}"#), "draft_tokens");
+        assert_eq!(field(r#"{"beams": 2, "n": 2}"#), "beams");
+        assert_eq!(field(r#"{"length_penalty": 2}"#), "beams");
+        assert_eq!(field(r#"{"beams": 2, "early_stopping": "soon"}"#), "early_stopping");
+        assert_eq!(field(r#"{"speculate": "nonsense"}"#), "speculate");
+        let four = from(r#"{"stop": ["a", "b", "c", "d"], "beams": 3, "early_stopping": "never"}"#).resolve(0).unwrap();
+        assert_eq!((four.generate.stop.len(), four.beams.unwrap().early_stopping), (4, EarlyStopping::Never));
+    }
+}
