@@ -706,6 +706,95 @@ impl Batcher {
     }
 }
 
+/// Batched generation as a method of the engine (here, so that the engine does not depend on
+/// the batcher).
+impl Engine {
+    /// Generates continuations of several prompts at once, each with its own options (sampling,
+    /// seed, stops, penalties); `on_token(i, event)` gets sequence i's tokens and returns false to
+    /// end that sequence. On the GPU every decode step runs all unfinished sequences as one batch
+    /// (each weight read once for all of them), each in its own KV-pool sequence; greedy output
+    /// is what each prompt alone gives. The conversation's cache is cleared (its blocks serve the
+    /// batch). Returns each sequence's stats, in the order of the prompts.
+    pub async fn generate_batch(
+        &mut self,
+        requests: &[(Prompt, GenerateOptions)],
+        on_token: &mut dyn FnMut(usize, &TokenEvent) -> bool,
+    ) -> Result<Vec<Stats>> {
+        let max = match &self.backend {
+            Backend::Gpu(m) => m.max_batch(),
+            Backend::Cpu { .. } => crate::gpu::kernels::MAX_BATCH,
+        };
+        if requests.is_empty() || requests.len() > max {
+            return Err(Error::InvalidOption {
+                name: "batch",
+                value: requests.len().to_string(),
+                expected: format!("from 1 to {max} prompts at once"),
+            });
+        }
+        let prepared = requests
+            .iter()
+            .map(|(prompt, options)| Batcher::prepare(self, prompt, options))
+            .collect::<Result<Vec<_>>>()?;
+        // The pool must hold every sequence at its longest (the conversation's blocks given back
+        // to it): refused before any work, the conversation kept.
+        if let Backend::Gpu(m) = &self.backend {
+            let pool = m.pool();
+            let bt = pool.block_tokens();
+            let needed: usize =
+                prepared.iter().map(|p| (p.prompt_tokens() + p.options().max_tokens).div_ceil(bt)).sum();
+            let free = pool.free_blocks() + pool.table(m.main_sequence()).len();
+            if needed > free {
+                return Err(Error::KvPoolFull {
+                    needed_tokens: needed * bt,
+                    free_tokens: free * bt,
+                    capacity_tokens: pool.blocks() * bt,
+                });
+            }
+        }
+        // Every prompt is prefilled in the first round (prompts over PREFILL_CHUNK tokens take a
+        // pass per chunk per round).
+        let budget = prepared.iter().map(Prepared::prompt_tokens).sum();
+        let mut batcher = Batcher::new(self, budget);
+        let mut index = std::collections::HashMap::new();
+        for (i, p) in prepared.into_iter().enumerate() {
+            match batcher.admit(self, p) {
+                Ok(id) => index.insert(id, i),
+                Err((e, _)) => {
+                    batcher.clear(self);
+                    return Err(e);
+                }
+            };
+        }
+        let mut stats = vec![None; requests.len()];
+        let mut failed = None;
+        while !batcher.is_empty() {
+            let round = batcher
+                .step(self, &mut |_| true, &mut |id, event| {
+                    let i = index[&id];
+                    match event {
+                        BatchEvent::Token(ev) => return on_token(i, ev),
+                        BatchEvent::Done(s) => stats[i] = Some(s),
+                        BatchEvent::Failed(e) => {
+                            failed.get_or_insert(e);
+                        }
+                    }
+                    true
+                })
+                .await;
+            if let Err(e) = round {
+                batcher.clear(self);
+                return Err(e);
+            }
+            if let Some(e) = failed.take() {
+                batcher.clear(self);
+                return Err(e);
+            }
+        }
+        batcher.clear(self);
+        Ok(stats.into_iter().map(|s| s.expect("every request ends with its stats")).collect())
+    }
+}
+
 fn free(engine: &mut Engine, kv: &SeqKv) {
     if let (SeqKv::Gpu(seq), Some(m)) = (kv, engine.gpu_model_mut()) {
         m.free_sequence(*seq);

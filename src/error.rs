@@ -7,19 +7,18 @@ use thiserror::Error;
 pub enum Error {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("model architecture {0:?} is not supported (supported: {list})", list = crate::arch::ARCHITECTURES.join(", "))]
-    UnsupportedArchitecture(String),
+    /// `supported`: the architectures this engine runs, as the refusing code lists them.
+    #[error("model architecture {name:?} is not supported (supported: {supported})")]
+    UnsupportedArchitecture { name: String, supported: String },
     #[error("this model uses {0}, which this engine does not implement yet")]
     Unsupported(String),
     #[error("the GGUF file lacks the metadata key {0:?}, which this model architecture needs")]
     MissingMetadata(String),
     #[error("the GGUF metadata value {key:?} = {value} is invalid: {reason}")]
     InvalidMetadata { key: String, value: String, reason: String },
-    #[error(
-        "tensor {name:?} has type {ty}, which this engine cannot run yet (supported: {})",
-        crate::quant::supported_names()
-    )]
-    UnsupportedTensorType { name: String, ty: &'static str },
+    /// `supported`: the tensor types this engine runs, as the refusing code lists them.
+    #[error("tensor {name:?} has type {ty}, which this engine cannot run yet (supported: {supported})")]
+    UnsupportedTensorType { name: String, ty: &'static str, supported: String },
     #[error("the tokenizer {0} is not supported")]
     UnsupportedTokenizer(String),
     #[error("tokenizer error: {0}")]
@@ -72,7 +71,7 @@ impl Error {
             Error::Gguf(GgufError::Read(_)) => "io",
             Error::Gguf(GgufError::Stalled(_)) | Error::Stalled { .. } => "stalled",
             Error::Gguf(_) => "invalid-file",
-            Error::UnsupportedArchitecture(_)
+            Error::UnsupportedArchitecture { .. }
             | Error::Unsupported(_)
             | Error::UnsupportedTensorType { .. }
             | Error::UnsupportedTokenizer(_) => "unsupported",

@@ -7,7 +7,13 @@
 
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, GgufError, TensorInfo};
-use crate::model::{invalid, ModelConfig};
+mod config;
+
+pub(crate) use config::invalid;
+pub use config::ModelConfig;
+
+/// Context used when the caller does not choose one: the model's, capped to keep the cache small.
+pub const DEFAULT_CONTEXT: usize = 4096;
 use std::collections::HashSet;
 
 /// The tensor of per-pair RoPE frequency divisors (llama 3).

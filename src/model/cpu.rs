@@ -1,7 +1,7 @@
 //! The CPU f32 reference forward pass: dequantized weights, grouped-query attention, GGUF RoPE,
 //! a KV cache. Written to be read top to bottom; it is the oracle the GPU path is tested against.
 
-use super::ModelConfig;
+use crate::arch::ModelConfig;
 use crate::arch::{Activation, GateUp, Plan, Qkv, RopeStyle};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;

@@ -1,7 +1,7 @@
 //! What a model file is and what running it needs, from its header alone: shown before a
 //! download (the page reads the header with a ranged request) and after a load.
 
-use super::ModelConfig;
+use crate::arch::ModelConfig;
 use crate::error::Result;
 use crate::gguf::Gguf;
 use serde::Serialize;
@@ -36,7 +36,7 @@ impl ModelInfo {
     /// the engine's default); an error when the engine cannot run its architecture or types.
     pub fn new(gguf: &Gguf, file_bytes: u64, context: Option<usize>) -> Result<Self> {
         let c = ModelConfig::from_gguf(gguf)?;
-        let context = context.unwrap_or(crate::engine::DEFAULT_CONTEXT).min(c.context_length).max(1);
+        let context = context.unwrap_or(crate::arch::DEFAULT_CONTEXT).min(c.context_length).max(1);
         let mut type_bytes = BTreeMap::new();
         let mut weight_bytes = 0u64;
         for t in &gguf.tensors {
@@ -52,7 +52,7 @@ impl ModelInfo {
             .filter(|&v| v.checked_mul(4).is_some())
             .ok_or_else(|| {
                 let reason = format!("a KV cache of {} layers of {} values overflows", c.n_layers, c.kv_dim());
-                super::invalid(&format!("{}.context_length", c.architecture), context, &reason)
+                crate::arch::invalid(&format!("{}.context_length", c.architecture), context, &reason)
             })?;
         Ok(Self {
             name: c.name.clone(),

@@ -1,12 +1,11 @@
 //! The model: its configuration from GGUF metadata and the CPU f32 reference forward pass, which
 //! is the oracle every GPU kernel and the whole GPU model are tested against.
 
-mod config;
 mod cpu;
 mod info;
 
-pub(crate) use config::invalid;
-pub use config::ModelConfig;
+/// The model's shape, parsed with its layer plan (`arch`).
+pub use crate::arch::ModelConfig;
 pub use cpu::{CpuKvCache, CpuModel, Logits};
 pub use info::ModelInfo;
 

@@ -132,7 +132,11 @@ pub fn supported_names() -> String {
 
 /// The format of a tensor, or an error naming the tensor and its type.
 pub fn tensor_format(info: &TensorInfo) -> Result<&'static BlockFormat> {
-    format(info.ty).ok_or_else(|| Error::UnsupportedTensorType { name: info.name.clone(), ty: info.ty.name() })
+    format(info.ty).ok_or_else(|| Error::UnsupportedTensorType {
+        name: info.name.clone(),
+        ty: info.ty.name(),
+        supported: supported_names(),
+    })
 }
 
 /// Dequantizes a whole tensor to f32 (row-major, `shape[0]` contiguous).

@@ -1,21 +1,19 @@
 //! The commands: `generate` streams a completion to stdout, `bench` measures speed, `serve`
 //! runs the OpenAI-compatible server (serve.rs), `synthetic` writes bench's random-weight model.
 
-use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use crate::model_args::{at_least_one, end_progress_line, load, load_from, Backend, ModelArgs};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use webgpu_llm::chat::Message;
-use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, Stats};
-use webgpu_llm::gguf::{ByteSource, FileSource, SplitSource};
-use webgpu_llm::gpu::GpuOptions;
+use webgpu_llm::engine::{Engine, GenerateOptions, Prompt, Stats};
+use webgpu_llm::gguf::ByteSource;
 use webgpu_llm::options::{RequestOptions, Resolved, Stop};
 use webgpu_llm::sampling::SamplingParams;
 use webgpu_llm::speculate::{Drafter, Speculation, SpeculationStats};
 use webgpu_llm::Error;
-
-const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Parser)]
 #[command(name = "webgpu-llm", version, about = "Run a GGUF language model on your own GPU (or the CPU reference)")]
@@ -47,20 +45,6 @@ struct SyntheticArgs {
     /// The GGUF file to write.
     #[arg(long)]
     out: PathBuf,
-}
-
-#[derive(Args)]
-pub(crate) struct ModelArgs {
-    /// GGUF model file [default: the default model fetched by scripts/fetch-model]
-    #[arg(long)]
-    pub(crate) model: Option<PathBuf>,
-    /// Where the model runs [default: gpu when an adapter exists, else cpu]
-    #[arg(long, value_enum)]
-    backend: Option<Backend>,
-    /// Tokens the KV cache holds (with `serve`: all streams together) [default: min(model
-    /// context, 4096)]
-    #[arg(long, value_parser = at_least_one)]
-    context_length: Option<usize>,
 }
 
 #[derive(Args)]
@@ -155,12 +139,6 @@ impl SamplingArgs {
     }
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Backend {
-    Cpu,
-    Gpu,
-}
-
 #[derive(Args)]
 struct GenerateArgs {
     #[command(flatten)]
@@ -238,15 +216,6 @@ impl GenerateArgs {
     }
 }
 
-/// A count flag: a whole number of at least 1.
-pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(format!("{e} (a whole number of at least 1)")),
-    }
-}
-
 /// Exit codes: 1 for a bad model file or a failure, 2 for bad usage (as clap's own errors).
 const EXIT_USAGE: u8 = 2;
 
@@ -255,8 +224,6 @@ fn is_usage(e: &Error) -> bool {
     matches!(e, Error::InvalidSamplingParameter { .. } | Error::InvalidOption { .. } | Error::ContextOverflow { .. })
 }
 
-/// The progress line (`loading weights: 42%`) is open: a message must end it first.
-static PROGRESS_OPEN: AtomicBool = AtomicBool::new(false);
 /// Set by Ctrl-C: the generation stops at the next token and prints its stats.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 /// A generation is streaming: Ctrl-C ends it gracefully (otherwise it quits at once).
@@ -317,81 +284,6 @@ fn write_synthetic(args: &SyntheticArgs) -> Result<(), Error> {
     file.flush().map_err(io)?;
     eprintln!("wrote {} ({} bytes)", args.out.display(), source.len());
     Ok(())
-}
-
-fn end_progress_line() {
-    if PROGRESS_OPEN.swap(false, Ordering::SeqCst) {
-        eprintln!();
-    }
-}
-
-fn model_path(arg: Option<PathBuf>) -> PathBuf {
-    arg.unwrap_or_else(|| {
-        let here = PathBuf::from(DEFAULT_MODEL);
-        if here.exists() {
-            here
-        } else {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_MODEL)
-        }
-    })
-}
-
-/// The parts of a split model (`name-00001-of-00003.gguf`, any part named), or just `path`.
-fn split_parts(path: &std::path::Path) -> Vec<PathBuf> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-    let parsed = name.strip_suffix(".gguf").and_then(|stem| {
-        let (rest, count) = stem.rsplit_once("-of-")?;
-        let (base, _) = rest.rsplit_once('-')?;
-        let n: usize = count.parse().ok().filter(|_| count.len() == 5)?;
-        Some((base.to_string(), n))
-    });
-    match parsed {
-        Some((base, n)) => (1..=n).map(|i| path.with_file_name(format!("{base}-{i:05}-of-{n:05}.gguf"))).collect(),
-        None => vec![path.to_path_buf()],
-    }
-}
-
-/// Loads the model; without --backend, the GPU when an adapter exists, else the CPU.
-pub(crate) async fn load(args: &ModelArgs) -> Result<Engine, Error> {
-    let path = model_path(args.model.clone());
-    eprintln!("loading {}", path.display());
-    // Read in ranges: the header, then each tensor in pieces into GPU memory.
-    let file = SplitSource::new(split_parts(&path).iter().map(|p| FileSource::open(p)).collect::<Result<_, _>>()?);
-    load_from(&file, args).await
-}
-
-async fn load_from(file: &(impl ByteSource + ?Sized), args: &ModelArgs) -> Result<Engine, Error> {
-    let start = std::time::Instant::now();
-    let mut progress = |done: usize, total: usize| {
-        PROGRESS_OPEN.store(true, Ordering::SeqCst);
-        eprint!("\rloading weights: {}%", done * 100 / total.max(1));
-    };
-    let options = |backend| LoadOptions { backend, context_length: args.context_length, gpu: GpuOptions::from_env() };
-    let engine = match args.backend {
-        Some(Backend::Cpu) => Engine::load_from(file, options(BackendKind::Cpu), &mut progress).await?,
-        Some(Backend::Gpu) => Engine::load_from(file, options(BackendKind::Gpu), &mut progress).await?,
-        None => match Engine::load_from(file, options(BackendKind::Gpu), &mut progress).await {
-            Err(Error::NoAdapter(why)) => {
-                end_progress_line();
-                eprintln!("no GPU adapter ({why}); using the CPU backend");
-                Engine::load_from(file, options(BackendKind::Cpu), &mut progress).await?
-            }
-            other => other?,
-        },
-    };
-    let c = &engine.config;
-    end_progress_line();
-    eprintln!(
-        "loaded {:?} ({}, {} layers, d_model {}, vocab {}) in {:.2} s on {}",
-        c.name,
-        c.architecture,
-        c.n_layers,
-        c.d_model,
-        c.vocab_size,
-        start.elapsed().as_secs_f64(),
-        engine.backend_description(),
-    );
-    Ok(engine)
 }
 
 async fn generate(args: GenerateArgs) -> Result<(), Error> {

@@ -5,6 +5,8 @@
 #[cfg(not(target_arch = "wasm32"))]
 mod cli;
 #[cfg(not(target_arch = "wasm32"))]
+mod model_args;
+#[cfg(not(target_arch = "wasm32"))]
 mod serve;
 
 #[cfg(not(target_arch = "wasm32"))]

@@ -10,7 +10,7 @@
 //! A full batch and a full queue answer 429 with Retry-After. SIGTERM or Ctrl-C: no new
 //! connections; running and waiting requests end with an error event ("server shutting down").
 
-use crate::cli::{at_least_one, load, ModelArgs};
+use crate::model_args::{at_least_one, load, ModelArgs};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};

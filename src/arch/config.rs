@@ -30,7 +30,7 @@ impl ModelConfig {
             .ok_or_else(|| Error::MissingMetadata("general.architecture".into()))?
             .to_string();
         if !crate::arch::ARCHITECTURES.contains(&arch.as_str()) {
-            return Err(Error::UnsupportedArchitecture(arch));
+            return Err(Error::UnsupportedArchitecture { name: arch, supported: super::ARCHITECTURES.join(", ") });
         }
         let key = |k: &str| format!("{arch}.{k}");
         let required = |k: &str| -> Result<usize> {
