@@ -95,7 +95,7 @@ pub trait BeamModel {
 /// A score that can never win (transformers' -1e9).
 const NEVER: f64 = -1.0e9;
 
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 struct Running {
     ids: Vec<u32>,
     /// Summed log-probability (NEVER added once for a beam that had to run on stopped).
@@ -122,57 +122,99 @@ fn top_log_probs(logits: &[f32], k: usize, position: usize) -> Result<Vec<(f64, 
     Ok(ids.into_iter().map(|id| (logits[id as usize] as f64 - log_sum, id)).collect())
 }
 
-/// Runs the search from `prompt` (which the model has not seen). `prompt_len` positions are
-/// taken by the prompt; the context must hold `prompt.len() + options.max_tokens`.
+/// Runs the search from `prompt` (which the model has not seen) on `model`, driving a
+/// `BeamSearch`. The context must hold `prompt.len() + options.max_tokens`.
 pub async fn search(model: &mut impl BeamModel, prompt: &[u32], options: &BeamOptions) -> Result<Vec<Hypothesis>> {
-    options.validate()?;
-    let n = options.beams;
+    let mut search = BeamSearch::new(options.clone(), prompt.len())?;
     let vocab = model.vocab_size();
-    let mut logits = vec![vec![0f32; vocab]; n];
-    let found = run(model, prompt, options, &mut logits).await;
+    let mut logits = vec![vec![0f32; vocab]; options.beams];
+    let found = async {
+        model.prefill(prompt, &mut logits[0]).await?;
+        loop {
+            match search.advance(&logits[..search.rows()])? {
+                BeamStep::Done(found) => return Ok(found),
+                BeamStep::Run { from, tokens, pos } => {
+                    model.reorder(&from, pos).await?;
+                    model.step(&tokens, pos, &mut logits[..tokens.len()]).await?;
+                }
+            }
+        }
+    }
+    .await;
     model.finish();
     found
 }
 
-async fn run(
-    model: &mut impl BeamModel,
-    prompt: &[u32],
-    options: &BeamOptions,
-    logits: &mut [Vec<f32>],
-) -> Result<Vec<Hypothesis>> {
-    let n = options.beams;
-    let keep = 2usize.max(1 + options.stop_ids.len()) * n;
-    model.prefill(prompt, &mut logits[0]).await?;
-    // transformers starts from N copies of the prompt scored 0, -1e9, ...: only the first is
-    // expanded at the first step.
-    let mut running = vec![Running { ids: Vec::new(), score: 0.0 }];
-    let mut finished: Vec<Hypothesis> = Vec::new();
-    let mut improvable = true;
-    for generated in 0..options.max_tokens {
+/// What a beam search does next (`BeamSearch::advance`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum BeamStep {
+    /// Beam i continues the sequence of beam `from[i]`, cut to its first `pos` positions, and
+    /// runs `tokens[i]` at `pos`; their logits go to the next `advance`.
+    Run { from: Vec<usize>, tokens: Vec<u32>, pos: usize },
+    /// The search ended: the N best finished hypotheses, best first.
+    Done(Vec<Hypothesis>),
+}
+
+/// A beam search as a state machine, a step at a time, so that a batch can run its beams as rows
+/// beside other requests: `advance` takes the running beams' logits (the prompt's last
+/// position's at first) and says what runs next.
+#[derive(Debug, Clone)]
+pub struct BeamSearch {
+    options: BeamOptions,
+    prompt_len: usize,
+    /// Continuations considered per step: `max(2, 1 + stop ids) × N`.
+    keep: usize,
+    running: Vec<Running>,
+    finished: Vec<Hypothesis>,
+    improvable: bool,
+    /// Tokens chosen so far per beam (the step `advance` takes next).
+    generated: usize,
+}
+
+impl BeamSearch {
+    pub fn new(options: BeamOptions, prompt_len: usize) -> Result<Self> {
+        options.validate()?;
+        let keep = 2usize.max(1 + options.stop_ids.len()) * options.beams;
+        // transformers starts from N copies of the prompt scored 0, -1e9, ...: only the first is
+        // expanded at the first step.
+        let running = vec![Running { ids: Vec::new(), score: 0.0 }];
+        Ok(Self { options, prompt_len, keep, running, finished: Vec::new(), improvable: true, generated: 0 })
+    }
+
+    /// The beams whose logits the next `advance` takes (1, the prompt's, at first).
+    pub fn rows(&self) -> usize {
+        self.running.len()
+    }
+
+    /// One step from the running beams' logits (`rows()` of them, in beam order).
+    pub fn advance(&mut self, logits: &[impl AsRef<[f32]>]) -> Result<BeamStep> {
+        let options = &self.options;
+        let n = options.beams;
+        let generated = self.generated;
         // The K best continuations of all beams: a beam's own K best suffice.
-        let mut candidates: Vec<(f64, usize, u32)> = Vec::with_capacity(keep * running.len());
-        for (b, beam) in running.iter().enumerate() {
-            for (lp, id) in top_log_probs(&logits[b], keep, prompt.len() + generated)? {
+        let mut candidates: Vec<(f64, usize, u32)> = Vec::with_capacity(self.keep * self.running.len());
+        for (b, beam) in self.running.iter().enumerate() {
+            for (lp, id) in top_log_probs(logits[b].as_ref(), self.keep, self.prompt_len + generated)? {
                 candidates.push((beam.score + lp, b, id));
             }
         }
         candidates.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
-        candidates.truncate(keep);
+        candidates.truncate(self.keep);
         let length = generated + 1;
         let stops = |id: u32| options.stop_ids.contains(&id) || length >= options.max_tokens;
 
         // Finished: those among the first N that stop, unless the search can no longer improve
         // (or, with early_stopping true, N are finished already).
-        let full = finished.len() == n && options.early_stopping == EarlyStopping::Done;
-        if improvable && !full {
+        let full = self.finished.len() == n && options.early_stopping == EarlyStopping::Done;
+        if self.improvable && !full {
             for &(score, b, id) in candidates.iter().take(n).filter(|c| stops(c.2)) {
-                let mut ids = running[b].ids.clone();
+                let mut ids = self.running[b].ids.clone();
                 ids.push(id);
                 let normalized = score / (length as f64).powf(options.length_penalty);
-                finished.push(Hypothesis { ids, score: normalized, sum_logprob: score });
+                self.finished.push(Hypothesis { ids, score: normalized, sum_logprob: score });
             }
-            finished.sort_by(|x, y| y.score.total_cmp(&x.score));
-            finished.truncate(n);
+            self.finished.sort_by(|x, y| y.score.total_cmp(&x.score));
+            self.finished.truncate(n);
         }
 
         // Running on: the N best that do not stop (a stopped one only when fewer remain).
@@ -181,12 +223,12 @@ async fn run(
         next.sort_by(|x, y| y.0.total_cmp(&x.0));
         next.truncate(n);
         if candidates.iter().all(|c| stops(c.2)) {
-            break;
+            return Ok(BeamStep::Done(std::mem::take(&mut self.finished)));
         }
-        running = next
+        self.running = next
             .iter()
             .map(|&(score, b, id)| {
-                let mut ids = running[b].ids.clone();
+                let mut ids = self.running[b].ids.clone();
                 ids.push(id);
                 Running { ids, score }
             })
@@ -197,18 +239,20 @@ async fn run(
             EarlyStopping::Never if options.length_penalty > 0.0 => options.max_tokens,
             _ => length,
         };
-        let best_running = running[0].score / (best_length as f64).powf(options.length_penalty);
-        let worst_finished = if finished.len() == n { finished[n - 1].score } else { NEVER };
-        improvable &= best_running > worst_finished;
-        if !improvable || (finished.len() == n && options.early_stopping == EarlyStopping::Done) {
-            break;
+        let best_running = self.running[0].score / (best_length as f64).powf(options.length_penalty);
+        let worst_finished = if self.finished.len() == n { self.finished[n - 1].score } else { NEVER };
+        self.improvable &= best_running > worst_finished;
+        if !self.improvable
+            || (self.finished.len() == n && options.early_stopping == EarlyStopping::Done)
+            || length >= options.max_tokens
+        {
+            return Ok(BeamStep::Done(std::mem::take(&mut self.finished)));
         }
-
-        let from: Vec<usize> = next.iter().map(|c| c.1).collect();
-        let pos = prompt.len() + generated;
-        model.reorder(&from, pos).await?;
-        let tokens: Vec<u32> = running.iter().map(|beam| *beam.ids.last().expect("one token per step")).collect();
-        model.step(&tokens, pos, &mut logits[..tokens.len()]).await?;
+        self.generated = length;
+        Ok(BeamStep::Run {
+            from: next.iter().map(|c| c.1).collect(),
+            tokens: self.running.iter().map(|beam| *beam.ids.last().expect("one token per step")).collect(),
+            pos: self.prompt_len + generated,
+        })
     }
-    Ok(finished)
 }
