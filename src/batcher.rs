@@ -28,6 +28,7 @@
 //! sequence, sharing its blocks, and prefills only the rest. Kept sequences are evicted oldest
 //! first whenever a request needs their blocks or their slot, so they never refuse a request.
 
+use crate::beam::{BeamOptions, BeamSearch, BeamStep, Hypothesis};
 use crate::engine::{
     token_candidates, Backend, Engine, GenerateOptions, Prompt, Stats, StopMatcher, StopReason, TokenCandidate,
     TokenEvent, TokenLogprob,
@@ -54,6 +55,8 @@ pub enum BatchEvent<'a> {
     Done(Stats),
     /// The request failed on its own (non-finite logits in its row); the others go on.
     Failed(Error),
+    /// A beam search request's N best hypotheses, best first, each with its text (then `Done`).
+    Beams(Vec<(Hypothesis, String)>),
 }
 
 /// A request checked against the model (tokenized, options valid, fits the context), not yet
@@ -63,6 +66,8 @@ pub struct Prepared {
     sampler: Sampler,
     options: GenerateOptions,
     vocab_size: usize,
+    /// A beam search instead of sampling.
+    beams: Option<BeamOptions>,
 }
 
 impl Prepared {
@@ -72,7 +77,7 @@ impl Prepared {
         options.sampling.seed = seed;
         let mut sampler = Sampler::new(options.sampling.clone(), self.vocab_size)?;
         self.tokens.iter().for_each(|&id| sampler.accept(id));
-        Ok(Prepared { tokens: self.tokens.clone(), sampler, options, vocab_size: self.vocab_size })
+        Ok(Prepared { tokens: self.tokens.clone(), sampler, options, vocab_size: self.vocab_size, beams: None })
     }
 
     pub fn prompt_tokens(&self) -> usize {
@@ -84,6 +89,17 @@ impl Prepared {
     }
 }
 
+/// A beam search running in the batch: its beams fork the prompt's sequence (then each other's)
+/// and run as rows of the decode steps.
+struct Beams {
+    search: BeamSearch,
+    /// Beam i's sequence (none before the prompt's logits are in).
+    seqs: Vec<SeqKv>,
+    /// The tokens the beams run next, at `pos`.
+    tokens: Vec<u32>,
+    pos: usize,
+}
+
 /// A row of a round's decode step: request `request`'s `token` at `pos`; `first`: its prompt's
 /// last token, whose logits choose its first token.
 #[derive(Debug, Clone, Copy)]
@@ -92,6 +108,8 @@ struct Row {
     token: u32,
     pos: usize,
     first: bool,
+    /// The beam of a beam search request whose sequence the row runs in.
+    beam: Option<usize>,
 }
 
 /// Where a request's keys and values live.
@@ -103,7 +121,10 @@ enum SeqKv {
 struct Request {
     id: RequestId,
     seq: BatchSeq,
+    /// The prompt's sequence (and, sampling, the generated tokens').
     kv: SeqKv,
+    /// A beam search's state and its beams' sequences.
+    beam: Option<Box<Beams>>,
     /// Positions of `seq.tokens` whose keys and values are in `kv` (from the prefix cache, then
     /// prefilled or recomputed, then decoded): the rest are to run before it decodes.
     computed: usize,
@@ -224,7 +245,37 @@ impl Batcher {
         let tokens = engine.checked_prompt(prompt, options.max_tokens)?;
         let mut sampler = Sampler::new(options.sampling.clone(), engine.config.vocab_size)?;
         tokens.iter().for_each(|&id| sampler.accept(id));
-        Ok(Prepared { tokens, sampler, options: options.clone(), vocab_size: engine.config.vocab_size })
+        Ok(Prepared { tokens, sampler, options: options.clone(), vocab_size: engine.config.vocab_size, beams: None })
+    }
+
+    /// Checks a beam search request (transformers' semantics, `beam::BeamSearch`): its beams
+    /// are sequences forked in the pool that run as rows of the batch's steps, beside the other
+    /// requests; it answers with `BatchEvent::Beams` when the search ends.
+    pub fn prepare_beams(engine: &Engine, prompt: &Prompt, options: &BeamOptions) -> Result<Prepared> {
+        options.validate()?;
+        let rows = engine.gpu_model().map_or(crate::gpu::kernels::MAX_BATCH, |m| m.max_batch());
+        if options.beams > rows {
+            return Err(Error::InvalidOption {
+                name: "beams",
+                value: options.beams.to_string(),
+                expected: format!("at most {rows} at this context on this GPU (a decode step's rows)"),
+            });
+        }
+        let tokens = engine.checked_prompt(prompt, options.max_tokens)?;
+        let greedy = GenerateOptions {
+            max_tokens: options.max_tokens,
+            sampling: crate::sampling::SamplingParams::greedy(),
+            ignore_eos: true,
+            ..GenerateOptions::default()
+        };
+        let sampler = Sampler::new(greedy.sampling.clone(), engine.config.vocab_size)?;
+        Ok(Prepared {
+            tokens,
+            sampler,
+            options: greedy,
+            vocab_size: engine.config.vocab_size,
+            beams: Some(options.clone()),
+        })
     }
 
     /// The pool's free blocks (unbounded on the CPU backend, which has no pool).
@@ -291,7 +342,21 @@ impl Batcher {
 
     /// Blocks request `i` takes to hold `len` positions (0 on the CPU backend).
     fn blocks_to_grow(&self, engine: &Engine, i: usize, len: usize) -> usize {
-        match (&self.requests[i].kv, engine.gpu_model()) {
+        Self::seq_blocks(engine, &self.requests[i].kv, len)
+    }
+
+    /// Blocks a row takes (in its request's sequence or its beam's).
+    fn row_blocks(&self, engine: &Engine, row: &Row) -> usize {
+        let r = &self.requests[row.request];
+        let kv = match (row.beam, &r.beam) {
+            (Some(b), Some(beams)) => &beams.seqs[b],
+            _ => &r.kv,
+        };
+        Self::seq_blocks(engine, kv, row.pos + 1)
+    }
+
+    fn seq_blocks(engine: &Engine, kv: &SeqKv, len: usize) -> usize {
+        match (kv, engine.gpu_model()) {
             (&SeqKv::Gpu(seq), Some(m)) => m.pool().blocks_to_reserve(seq, len),
             _ => 0,
         }
@@ -306,22 +371,23 @@ impl Batcher {
     /// Takes the most recently admitted request out of the batch for its blocks: it waits at
     /// the head of the queue with its state, and is recomputed from its tokens when admitted
     /// again.
-    fn preempt_last(&mut self, engine: &mut Engine) {
-        let r = self.requests.pop().expect("a running request to preempt");
+    /// (A beam search is not preempted: its beams' sequences would all have to be recomputed.)
+    /// Returns the index it had, or None when only beam searches run at or past `floor`.
+    fn preempt_last(&mut self, engine: &mut Engine, floor: usize) -> Option<usize> {
+        let i = (floor..self.requests.len()).rev().find(|&i| self.requests[i].beam.is_none())?;
+        let r = self.requests.remove(i);
         free(engine, &r.kv);
         self.preemptions += 1;
         self.preempted.push_front((r.id, r.seq));
+        Some(i)
     }
 
     /// Frees blocks until `needed` are free: kept sequences first, then running requests, most
-    /// recently admitted first, down to (not past) `floor` of them. Whether they now are.
+    /// recently admitted first, from `floor` on. Whether they now are.
     fn free_up(&mut self, engine: &mut Engine, needed: usize, floor: usize) -> bool {
         while needed > Self::free_blocks(engine) {
-            if !self.evict_kept(engine, None) {
-                if self.requests.len() <= floor {
-                    return false;
-                }
-                self.preempt_last(engine);
+            if !self.evict_kept(engine, None) && self.preempt_last(engine, floor).is_none() {
+                return false;
             }
         }
         true
@@ -393,7 +459,11 @@ impl Batcher {
         if seq.next.is_none() {
             seq.reused = reused;
         }
-        self.requests.push(Request { id, seq, kv, computed: reused });
+        let beam = seq.beams.clone().map(|options| {
+            let search = BeamSearch::new(options, seq.prompt_len).expect("validated by prepare_beams");
+            Box::new(Beams { search, seqs: Vec::new(), tokens: Vec::new(), pos: 0 })
+        });
+        self.requests.push(Request { id, seq, kv, beam, computed: reused });
     }
 
     /// Ends a request now (its client went away): it leaves the batch (or the queue) and its
@@ -428,7 +498,8 @@ impl Batcher {
             .chain(self.preempted.drain(..).map(|w| w.0))
             .chain(self.waiting.drain(..).map(|w| w.0))
             .collect();
-        for r in self.requests.drain(..) {
+        for mut r in std::mem::take(&mut self.requests) {
+            free_beams(engine, &mut r);
             free(engine, &r.kv);
         }
         self.forget_prefixes(engine);
@@ -449,7 +520,8 @@ impl Batcher {
 
     /// A request leaves: its sequence is kept for a later prompt with the same start (the
     /// positions whose keys and values it wrote), unless it failed or holds nothing.
-    fn retire(&mut self, engine: &mut Engine, r: Request) {
+    fn retire(&mut self, engine: &mut Engine, mut r: Request) {
+        free_beams(engine, &mut r);
         let SeqKv::Gpu(seq) = r.kv else { return };
         let written = r.computed;
         if r.seq.failed.is_some() || written == 0 {
@@ -493,26 +565,52 @@ impl Batcher {
         // kept sequences go first, then the requests admitted last (their rows with them).
         self.rows.clear();
         for (i, r) in self.requests.iter_mut().enumerate() {
-            if let (Some(next), None, None) = (r.seq.next, r.seq.stop, &r.seq.failed) {
+            if r.seq.stop.is_some() || r.seq.failed.is_some() {
+                continue;
+            }
+            if let Some(beams) = &r.beam {
+                // Every beam a row (none before the prompt's logits are in); a search emits
+                // nothing until it ends, so it never waits for its reader.
+                for (b, &token) in beams.tokens.iter().enumerate() {
+                    self.rows.push(Row { request: i, token, pos: beams.pos, first: false, beam: Some(b) });
+                }
+            } else if let Some(next) = r.seq.next {
                 if r.computed == r.seq.tokens.len() && ready(r.id) {
-                    self.rows.push(Row { request: i, token: next, pos: r.seq.tokens.len(), first: false });
+                    self.rows.push(Row { request: i, token: next, pos: r.seq.tokens.len(), first: false, beam: None });
                 }
             }
         }
         let mut committed;
         loop {
-            committed = self.rows.iter().map(|row| self.blocks_to_grow(engine, row.request, row.pos + 1)).sum();
-            if committed <= Self::free_blocks(engine) {
+            committed = self.rows.iter().map(|row| self.row_blocks(engine, row)).sum();
+            let free = Self::free_blocks(engine);
+            if committed <= free {
                 break;
             }
             if self.evict_kept(engine, None) {
                 continue;
             }
-            let last = self.requests.len() - 1;
-            if self.rows.last().is_some_and(|r| r.request == last) {
-                self.rows.pop();
-            }
-            self.preempt_last(engine);
+            let i = match self.preempt_last(engine, 0) {
+                Some(i) => i,
+                None => {
+                    // Only beam searches hold rows: the last one fails for want of blocks.
+                    let i = (0..self.requests.len()).rev().find(|&i| self.rows.iter().any(|r| r.request == i));
+                    let i = i.expect("rows that need blocks belong to requests");
+                    let r = &mut self.requests[i];
+                    free_beams(engine, r);
+                    let bt = engine.gpu_model().map_or(1, |m| m.pool().block_tokens());
+                    let capacity_tokens = engine.gpu_model().map_or(0, |m| m.pool().blocks()) * bt;
+                    r.seq.failed = Some(Error::KvPoolFull {
+                        needed_tokens: committed * bt,
+                        free_tokens: free * bt,
+                        capacity_tokens,
+                    });
+                    self.rows.retain(|r| r.request != i);
+                    continue;
+                }
+            };
+            self.rows.retain(|r| r.request != i);
+            self.rows.iter_mut().filter(|r| r.request > i).for_each(|r| r.request -= 1);
         }
 
         // Then prompt chunks within the budget, each with its blocks (from kept sequences; from
@@ -553,7 +651,8 @@ impl Batcher {
                 self.chunks.push((i - 1, computed, run));
             }
             if first {
-                self.rows.push(Row { request: i - 1, token: r.seq.tokens[len - 1], pos: len - 1, first: true });
+                let token = r.seq.tokens[len - 1];
+                self.rows.push(Row { request: i - 1, token, pos: len - 1, first: true, beam: None });
             }
         }
 
@@ -571,7 +670,12 @@ impl Batcher {
                     model.forward(cache, &r.seq.tokens[start..start + len], Logits::Last)?;
                 }
                 for (k, row) in self.rows.iter().enumerate() {
-                    let SeqKv::Cpu(cache) = &mut self.requests[row.request].kv else { unreachable!() };
+                    let r = &mut self.requests[row.request];
+                    let kv = match (row.beam, &mut r.beam) {
+                        (Some(b), Some(beams)) => &mut beams.seqs[b],
+                        _ => &mut r.kv,
+                    };
+                    let SeqKv::Cpu(cache) = kv else { unreachable!() };
                     let out = model.forward(cache, &[row.token], Logits::Last)?;
                     // As the GPU's argmax does: non-finite logits flag the row.
                     self.ids[k] = if all_finite(&out) { argmax(&out) } else { u32::MAX };
@@ -581,7 +685,12 @@ impl Batcher {
             Backend::Gpu(model) => {
                 self.gpu_rows.clear();
                 for row in &self.rows {
-                    let SeqKv::Gpu(seq) = self.requests[row.request].kv else { unreachable!() };
+                    let r = &self.requests[row.request];
+                    let kv = match (row.beam, &r.beam) {
+                        (Some(b), Some(beams)) => &beams.seqs[b],
+                        _ => &r.kv,
+                    };
+                    let &SeqKv::Gpu(seq) = kv else { unreachable!() };
                     self.gpu_rows.push((seq, row.token, row.pos));
                 }
                 let prefills: Vec<(SeqId, &[u32], usize)> = self
@@ -608,8 +717,13 @@ impl Batcher {
         for &(i, _, len) in &self.chunks {
             self.requests[i].computed += len;
         }
+        // Beam searches first (a fallback read below reuses the first row's logits).
+        self.advance_beams(engine, on_event);
         for (k, row) in self.rows.iter().enumerate() {
             let r = &mut self.requests[row.request];
+            if r.beam.is_some() {
+                continue;
+            }
             if !row.first {
                 r.seq.tokens.push(row.token);
             }
@@ -661,6 +775,7 @@ impl Batcher {
             let id = r.id;
             match r.seq.failed.take() {
                 Some(e) => {
+                    free_beams(engine, &mut r);
                     free(engine, &r.kv);
                     on_event(id, BatchEvent::Failed(e))
                 }
@@ -672,6 +787,60 @@ impl Batcher {
             };
         }
         Ok(n)
+    }
+
+    /// Each beam search with rows this round takes its beams' logits one step further: its
+    /// beams fork for the next step's rows, or it ends with its hypotheses.
+    fn advance_beams(&mut self, engine: &mut Engine, on_event: &mut dyn FnMut(RequestId, BatchEvent) -> bool) {
+        let vocab = engine.config.vocab_size;
+        for i in 0..self.requests.len() {
+            if self.requests[i].beam.is_none() {
+                continue;
+            }
+            let rows: Vec<usize> = (0..self.rows.len()).filter(|&k| self.rows[k].request == i).collect();
+            let Some(&k0) = rows.first() else { continue };
+            let r = &mut self.requests[i];
+            if self.rows[k0].first {
+                r.computed += 1;
+            }
+            let beams = r.beam.as_mut().expect("a beam search");
+            let logits: Vec<&[f32]> = rows.iter().map(|&k| &self.logits[k * vocab..][..vocab]).collect();
+            match beams.search.advance(&logits) {
+                Err(e) => r.seq.failed = Some(e),
+                Ok(BeamStep::Run { from, tokens, pos }) => {
+                    let mut seqs = Vec::with_capacity(from.len());
+                    for &f in &from {
+                        let source = if beams.seqs.is_empty() { &r.kv } else { &beams.seqs[f] };
+                        match fork(engine, source, pos) {
+                            Ok(kv) => seqs.push(kv),
+                            Err(e) => {
+                                r.seq.failed = Some(e);
+                                break;
+                            }
+                        }
+                    }
+                    for kv in std::mem::replace(&mut beams.seqs, seqs) {
+                        free(engine, &kv);
+                    }
+                    (beams.tokens, beams.pos) = (tokens, pos);
+                }
+                Ok(BeamStep::Done(found)) => {
+                    let stop_ids = &r.seq.beams.as_ref().expect("a beam search").stop_ids;
+                    let ended = found.first().is_some_and(|h| h.ids.last().is_some_and(|id| stop_ids.contains(id)));
+                    r.seq.stop = Some(if ended { StopReason::Eos } else { StopReason::MaxTokens });
+                    r.seq.generated = found.first().map_or(0, |h| h.ids.len());
+                    beams.tokens.clear();
+                    let texts = found
+                        .into_iter()
+                        .map(|h| {
+                            let text = engine.tokenizer.decode(&h.ids).unwrap_or_default();
+                            (h, text)
+                        })
+                        .collect();
+                    on_event(r.id, BatchEvent::Beams(texts));
+                }
+            }
+        }
     }
 
     /// The round's admissions: preempted requests first (their blocks were taken, not
@@ -777,6 +946,7 @@ impl Engine {
                         BatchEvent::Failed(e) => {
                             failed.get_or_insert(e);
                         }
+                        BatchEvent::Beams(_) => unreachable!("no beam search among sampled prompts"),
                     }
                     true
                 })
@@ -792,6 +962,61 @@ impl Engine {
         }
         batcher.clear(self);
         Ok(stats.into_iter().map(|s| s.expect("every request ends with its stats")).collect())
+    }
+
+    /// Beam search from `prompt` (transformers' semantics: `beam::BeamSearch`): the N best
+    /// hypotheses, best first, each with its text. Its beams run as rows of a batch (the
+    /// batcher's beam search requests); the conversation's cache is cleared.
+    pub async fn beam_search(&mut self, prompt: &Prompt, options: &BeamOptions) -> Result<Vec<(Hypothesis, String)>> {
+        let p = Batcher::prepare_beams(self, prompt, options)?;
+        let mut batcher = Batcher::new(self, usize::MAX);
+        batcher.enqueue(p);
+        let (mut found, mut failed) = (None, None);
+        while !batcher.is_empty() {
+            let round = batcher
+                .step(self, &mut |_| true, &mut |_, event| {
+                    match event {
+                        BatchEvent::Beams(beams) => found = Some(beams),
+                        BatchEvent::Failed(e) => failed = Some(e),
+                        BatchEvent::Token(_) | BatchEvent::Done(_) => {}
+                    }
+                    true
+                })
+                .await;
+            if let Err(e) = round {
+                batcher.clear(self);
+                return Err(e);
+            }
+        }
+        batcher.clear(self);
+        match (found, failed) {
+            (_, Some(e)) => Err(e),
+            (Some(beams), None) => Ok(beams),
+            (None, None) => unreachable!("a beam search ends with its hypotheses or its error"),
+        }
+    }
+}
+
+/// A new sequence holding the first `len` positions of `kv` (on the GPU sharing its blocks).
+fn fork(engine: &mut Engine, kv: &SeqKv, len: usize) -> Result<SeqKv> {
+    let kv_dim = engine.config.kv_dim();
+    match (kv, &mut engine.backend) {
+        (&SeqKv::Gpu(seq), Backend::Gpu(model)) => Ok(SeqKv::Gpu(model.fork_sequence(seq, len)?)),
+        (SeqKv::Cpu(cache), Backend::Cpu { .. }) => {
+            let mut copy = cache.clone();
+            copy.truncate(len, kv_dim);
+            Ok(SeqKv::Cpu(copy))
+        }
+        _ => unreachable!("a request's cache is on its engine's backend"),
+    }
+}
+
+/// Frees a beam search's beams' sequences.
+fn free_beams(engine: &mut Engine, r: &mut Request) {
+    if let Some(beams) = &mut r.beam {
+        for kv in beams.seqs.drain(..) {
+            free(engine, &kv);
+        }
     }
 }
 
@@ -811,6 +1036,7 @@ struct BatchSeq {
     sampler: Sampler,
     vocab_size: usize,
     options: GenerateOptions,
+    beams: Option<BeamOptions>,
     stream: StreamDecoder,
     stops: StopMatcher,
     /// The token emitted last, fed back by the next decode step (None until the prompt is run).
@@ -836,6 +1062,7 @@ impl BatchSeq {
             tokens: p.tokens,
             sampler: p.sampler,
             vocab_size: p.vocab_size,
+            beams: p.beams,
             stops: StopMatcher::new(p.options.stop.clone()),
             options: p.options,
             stream: StreamDecoder::new(),
@@ -857,7 +1084,10 @@ impl BatchSeq {
     /// rules), or the whole row (penalties, candidates, a larger top-k, the CPU backend).
     fn row_readback(&self, on_gpu: bool) -> RowReadback {
         let s = &self.sampler;
-        if !s.needs_logits() && self.options.top_candidates == 0 {
+        if self.beams.is_some() {
+            // A beam's log-probabilities are normalized over the whole vocabulary.
+            RowReadback::Logits
+        } else if !s.needs_logits() && self.options.top_candidates == 0 {
             RowReadback::Argmax
         } else if !on_gpu || self.options.top_candidates > 0 {
             RowReadback::Logits

@@ -6,9 +6,10 @@
 //! can beat the worst finished one; true: when N are finished; never: with a positive length
 //! penalty, scored at the token limit). Returns the N best finished hypotheses, best first.
 //!
-//! The model side is `BeamModel`: a KV-cache sequence per running beam; after each step beam i
-//! continues the sequence its new beam came from (`reorder`: on the GPU a fork of the pool's
-//! block tables, shared blocks copied only when written), and all beams run as one batch.
+//! `BeamSearch` is the search a step at a time; the batcher runs it (`Batcher::prepare_beams`):
+//! a KV-pool sequence per running beam, after each step beam i continues the sequence its new
+//! beam came from (a fork of the pool's block tables, shared blocks copied only when written),
+//! and the beams are rows of the batch's decode steps beside the other requests.
 
 use crate::error::{Error, Result};
 
@@ -77,21 +78,6 @@ pub struct Hypothesis {
     pub sum_logprob: f64,
 }
 
-/// What beam search needs of a model.
-#[allow(async_fn_in_trait)]
-pub trait BeamModel {
-    fn vocab_size(&self) -> usize;
-    /// Runs the prompt as beam 0's sequence; the last position's logits.
-    async fn prefill(&mut self, prompt: &[u32], logits: &mut [f32]) -> Result<()>;
-    /// Beam i's sequence becomes the first `len` positions of beam `from[i]`'s as they were
-    /// before this call (a beam may be the source of several).
-    async fn reorder(&mut self, from: &[usize], len: usize) -> Result<()>;
-    /// Runs `tokens[i]` at position `pos` in beam i's sequence, for every beam; their logits.
-    async fn step(&mut self, tokens: &[u32], pos: usize, logits: &mut [Vec<f32>]) -> Result<()>;
-    /// Frees what the search held (its sequences but the prompt's).
-    fn finish(&mut self);
-}
-
 /// A score that can never win (transformers' -1e9).
 const NEVER: f64 = -1.0e9;
 
@@ -120,29 +106,6 @@ fn top_log_probs(logits: &[f32], k: usize, position: usize) -> Result<Vec<(f64, 
     }
     ids.sort_by(by_logit);
     Ok(ids.into_iter().map(|id| (logits[id as usize] as f64 - log_sum, id)).collect())
-}
-
-/// Runs the search from `prompt` (which the model has not seen) on `model`, driving a
-/// `BeamSearch`. The context must hold `prompt.len() + options.max_tokens`.
-pub async fn search(model: &mut impl BeamModel, prompt: &[u32], options: &BeamOptions) -> Result<Vec<Hypothesis>> {
-    let mut search = BeamSearch::new(options.clone(), prompt.len())?;
-    let vocab = model.vocab_size();
-    let mut logits = vec![vec![0f32; vocab]; options.beams];
-    let found = async {
-        model.prefill(prompt, &mut logits[0]).await?;
-        loop {
-            match search.advance(&logits[..search.rows()])? {
-                BeamStep::Done(found) => return Ok(found),
-                BeamStep::Run { from, tokens, pos } => {
-                    model.reorder(&from, pos).await?;
-                    model.step(&tokens, pos, &mut logits[..tokens.len()]).await?;
-                }
-            }
-        }
-    }
-    .await;
-    model.finish();
-    found
 }
 
 /// What a beam search does next (`BeamSearch::advance`).

@@ -1,7 +1,6 @@
 //! The engine: load a GGUF model, then generate — prefill, decode loop, sampling, stop
 //! conditions, streaming, stats. Async, so the same code serves native callers and the browser.
 
-use crate::beam::{self, BeamModel, BeamOptions, Hypothesis};
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::ByteSource;
@@ -772,44 +771,6 @@ impl Engine {
         Ok(id)
     }
 
-    /// Beam search from `prompt` (transformers' semantics: `beam::search`): the N best
-    /// hypotheses, best first, each with its text. The conversation's KV cache is left as it was.
-    pub async fn beam_search(&mut self, prompt: &Prompt, options: &BeamOptions) -> Result<Vec<(Hypothesis, String)>> {
-        options.validate()?;
-        let tokens = self.checked_prompt(prompt, options.max_tokens)?;
-        let found = match &mut self.backend {
-            Backend::Cpu { model, .. } => {
-                beam::search(&mut CpuBeams { model, slots: Vec::new() }, &tokens, options).await?
-            }
-            Backend::Gpu(model) => {
-                if options.beams > model.max_batch() {
-                    return Err(Error::InvalidOption {
-                        name: "beams",
-                        value: options.beams.to_string(),
-                        expected: format!(
-                            "at most {} at this context on this GPU (a decode step's rows)",
-                            model.max_batch()
-                        ),
-                    });
-                }
-                // The conversation's sequence keeps the prompt (the next generation reuses it);
-                // the beams are forks of it in the pool.
-                self.cached.clear();
-                let mut beams = GpuBeams { model, beams: Vec::new(), flat: Vec::new() };
-                let found = beam::search(&mut beams, &tokens, options).await?;
-                self.cached = tokens;
-                found
-            }
-        };
-        found
-            .into_iter()
-            .map(|h| {
-                let text = self.tokenizer.decode(&h.ids)?;
-                Ok((h, text))
-            })
-            .collect()
-    }
-
     /// Forgets the conversation: its KV blocks go back to the pool (the next prompt runs whole).
     pub fn clear_conversation(&mut self) {
         self.truncate_cache(0);
@@ -823,101 +784,6 @@ impl Engine {
                 let main = model.main_sequence();
                 model.truncate_sequence(main, len);
             }
-        }
-    }
-}
-
-struct CpuBeams<'a> {
-    model: &'a CpuModel,
-    slots: Vec<CpuKvCache>,
-}
-
-impl BeamModel for CpuBeams<'_> {
-    fn vocab_size(&self) -> usize {
-        self.model.config.vocab_size
-    }
-    async fn prefill(&mut self, prompt: &[u32], logits: &mut [f32]) -> Result<()> {
-        self.slots = vec![self.model.new_cache()];
-        logits.copy_from_slice(&self.model.forward(&mut self.slots[0], prompt, Logits::Last)?);
-        Ok(())
-    }
-    async fn reorder(&mut self, from: &[usize], len: usize) -> Result<()> {
-        let kv_dim = self.model.config.kv_dim();
-        let old = std::mem::take(&mut self.slots);
-        self.slots = from.iter().map(|&f| old[f].clone()).collect();
-        self.slots.iter_mut().for_each(|s| s.truncate(len, kv_dim));
-        Ok(())
-    }
-    async fn step(&mut self, tokens: &[u32], pos: usize, logits: &mut [Vec<f32>]) -> Result<()> {
-        for ((cache, &token), out) in self.slots.iter_mut().zip(tokens).zip(logits) {
-            debug_assert_eq!(cache.len(), pos);
-            out.copy_from_slice(&self.model.forward(cache, &[token], Logits::Last)?);
-        }
-        Ok(())
-    }
-    fn finish(&mut self) {
-        self.slots.clear();
-    }
-}
-
-/// Beam search on the GPU: each beam a sequence of the KV pool, forked from the one it continues
-/// (block tables shared, a block copied on the GPU only when written), all beams one batched
-/// decode step.
-struct GpuBeams<'a> {
-    model: &'a mut GpuModel,
-    beams: Vec<SeqId>,
-    /// The beams' logits, row after row, as read back.
-    flat: Vec<f32>,
-}
-
-impl BeamModel for GpuBeams<'_> {
-    fn vocab_size(&self) -> usize {
-        self.model.config.vocab_size
-    }
-    async fn prefill(&mut self, prompt: &[u32], logits: &mut [f32]) -> Result<()> {
-        let main = self.model.main_sequence();
-        self.model.truncate_sequence(main, 0);
-        let chunk = crate::gpu::PREFILL_CHUNK;
-        for (i, part) in prompt.chunks(chunk).enumerate() {
-            let last = (i + 1) * chunk >= prompt.len();
-            let readback = if last { Readback::Logits(logits) } else { Readback::None };
-            self.model.step(part, i * chunk, readback).await?;
-            if last {
-                break;
-            }
-        }
-        self.beams = vec![self.model.fork_sequence(main, prompt.len())?];
-        Ok(())
-    }
-    async fn reorder(&mut self, from: &[usize], len: usize) -> Result<()> {
-        let mut next = Vec::with_capacity(from.len());
-        for &f in from {
-            match self.model.fork_sequence(self.beams[f], len) {
-                Ok(seq) => next.push(seq),
-                Err(e) => {
-                    next.into_iter().for_each(|seq| self.model.free_sequence(seq));
-                    return Err(e);
-                }
-            }
-        }
-        for seq in std::mem::replace(&mut self.beams, next) {
-            self.model.free_sequence(seq);
-        }
-        Ok(())
-    }
-    async fn step(&mut self, tokens: &[u32], pos: usize, logits: &mut [Vec<f32>]) -> Result<()> {
-        let vocab = self.model.config.vocab_size;
-        let rows: Vec<(SeqId, u32, usize)> = self.beams.iter().zip(tokens).map(|(&s, &t)| (s, t, pos)).collect();
-        self.flat.resize(rows.len() * vocab, 0.0);
-        self.model.decode_batch(&rows, BatchReadback::Logits(&mut self.flat)).await?;
-        for (out, row) in logits.iter_mut().zip(self.flat.chunks_exact(vocab)) {
-            out.copy_from_slice(row);
-        }
-        Ok(())
-    }
-    fn finish(&mut self) {
-        for seq in self.beams.drain(..) {
-            self.model.free_sequence(seq);
         }
     }
 }

@@ -520,6 +520,8 @@ async fn pump(
                         let _ = l.reject.call1(&JsValue::NULL, &engine_err(err));
                         true
                     }
+                    // `submit` queues no beam search (`beamSearch` runs its own batch).
+                    crate::batcher::BatchEvent::Beams(_) => true,
                 }
             })
             .await;

@@ -118,6 +118,7 @@ fn batcher_logprobs_match_transformers() {
                         done += 1;
                     }
                     BatchEvent::Failed(err) => panic!("{backend:?}: request {id} failed: {err}"),
+                    BatchEvent::Beams(_) => panic!("{backend:?}: request {id} is no beam search"),
                 }
                 true
             }))

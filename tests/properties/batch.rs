@@ -182,6 +182,7 @@ fn requests_joining_pausing_and_leaving_a_running_batch_give_the_reference_token
                     true
                 }
                 BatchEvent::Failed(err) => panic!("{err}"),
+                BatchEvent::Beams(_) => panic!("no beam search here"),
             }))
             .unwrap()
         };
@@ -254,6 +255,7 @@ fn run_one(
                 BatchEvent::Token(t) => ids.push(t.id),
                 BatchEvent::Done(s) => stats = Some(s),
                 BatchEvent::Failed(err) => panic!("{err}"),
+                BatchEvent::Beams(_) => panic!("no beam search here"),
             }
             true
         }))
@@ -328,6 +330,7 @@ fn enqueued_requests_wait_for_a_row_in_order_and_a_cancelled_one_never_runs() {
                 }
                 BatchEvent::Done(s) => assert_eq!(s.stop_reason, StopReason::MaxTokens),
                 BatchEvent::Failed(err) => panic!("{err}"),
+                BatchEvent::Beams(_) => panic!("no beam search here"),
             }
             true
         }))
@@ -407,6 +410,7 @@ fn requests_that_outgrow_the_pool_are_preempted_and_recomputed_with_the_same_tok
                 BatchEvent::Token(t) => ids.entry(which[&id]).or_default().push(t.id),
                 BatchEvent::Done(s) => assert_eq!(s.stop_reason, StopReason::MaxTokens),
                 BatchEvent::Failed(err) => panic!("request {} failed: {err}", which[&id]),
+                BatchEvent::Beams(_) => panic!("no beam search here"),
             }
             true
         }))
@@ -424,4 +428,76 @@ fn requests_that_outgrow_the_pool_are_preempted_and_recomputed_with_the_same_tok
     }
     b.clear(&mut e);
     assert_eq!(e.gpu_model().unwrap().pool().free_blocks(), blocks, "every block back in the pool");
+}
+
+/// A beam search runs in the batch: its beams are rows of the same steps as four greedy
+/// streams, which get a token every round while it runs (and each gives what it gives alone);
+/// the search gives what it gives alone (`Engine::beam_search`). The streams' round times with
+/// and without it are printed.
+#[test]
+fn a_beam_search_runs_beside_streams_that_keep_getting_a_token_every_round() {
+    use webgpu_llm::batcher::{BatchEvent, Batcher};
+    use webgpu_llm::beam::{BeamOptions, EarlyStopping};
+    for backend in BACKENDS {
+        let mut e = engine(backend, 1024);
+        let options = BeamOptions {
+            beams: 3,
+            max_tokens: 10,
+            stop_ids: Vec::new(),
+            length_penalty: 1.0,
+            early_stopping: EarlyStopping::Heuristic,
+        };
+        let alone = pollster::block_on(e.beam_search(&prompt(1), &options)).unwrap();
+        assert_eq!(alone.len(), 3);
+        let mut round_ms = [Vec::new(), Vec::new()];
+        for with_beams in [false, true] {
+            let mut b = Batcher::new(&mut e, usize::MAX);
+            let streams: Vec<_> =
+                (0..4).map(|i| b.enqueue(Batcher::prepare(&e, &prompt(i + 2), &greedy(STEPS)).unwrap())).collect();
+            let search = with_beams.then(|| b.enqueue(Batcher::prepare_beams(&e, &prompt(1), &options).unwrap()));
+            let mut ids = vec![Vec::new(); 4];
+            let mut found = None;
+            for round in 0..STEPS {
+                let counts: Vec<usize> = ids.iter().map(Vec::len).collect();
+                let start = std::time::Instant::now();
+                pollster::block_on(b.step(&mut e, &mut |_| true, &mut |id, ev| {
+                    match ev {
+                        BatchEvent::Token(t) => ids[streams.iter().position(|&s| s == id).unwrap()].push(t.id),
+                        BatchEvent::Beams(beams) => {
+                            assert_eq!(Some(id), search);
+                            found = Some(beams);
+                        }
+                        BatchEvent::Done(_) => {}
+                        BatchEvent::Failed(err) => panic!("{backend:?}: {err}"),
+                    }
+                    true
+                }))
+                .unwrap();
+                round_ms[with_beams as usize].push(start.elapsed().as_secs_f64() * 1e3);
+                assert!(
+                    ids.iter().zip(&counts).all(|(g, c)| g.len() == c + 1),
+                    "{backend:?}: round {round}: a stream went without its token"
+                );
+            }
+            b.clear(&mut e);
+            for (i, got) in ids.iter().enumerate() {
+                assert_eq!(got, &want(i + 2, STEPS), "{backend:?}: stream {i}");
+            }
+            if with_beams {
+                let found = found.expect("the search ended within the streams' rounds");
+                for (k, ((h, text), (a, a_text))) in found.iter().zip(&alone).enumerate() {
+                    assert_eq!((&h.ids, text), (&a.ids, a_text), "{backend:?}: beam {k}");
+                    assert!((h.score - a.score).abs() < 1e-9, "{backend:?}: beam {k}: {} vs {}", h.score, a.score);
+                }
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (without, with) = (median(&mut round_ms[0]), median(&mut round_ms[1]));
+        println!(
+            "{backend:?}: the four streams' round time p50 {without:.2} ms alone, {with:.2} ms beside a 3-beam search"
+        );
+    }
 }

@@ -25,6 +25,7 @@ It checks:
 Usage: python tests/server/test_server.py  (scripts/test runs it in its virtual environment).
 """
 import asyncio
+import concurrent.futures
 import json
 import math
 import os
@@ -516,6 +517,57 @@ class ServerTest(unittest.TestCase):
             time.sleep(0.1)
         self.assertEqual(self.server.metrics()["webgpu_llm_paused_streams"], 0)
         stalled.close()
+
+    def test_5b_a_beam_search_runs_in_the_batch_beside_streams(self):
+        """`beams` is a request of the batch: its hypotheses are the CLI's `--beams` on the CPU
+        reference (ids and scores), while four greedy streams sent with it each give the CPU
+        reference's tokens; a beam search whose client hangs up is ended (the server is then
+        idle, every KV block free but the prefix cache's)."""
+        url = self.server.url
+        prompt, beams, tokens = "Once upon a time", 3, 8
+        cmd = [str(BINARY), "generate", "--backend", "cpu", "--model", str(MODEL_FILE), "--prompt", prompt,
+               "--beams", str(beams), "--max-tokens", str(tokens), "--ignore-eos", "--json"]
+        want = json.loads(subprocess.run(cmd, capture_output=True, check=True, timeout=120).stdout)["beams"]
+        names = ["raw_primes", "chat_capital", "raw_count", "chat_once"]
+        refs = {n: reference_result(cpu_reference(CASES[n][1], MAX_TOKENS, CASES[n][0] == "chat")) for n in names}
+        body = {"prompt": prompt, "beams": beams, "max_tokens": tokens, "ignore_eos": True}
+
+        def text(n):
+            kind, req = request_for(n, MAX_TOKENS)
+            status, _, r = post(url + ("/v1/chat/completions" if kind == "chat" else "/v1/completions"), req)
+            self.assertEqual(status, 200, r)
+            c = r["choices"][0]
+            return c["message"]["content"] if kind == "chat" else c["text"]
+
+        with concurrent.futures.ThreadPoolExecutor(5) as pool:
+            search = pool.submit(post, url + "/v1/completions", body)
+            streams = [pool.submit(text, n) for n in names]
+            status, _, got = search.result()
+            self.assertEqual(status, 200, got)
+            self.assertEqual(len(got["choices"]), beams)
+            for choice, w in zip(got["choices"], want):
+                self.assertEqual(choice["ids"], w["ids"])
+                self.assertEqual(choice["text"], w["text"])
+                self.assertAlmostEqual(choice["score"], w["score"], delta=1e-3)
+            for n, f in zip(names, streams):
+                self.assertEqual(f.result(), refs[n]["text"], n)
+        # A client that hangs up on a long search (500 steps, 3 beams: 96 of the pool's 128
+        # blocks; no hypothesis finishes before the last without a stop id): the search is ended,
+        # never finished (a finished request adds its prompt tokens to the metrics; an ended one
+        # does not), and the server goes idle.
+        before = self.server.metrics()["webgpu_llm_prompt_tokens_total"]
+        long = {"prompt": prompt, "beams": 3, "max_tokens": 500, "ignore_eos": True}
+        try:
+            urllib.request.urlopen(urllib.request.Request(url + "/v1/completions", data=json.dumps(long).encode(),
+                                                          headers={"Content-Type": "application/json"}), timeout=0.3)
+        except (TimeoutError, urllib.error.URLError, socket.timeout):
+            pass
+        deadline = time.time() + 60
+        while json.loads(urllib.request.urlopen(url + "/health").read())["running"] > 0:
+            self.assertLess(time.time(), deadline, "the beam search of a client that hung up still runs")
+            time.sleep(0.1)
+        self.assertEqual(self.server.metrics()["webgpu_llm_prompt_tokens_total"], before,
+                         "the beam search of a client that hung up ran to its end")
 
     def test_6_bad_requests_get_openai_errors(self):
         url = self.server.url

@@ -238,6 +238,8 @@ struct Stream {
     last_token: Option<Instant>,
     /// Since when events have been held (the reader behind).
     behind_since: Option<Instant>,
+    /// A beam search's: its answer is `Out::Beams`, with no `Done` after it.
+    beams: bool,
 }
 
 impl Stream {
@@ -385,7 +387,11 @@ fn engine_loop(
                         let cached = stats.prompt_tokens - stats.prefilled_tokens;
                         metrics.cached_prompt_tokens.fetch_add(cached as u64, Ordering::Relaxed);
                         s.done = true;
-                        s.push(Out::Done { index: s.index, stats })
+                        s.beams || s.push(Out::Done { index: s.index, stats })
+                    }
+                    BatchEvent::Beams(found) => {
+                        let beams = found.into_iter().map(|(h, text)| (h.ids, text, h.score)).collect();
+                        s.push(Out::Beams(beams))
                     }
                     BatchEvent::Failed(e) => {
                         s.done = true;
@@ -448,36 +454,26 @@ fn handle(
         received: job.received,
         last_token: None,
         behind_since: None,
+        beams: job.beams.is_some(),
     };
     let param = if matches!(job.prompt, Prompt::Chat(_)) { "messages" } else { "prompt" };
-    // Beam search and speculation run alone, between two rounds of the batch, with the blocks
-    // of the batch's prefix cache given back to the pool.
-    if job.beams.is_some() || job.options.speculate.is_some() {
-        batcher.forget_prefixes(engine);
+    // Capacity first (no work for a request that is refused): the batch's rows and the queue.
+    let (running, waiting) = (batcher.len(), batcher.waiting());
+    if running + waiting + job.n > batcher.max_rows() + config.max_queue {
+        let _ = reply.send(Err(ApiError::busy(waiting, running)));
+        return;
     }
+    // Beam search runs in the batch: its beams are rows of the decode steps beside the others.
     if let Some(beams) = &job.beams {
         let mut beams = beams.clone();
         if !job.options.ignore_eos {
             beams.stop_ids = engine.tokenizer.stop_ids.clone();
         }
-        let tokens = match engine.prompt_tokens(&job.prompt) {
-            Ok(t) => t.len(),
-            Err(e) => {
-                let _ = reply.send(Err(ApiError::from_engine(&e, param)));
-                return;
-            }
-        };
-        let found = pollster::block_on(engine.beam_search(&job.prompt, &beams));
-        engine.clear_conversation();
-        match found {
-            Ok(found) => {
-                let _ = reply.send(Ok(Accepted { prompt_tokens: tokens }));
-                let beams = found.into_iter().map(|(h, text)| (h.ids, text, h.score)).collect();
-                let mut s = stream(0);
-                s.push(Out::Beams(beams));
-                s.done = true;
-                streams.insert(*solo_id, s);
-                *solo_id -= 1;
+        match Batcher::prepare_beams(engine, &job.prompt, &beams) {
+            Ok(p) => {
+                let prompt_tokens = p.prompt_tokens();
+                streams.insert(batcher.enqueue(p), stream(0));
+                let _ = reply.send(Ok(Accepted { prompt_tokens }));
             }
             Err(e) => {
                 let _ = reply.send(Err(ApiError::from_engine(&e, param)));
@@ -485,7 +481,10 @@ fn handle(
         }
         return;
     }
+    // Speculation runs alone, between two rounds of the batch, with the blocks of the batch's
+    // prefix cache given back to the pool.
     if job.options.speculate.is_some() {
+        batcher.forget_prefixes(engine);
         let tokens = match engine.prompt_tokens(&job.prompt) {
             Ok(t) => t.len(),
             Err(e) => {
@@ -518,12 +517,6 @@ fn handle(
         s.done = true;
         streams.insert(*solo_id, s);
         *solo_id -= 1;
-        return;
-    }
-    // Capacity first (no work for a request that is refused): the batch's rows and the queue.
-    let (running, waiting) = (batcher.len(), batcher.waiting());
-    if running + waiting + job.n > batcher.max_rows() + config.max_queue {
-        let _ = reply.send(Err(ApiError::busy(waiting, running)));
         return;
     }
     // Tokenized once; choice i samples with seed + i.
