@@ -129,6 +129,8 @@ struct Buffers {
     logits: wgpu::Buffer,
     /// An argmax per batch row.
     argmax: wgpu::Buffer,
+    /// A round's argmax, the tokens of the round chained to it (`submit_round`).
+    chain: wgpu::Buffer,
     /// One cos/sin table per RoPE of the plan.
     rope: Vec<wgpu::Buffer>,
     k_cache: Vec<wgpu::Buffer>,
@@ -240,6 +242,14 @@ fn read_selection(bytes: &[u8], k: usize, tail: Option<&mut Tail>, out: &mut Vec
     };
     out.clear();
     out.extend(pairs[..2 * k].chunks_exact(2).map(|p| (p[0], f32::from_bits(p[1]))));
+}
+
+/// A batcher round submitted and not yet read (`GpuModel::submit_round`).
+pub struct RoundFlight {
+    submission: wgpu::SubmissionIndex,
+    /// The staging slot of a round that reads its rows' argmax alone.
+    slot: Option<usize>,
+    n: usize,
 }
 
 /// A greedy decode step submitted and not yet read (see `GpuModel::submit_greedy`).
@@ -489,6 +499,7 @@ impl GpuModel {
                 .storage("attention_partials", (max_batch * kernels::decode_partials_len(c, context)) as u64 * f)?,
             logits: gpu.storage("logits", batch * c.vocab_size as u64 * f)?,
             argmax: gpu.storage("argmax", batch * 4)?,
+            chain: gpu.storage("chain", batch * 4)?,
             rope: plan
                 .ropes
                 .iter()
@@ -860,13 +871,29 @@ impl GpuModel {
         rows: &[(SeqId, u32, usize)],
         readback: RowsReadback<'_>,
     ) -> Result<()> {
+        let flight = self.submit_round(prefills, rows, readback.want, false)?;
+        self.read_round(flight, readback).await
+    }
+
+    /// `run_round`'s submission, not waited for: read it with `read_round` (the same `want`).
+    /// `chained`: the decode rows' tokens are the argmax of the same rows of the round
+    /// submitted before (kept on the GPU), not `rows[i].1`, so that greedy round n + 1 can be
+    /// submitted before round n's ids are read. A round whose rows all read their argmax alone
+    /// reads it from one of two staging slots, in turn, so that two can be in flight.
+    pub fn submit_round(
+        &mut self,
+        prefills: &[(SeqId, &[u32], usize)],
+        rows: &[(SeqId, u32, usize)],
+        want: &[RowReadback],
+        chained: bool,
+    ) -> Result<RoundFlight> {
         let n = rows.len();
-        if n > self.max_batch || prefills.len() + 1 > ROUND_PASSES {
+        if n > self.max_batch || prefills.len() + 1 > ROUND_PASSES || want.len() != n {
             return Err(Error::InvalidOption {
                 name: "round",
                 value: format!("{} prefill passes and {n} decode rows", prefills.len()),
                 expected: format!(
-                    "at most {} prefill passes and {} decode rows a round on this GPU",
+                    "at most {} prefill passes and {} decode rows a round on this GPU, a readback a row",
                     ROUND_PASSES - 1,
                     self.max_batch
                 ),
@@ -891,6 +918,12 @@ impl GpuModel {
             self.upload_pass(&mut enc, k, tokens, Params::new(len, 1));
             Self::encode_ops(&mut enc, if len == 1 { &self.decode } else { &self.prefill }, len);
         }
+        let argmax_only = n > 0 && want.iter().all(|w| *w == RowReadback::Argmax);
+        let slot = argmax_only.then(|| {
+            let slot = self.next_slot;
+            self.next_slot = 1 - slot;
+            slot
+        });
         if n > 0 {
             self.reserve(&mut enc, rows.iter().map(|r| (r.0, r.2)))?;
             self.row_words.clear();
@@ -902,21 +935,43 @@ impl GpuModel {
             let tokens = std::mem::take(&mut self.round_tokens);
             self.upload_pass(&mut enc, prefills.len(), &tokens, Params::new(n, n));
             self.round_tokens = tokens;
+            let b = &self.buf;
+            if chained {
+                enc.copy_buffer_to_buffer(&b.chain, 0, &b.tokens, 0, 4 * n as u64);
+            }
             if n > 1 && self.decode_batch.is_none() {
                 self.decode_batch = Some(self.record(Pass::Decode { mb: BATCH_MB, layers: self.layers.len() }));
             }
             let ops = if n == 1 { &self.decode } else { self.decode_batch.as_ref().expect("recorded above") };
             Self::encode_ops(&mut enc, ops, n);
-            self.encode_rows(&mut enc, readback.want)?;
+            let b = &self.buf;
+            // The next round's tokens when it is chained to this one.
+            enc.copy_buffer_to_buffer(&b.argmax, 0, &b.chain, 0, 4 * n as u64);
+            match slot {
+                Some(slot) => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4 * n as u64),
+                None => self.encode_rows(&mut enc, want)?,
+            }
         }
-        self.gpu.submit(enc);
+        let submission = self.gpu.submit(enc);
         self.count_host_time(host);
-        if n > 0 {
-            self.read_rows(readback).await?;
-        } else {
-            self.gpu.check()?;
+        Ok(RoundFlight { submission, slot, n })
+    }
+
+    /// What a round submitted by `submit_round` reads back, waiting for it.
+    pub async fn read_round(&self, flight: RoundFlight, readback: RowsReadback<'_>) -> Result<()> {
+        match (flight.n, flight.slot) {
+            (0, _) => self.gpu.check(),
+            (n, Some(slot)) => {
+                let ids = readback.ids;
+                let staging = &self.buf.staging_argmax[slot];
+                self.gpu
+                    .read_mapped_after(staging, 4 * n as u64, Some(flight.submission), |bytes| {
+                        ids[..n].copy_from_slice(bytemuck::cast_slice(bytes))
+                    })
+                    .await
+            }
+            (_, None) => self.read_rows(readback).await,
         }
-        Ok(())
     }
 
     /// The pool's copy-on-write copies (`self.copies`), every layer's K and V block, through a

@@ -160,3 +160,55 @@ fn a_batched_decode_step_reads_back_each_row_what_its_sampler_needs() {
         round_ms[5]
     );
 }
+
+/// Greedy rounds of the same rows are pipelined: when a round's ids are read, the next round
+/// (its tokens the argmax of this one, on the GPU) has already been submitted, so the GPU never
+/// waits for the host between rounds. Counted: after each steady round, one submission more
+/// than the rounds read; every request still gives the CPU reference's tokens, also the one
+/// that ends first (its round submitted ahead is dropped).
+#[test]
+fn greedy_rounds_are_submitted_one_ahead_of_the_ids_read() {
+    use webgpu_llm::batcher::{BatchEvent, Batcher};
+    use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt};
+    use webgpu_llm::sampling::SamplingParams;
+    let opts = LoadOptions { backend: BackendKind::Gpu, context_length: Some(1024), gpu: GpuOptions::default() };
+    let mut e = pollster::block_on(Engine::load(tiny::chat(), opts, &mut |_, _| {})).unwrap();
+    let prompts = tiny::prompts();
+    let greedy = |n| GenerateOptions {
+        max_tokens: n,
+        sampling: SamplingParams::greedy(),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let lengths = [16, 16, 9, 16];
+    let mut b = Batcher::new(&mut e, usize::MAX);
+    let ids: Vec<_> = (0..4)
+        .map(|i| b.enqueue(Batcher::prepare(&e, &Prompt::Tokens(prompts[i].clone()), &greedy(lengths[i])).unwrap()))
+        .collect();
+    let mut got = vec![Vec::new(); 4];
+    let mut step = |b: &mut Batcher, e: &mut Engine| {
+        pollster::block_on(b.step(e, &mut |_| true, &mut |id, ev| {
+            if let BatchEvent::Token(t) = ev {
+                got[ids.iter().position(|&r| r == id).unwrap()].push(t.id);
+            }
+            true
+        }))
+        .unwrap()
+    };
+    // The first round prefills; the second is the first greedy one, submitted with the third.
+    step(&mut b, &mut e);
+    let base = e.gpu_model().unwrap().gpu.counters().submissions;
+    for round in 1..8 {
+        step(&mut b, &mut e);
+        let submitted = e.gpu_model().unwrap().gpu.counters().submissions - base;
+        assert_eq!(submitted, round as u64 + 1, "round {round}: the next round is in flight as this one is read");
+    }
+    while !b.is_empty() {
+        step(&mut b, &mut e);
+    }
+    drop(step);
+    for (i, g) in got.iter().enumerate() {
+        let (want, _) = tiny::greedy(tiny::chat(), &prompts[i], lengths[i]);
+        assert_eq!(g, &want, "prompt {i}");
+    }
+}

@@ -82,6 +82,10 @@ struct BenchArgs {
     /// and what a step submits and reads back.
     #[arg(long, value_delimiter = ',', value_parser = at_least_one)]
     batch: Vec<usize>,
+    /// With --batch: pipeline greedy rounds (submit round n + 1 before reading round n's ids)
+    /// [default: true]
+    #[arg(long, requires = "batch")]
+    pipeline: Option<bool>,
     /// With --batch: a request with a prompt of this many tokens joins each batch halfway
     /// through its decode (its prefill then shares the steps of the running rows).
     #[arg(long, requires = "batch", value_parser = at_least_one)]
@@ -688,6 +692,9 @@ async fn bench_batch(
     for &b in &args.batch {
         let mut batcher = Batcher::new(engine, usize::MAX);
         batcher.limit_rows(b + args.join.is_some() as usize);
+        if let Some(on) = args.pipeline {
+            batcher.set_pipelining(on);
+        }
         let prompt_of = |i: usize| {
             let mut tokens = all_tokens[..prompt_tokens].to_vec();
             tokens[0] = (tokens[0] + 2 + i as u32) % vocab;
