@@ -125,6 +125,9 @@ struct Request {
     kv: SeqKv,
     /// A beam search's state and its beams' sequences.
     beam: Option<Box<Beams>>,
+    /// Runs in the engine's conversation (`Engine::generate`): its cache is the engine's, given
+    /// back when it ends (never freed, kept or preempted).
+    conversation: bool,
     /// Positions of `seq.tokens` whose keys and values are in `kv` (from the prefix cache, then
     /// prefilled or recomputed, then decoded): the rest are to run before it decodes.
     computed: usize,
@@ -176,6 +179,11 @@ impl Batcher {
     /// the batch. `prefill_budget`: prompt tokens run per round (at least 1).
     pub fn new(engine: &mut Engine, prefill_budget: usize) -> Self {
         engine.truncate_cache(0);
+        Self::with_rows(engine, prefill_budget)
+    }
+
+    /// `new` without clearing the conversation (`Engine::generate` runs in it).
+    fn with_rows(engine: &Engine, prefill_budget: usize) -> Self {
         let max_rows = match engine.gpu_model() {
             Some(m) => m.max_batch(),
             None => crate::gpu::kernels::MAX_BATCH,
@@ -393,7 +401,9 @@ impl Batcher {
     /// (A beam search is not preempted: its beams' sequences would all have to be recomputed.)
     /// Returns the index it had, or None when only beam searches run at or past `floor`.
     fn preempt_last(&mut self, engine: &mut Engine, floor: usize) -> Option<usize> {
-        let i = (floor..self.requests.len()).rev().find(|&i| self.requests[i].beam.is_none())?;
+        let i = (floor..self.requests.len())
+            .rev()
+            .find(|&i| self.requests[i].beam.is_none() && !self.requests[i].conversation)?;
         let r = self.requests.remove(i);
         free(engine, &r.kv);
         self.preemptions += 1;
@@ -482,7 +492,7 @@ impl Batcher {
             let search = BeamSearch::new(options, seq.prompt_len).expect("validated by prepare_beams");
             Box::new(Beams { search, seqs: Vec::new(), tokens: Vec::new(), pos: 0 })
         });
-        self.requests.push(Request { id, seq, kv, beam, computed: reused });
+        self.requests.push(Request { id, seq, kv, beam, computed: reused, conversation: false });
     }
 
     /// Ends a request now (its client went away): it leaves the batch (or the queue) and its
@@ -503,7 +513,7 @@ impl Batcher {
         let mut r = self.requests.remove(i);
         r.seq.stop.get_or_insert(StopReason::Aborted);
         let stats = r.seq.stats();
-        self.retire(engine, r);
+        self.retire(engine, r, true);
         Some(stats)
     }
 
@@ -517,9 +527,8 @@ impl Batcher {
             .chain(self.preempted.drain(..).map(|w| w.0))
             .chain(self.waiting.drain(..).map(|w| w.0))
             .collect();
-        for mut r in std::mem::take(&mut self.requests) {
-            free_beams(engine, &mut r);
-            free(engine, &r.kv);
+        for r in std::mem::take(&mut self.requests) {
+            self.retire(engine, r, false);
         }
         self.forget_prefixes(engine);
         ids
@@ -539,11 +548,17 @@ impl Batcher {
 
     /// A request leaves: its sequence is kept for a later prompt with the same start (the
     /// positions whose keys and values it wrote), unless it failed or holds nothing.
-    fn retire(&mut self, engine: &mut Engine, mut r: Request) {
+    /// `keep`: false when it failed (nothing it wrote is kept).
+    fn retire(&mut self, engine: &mut Engine, mut r: Request, keep: bool) {
         free_beams(engine, &mut r);
+        let written = if keep { r.computed } else { 0 };
+        if r.conversation {
+            r.seq.tokens.truncate(written);
+            give_back(engine, r.kv, r.seq.tokens);
+            return;
+        }
         let SeqKv::Gpu(seq) = r.kv else { return };
-        let written = r.computed;
-        if r.seq.failed.is_some() || written == 0 {
+        if written == 0 {
             free(engine, &r.kv);
             return;
         }
@@ -839,13 +854,12 @@ impl Batcher {
             let id = r.id;
             match r.seq.failed.take() {
                 Some(e) => {
-                    free_beams(engine, &mut r);
-                    free(engine, &r.kv);
+                    self.retire(engine, r, false);
                     on_event(id, BatchEvent::Failed(e))
                 }
                 None => {
                     let stats = r.seq.stats();
-                    self.retire(engine, r);
+                    self.retire(engine, r, true);
                     on_event(id, BatchEvent::Done(stats))
                 }
             };
@@ -1028,6 +1042,71 @@ impl Engine {
         Ok(stats.into_iter().map(|s| s.expect("every request ends with its stats")).collect())
     }
 
+    /// Generates a continuation of `prompt`, calling `on_token` for every sampled token; the
+    /// callback returns false to abort. A one-request batch (the runtime every request goes
+    /// through) in the engine's conversation: its KV cache keeps the conversation, so a prompt
+    /// that extends the previous one only runs its new tokens. Speculative requests take
+    /// `generate_speculative`.
+    pub async fn generate(
+        &mut self,
+        prompt: &Prompt,
+        options: &GenerateOptions,
+        on_token: &mut dyn FnMut(&TokenEvent) -> bool,
+    ) -> Result<Stats> {
+        if options.speculate.is_some() {
+            return self.generate_speculative(prompt, options, on_token).await;
+        }
+        let p = Batcher::prepare(self, prompt, options)?;
+        // At least the last prompt token is run, to get the logits that pick the first one.
+        let reuse = p.tokens.iter().zip(&self.cached).take_while(|(a, b)| a == b).count().min(p.tokens.len() - 1);
+        self.truncate_cache(reuse);
+        let kv = match &mut self.backend {
+            Backend::Gpu(model) => SeqKv::Gpu(model.main_sequence()),
+            Backend::Cpu { model, cache } => SeqKv::Cpu(Box::new(std::mem::replace(cache, model.new_cache()))),
+        };
+        let mut batcher = Batcher::with_rows(self, usize::MAX);
+        let mut seq = BatchSeq::new(p);
+        seq.reused = reuse;
+        batcher.requests.push(Request { id: 0, seq, kv, beam: None, computed: reuse, conversation: true });
+        batcher.next_id = 1;
+        let (mut stats, mut failed, mut first) = (None, None, false);
+        let mut counters_start = None;
+        while !batcher.is_empty() {
+            let round = batcher
+                .step(self, &mut |_| true, &mut |_, event| match event {
+                    BatchEvent::Token(ev) => {
+                        first = true;
+                        on_token(ev)
+                    }
+                    BatchEvent::Done(s) => {
+                        stats = Some(s);
+                        true
+                    }
+                    BatchEvent::Failed(e) => {
+                        failed = Some(e);
+                        true
+                    }
+                    BatchEvent::Beams(_) => unreachable!("no beam search in a generation"),
+                })
+                .await;
+            if let Err(e) = round {
+                batcher.clear(self);
+                return Err(e);
+            }
+            // The decode steps' counters start once the first token is out.
+            if first && counters_start.is_none() {
+                counters_start = self.gpu_model().map(|m| m.gpu.counters());
+            }
+        }
+        batcher.clear(self);
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let mut stats = stats.expect("a generation ends with its stats or its error");
+        stats.decode_counters = self.gpu_model().zip(counters_start).map(|(m, start)| m.gpu.counters() - start);
+        Ok(stats)
+    }
+
     /// Beam search from `prompt` (transformers' semantics: `beam::BeamSearch`): the N best
     /// hypotheses, best first, each with its text. Its beams run as rows of a batch (the
     /// batcher's beam search requests); the conversation's cache is cleared.
@@ -1059,6 +1138,20 @@ impl Engine {
             (None, None) => unreachable!("a beam search ends with its hypotheses or its error"),
         }
     }
+}
+
+/// The conversation's cache back in the engine, holding `tokens`.
+fn give_back(engine: &mut Engine, kv: SeqKv, tokens: Vec<u32>) {
+    let kv_dim = engine.config.kv_dim();
+    match (kv, &mut engine.backend) {
+        (SeqKv::Gpu(seq), Backend::Gpu(model)) => model.truncate_sequence(seq, tokens.len()),
+        (SeqKv::Cpu(mut cache), Backend::Cpu { cache: own, .. }) => {
+            cache.truncate(tokens.len(), kv_dim);
+            *own = *cache;
+        }
+        _ => unreachable!("a request's cache is on its engine's backend"),
+    }
+    engine.cached = tokens;
 }
 
 /// A new sequence holding the first `len` positions of `kv` (on the GPU sharing its blocks).

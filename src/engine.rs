@@ -1,11 +1,14 @@
-//! The engine: load a GGUF model, then generate — prefill, decode loop, sampling, stop
-//! conditions, streaming, stats. Async, so the same code serves native callers and the browser.
+//! The engine: load a GGUF model (on the GPU or the CPU reference), its tokenizer and chat
+//! template, and the conversation's KV cache. Generation runs in the batch runtime
+//! (`batcher.rs`: `Engine::generate`, `generate_batch`, `beam_search` are batches of one or
+//! more requests); speculative decoding still has its own loop here (`generate_speculative`).
+//! Async, so the same code serves native callers and the browser.
 
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::ByteSource;
 use crate::gpu::kernels::{MAX_TOP_K, NUCLEUS_K};
-use crate::gpu::{BatchReadback, CounterSnapshot, Gpu, GpuModel, GpuOptions, InFlight, KvStore, Readback, Selection};
+use crate::gpu::{BatchReadback, CounterSnapshot, Gpu, GpuModel, GpuOptions, KvStore, Readback, Selection};
 use crate::kv_pool::SeqId;
 use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
 use crate::sampling::{all_finite, argmax, Candidate, Sampler, SamplingParams, Tail};
@@ -194,7 +197,7 @@ pub struct Engine {
     context_length: usize,
     pub(crate) backend: Backend,
     /// Tokens whose keys and values are in the KV cache, in order.
-    cached: Vec<u32>,
+    pub(crate) cached: Vec<u32>,
     logits: Vec<f32>,
     /// The largest logits a top-k sampler draws from (GPU selection), reused every token.
     top: Vec<(u32, f32)>,
@@ -367,10 +370,9 @@ impl Engine {
         Ok(tokens)
     }
 
-    /// Generates a continuation of `prompt`, calling `on_token` for every sampled token; the
-    /// callback returns false to abort. The KV cache keeps the conversation, so a prompt that
-    /// extends the previous one only runs its new tokens.
-    pub async fn generate(
+    /// `generate` with speculative decoding: draft tokens cheaply, check them in one pass (greedy
+    /// output and the sampling distribution unchanged), in the engine's conversation.
+    pub(crate) async fn generate_speculative(
         &mut self,
         prompt: &Prompt,
         options: &GenerateOptions,
@@ -393,29 +395,21 @@ impl Engine {
         // At least the last prompt token is run, to get the logits that pick the first new token.
         let reuse = common_prefix(&self.cached, &tokens).min(tokens.len() - 1);
         self.truncate_cache(reuse);
-        let want_candidates = options.top_candidates;
-        let mut candidates = Vec::new();
-        let mut next = self.run(&tokens[reuse..], &mut sampler, want_candidates, &mut candidates).await?;
+        let Some(spec) = options.speculate else { unreachable!("generate runs the requests that do not speculate") };
+        let mut next = self.run(&tokens[reuse..], &mut sampler).await?;
         let ttft = start.elapsed().as_secs_f64();
 
         let mut stream = StreamDecoder::new();
         let mut stops = StopMatcher::new(options.stop.clone());
         let (mut generated, mut decode_steps) = (0, 0);
-        // Greedy decoding on the GPU without penalties or candidates needs no logits on the host:
-        // it is pipelined (`pipelined_step`), the next step queued before this one's id is read.
-        let pipelined = matches!(self.backend, Backend::Gpu(_))
-            && !sampler.needs_logits()
-            && want_candidates == 0
-            && options.speculate.is_none();
         // Speculation: tokens already chosen (the accepted drafts, all in the cache, then the
         // model's own token after them, not yet), emitted before anything runs again.
         let mut pending = std::collections::VecDeque::new();
-        let mut spec_stats = options.speculate.map(|_| SpeculationStats::default());
+        let mut spec_stats = SpeculationStats::default();
         // The next token's origin with speculation: how many of the tokens to emit are accepted
         // drafts, and the drafts the model's own token after them replaced.
         let (mut accepted_ahead, mut rejected) = (0usize, Vec::new());
-        let mut origin = options.speculate.map(|_| TokenSpeculation { accepted: false, rejected: Vec::new() });
-        let mut ahead = None;
+        let mut origin = Some(TokenSpeculation { accepted: false, rejected: Vec::new() });
         let decode_start = Instant::now();
         let counters_start = self.gpu_counters();
         let stop_reason = loop {
@@ -435,7 +429,7 @@ impl Engine {
                 // The prompt and every token emitted so far, this one included (speculation may
                 // have cached tokens that are still to be emitted).
                 position: tokens.len() + generated,
-                candidates: std::mem::take(&mut candidates),
+                candidates: Vec::new(),
                 logprob: None,
                 speculation: origin.take(),
             };
@@ -451,24 +445,19 @@ impl Engine {
             sampler.accept(next);
             next = if let Some(t) = pending.pop_front() {
                 t
-            } else if let (Some(spec), Some(st)) = (&options.speculate, spec_stats.as_mut()) {
+            } else {
                 let left = options.max_tokens - generated;
+                let st = &mut spec_stats;
                 let (t, j) =
-                    self.speculative_step(next, spec, &mut sampler, left, &mut pending, &mut rejected, st).await?;
+                    self.speculative_step(next, &spec, &mut sampler, left, &mut pending, &mut rejected, st).await?;
                 accepted_ahead = j;
                 t
-            } else if pipelined {
-                self.pipelined_step(next, &mut ahead, generated + 1 < options.max_tokens).await?
-            } else {
-                self.run(&[next], &mut sampler, want_candidates, &mut candidates).await?
             };
-            if options.speculate.is_some() {
-                let accepted = accepted_ahead > 0;
-                accepted_ahead = accepted_ahead.saturating_sub(1);
-                let rejected = if accepted { Vec::new() } else { std::mem::take(&mut rejected) };
-                let rejected = rejected.iter().map(|&id| self.tokenizer.decode(&[id]).unwrap_or_default()).collect();
-                origin = Some(TokenSpeculation { accepted, rejected });
-            }
+            let accepted = accepted_ahead > 0;
+            accepted_ahead = accepted_ahead.saturating_sub(1);
+            let rejected = if accepted { Vec::new() } else { std::mem::take(&mut rejected) };
+            let rejected = rejected.iter().map(|&id| self.tokenizer.decode(&[id]).unwrap_or_default()).collect();
+            origin = Some(TokenSpeculation { accepted, rejected });
             decode_steps += 1;
         };
         if stop_reason == StopReason::Eos {
@@ -498,7 +487,7 @@ impl Engine {
             stop_reason,
             decode_steps,
             decode_counters,
-            speculation: spec_stats,
+            speculation: Some(spec_stats),
         })
     }
 
@@ -585,7 +574,7 @@ impl Engine {
                     if k > 0 {
                         let reuse = common_prefix(&draft.cached, &context).min(context.len() - 1);
                         draft.truncate_cache(reuse);
-                        let mut prev = draft.run(&context[reuse..], greedy, 0, &mut Vec::new()).await?;
+                        let mut prev = draft.run(&context[reuse..], greedy).await?;
                         for i in 0..k {
                             // An id past this model's vocabulary (a draft with more rows) ends it.
                             if prev as usize >= vocab {
@@ -594,7 +583,7 @@ impl Engine {
                             tokens.push(prev);
                             stats.draft_passes += 1;
                             if i + 1 < k {
-                                prev = draft.run(&[prev], greedy, 0, &mut Vec::new()).await?;
+                                prev = draft.run(&[prev], greedy).await?;
                             }
                         }
                     }
@@ -604,7 +593,7 @@ impl Engine {
         stats.passes += 1;
         rejected.clear();
         if tokens.len() == 1 {
-            return Ok((self.run(&[token], sampler, 0, &mut Vec::new()).await?, 0));
+            return Ok((self.run(&[token], sampler).await?, 0));
         }
         let draft = &tokens[1..];
         let vocab = self.config.vocab_size;
@@ -673,22 +662,16 @@ impl Engine {
 
     /// Runs tokens after the cached ones and samples the next token. Reads back only what the
     /// sampler needs: the argmax for plain greedy decoding, else the logits.
-    async fn run(
-        &mut self,
-        tokens: &[u32],
-        sampler: &mut Sampler,
-        top: usize,
-        candidates: &mut Vec<TokenCandidate>,
-    ) -> Result<u32> {
+    async fn run(&mut self, tokens: &[u32], sampler: &mut Sampler) -> Result<u32> {
         // A top-k sampler on the GPU needs only the k largest logits: selected there, 8 bytes
         // each come back instead of the whole vocabulary. A top-p/min-p sampler without top-k
         // takes the largest NUCLEUS_K and what the rest add up to, and reads every logit only
         // when those cannot decide.
-        let on_gpu = matches!(self.backend, Backend::Gpu(_)) && top == 0;
+        let on_gpu = matches!(self.backend, Backend::Gpu(_));
         let top_k_only = sampler.top_k_only().filter(|&k| on_gpu && k <= MAX_TOP_K);
         let nucleus = on_gpu && top_k_only.is_none() && sampler.nucleus_only();
         let select = top_k_only.or(nucleus.then_some(NUCLEUS_K));
-        let want_logits = (sampler.needs_logits() || top > 0) && select.is_none();
+        let want_logits = sampler.needs_logits() && select.is_none();
         let temperature = sampler.params().temperature;
         let greedy_id = match &mut self.backend {
             Backend::Cpu { model, cache } => {
@@ -723,9 +706,6 @@ impl Engine {
         if host_logits && !all_finite(&self.logits) {
             return Err(Error::NonFiniteLogits { position: self.cached.len() });
         }
-        if top > 0 {
-            *candidates = token_candidates(&self.tokenizer, sampler, &self.logits, top);
-        }
         let vocab = self.config.vocab_size;
         let id = match greedy_id {
             _ if top_k_only.is_some() => sampler.sample_top_k(&self.top),
@@ -742,29 +722,6 @@ impl Engine {
         };
         // Never hand out an id past the vocabulary (a broken kernel or a logits buffer that does
         // not match the vocabulary).
-        if id as usize >= self.config.vocab_size {
-            return Err(Error::TokenOutOfRange { id, vocab_size: self.config.vocab_size });
-        }
-        Ok(id)
-    }
-
-    /// One greedy decode step for `token` on the GPU, kept one step ahead: the step for the id
-    /// it produces (`look_ahead`: when another token may follow) is submitted before that id is
-    /// read, taking it from GPU memory, and is left in `ahead` for the next call. A step queued
-    /// for a token that ends the generation only writes a cache position no later step reads
-    /// before overwriting it.
-    async fn pipelined_step(&mut self, token: u32, ahead: &mut Option<InFlight>, look_ahead: bool) -> Result<u32> {
-        let Backend::Gpu(model) = &mut self.backend else { unreachable!("pipelined only on the GPU") };
-        let position = self.cached.len();
-        let current = match ahead.take() {
-            Some(step) => step,
-            None => model.submit_greedy(Some(token), position)?,
-        };
-        if look_ahead {
-            *ahead = Some(model.submit_greedy(None, position + 1)?);
-        }
-        let id = model.read_greedy(current).await?;
-        self.cached.push(token);
         if id as usize >= self.config.vocab_size {
             return Err(Error::TokenOutOfRange { id, vocab_size: self.config.vocab_size });
         }
