@@ -348,8 +348,8 @@ impl Batcher {
     /// the one it would fork last) until it does or none is left: a row, a sequence slot and
     /// the blocks of its tokens and its first decoded position, with `margin` blocks to spare
     /// (for the running requests to grow by).
-    fn make_room(&mut self, engine: &mut Engine, tokens: &[u32], margin: usize) -> bool {
-        if self.requests.len() >= self.max_rows {
+    fn make_room(&mut self, engine: &mut Engine, tokens: &[u32], rows: usize, margin: usize) -> bool {
+        if self.rows_taken() + rows > self.max_rows {
             return false;
         }
         loop {
@@ -387,6 +387,11 @@ impl Batcher {
             (&SeqKv::Gpu(seq), Some(m)) => m.pool().blocks_to_reserve(seq, len),
             _ => 0,
         }
+    }
+
+    /// Rows of a decode step the running requests take (a beam search one a beam).
+    fn rows_taken(&self) -> usize {
+        self.requests.iter().map(|r| rows_of(&r.seq.beams)).sum()
     }
 
     /// Running requests that will decode (each may take a block at its next step): the room
@@ -441,7 +446,7 @@ impl Batcher {
         p: Prepared,
     ) -> std::result::Result<RequestId, (Error, Box<Prepared>)> {
         let id = self.next_id;
-        if let Err(e) = self.admit_as(engine, &p.tokens) {
+        if let Err(e) = self.admit_as(engine, &p.tokens, rows_of(&p.beams)) {
             return Err((e, Box::new(p)));
         }
         self.next_id += 1;
@@ -452,11 +457,18 @@ impl Batcher {
 
     /// Checks that a request with `tokens` can start now and makes its sequence; it is pushed
     /// by `push_admitted`.
-    fn admit_as(&mut self, engine: &mut Engine, tokens: &[u32]) -> Result<()> {
-        if self.requests.len() >= self.max_rows {
+    fn admit_as(&mut self, engine: &mut Engine, tokens: &[u32], rows: usize) -> Result<()> {
+        if rows > self.max_rows {
+            return Err(Error::InvalidOption {
+                name: "beams",
+                value: rows.to_string(),
+                expected: format!("at most {} (the rows of this batch's decode step)", self.max_rows),
+            });
+        }
+        if self.rows_taken() + rows > self.max_rows {
             return Err(Error::TooManySequences { max: self.max_rows });
         }
-        let fits = self.make_room(engine, tokens, 0);
+        let fits = self.make_room(engine, tokens, rows, 0);
         let reuse = self.reuse(engine, tokens);
         let needed = Self::blocks_to_admit(engine, tokens.len(), reuse.map_or(0, |r| r.1));
         let free_blocks = Self::free_blocks(engine);
@@ -886,6 +898,15 @@ impl Batcher {
             match beams.search.advance(&logits) {
                 Err(e) => r.seq.failed = Some(e),
                 Ok(BeamStep::Run { from, tokens, pos }) => {
+                    // The forks are made before the beams they replace are freed: sequence
+                    // slots for them first, from the prefix cache.
+                    let free_slots = |e: &Engine| e.gpu_model().map_or(usize::MAX, |m| m.pool().free_slots());
+                    while free_slots(engine) < from.len() && !self.kept.is_empty() {
+                        let k = self.kept.remove(0);
+                        free(engine, &SeqKv::Gpu(k.seq));
+                    }
+                    let r = &mut self.requests[i];
+                    let beams = r.beam.as_mut().expect("a beam search");
                     let mut seqs = Vec::with_capacity(from.len());
                     for &f in &from {
                         let source = if beams.seqs.is_empty() { &r.kv } else { &beams.seqs[f] };
@@ -926,11 +947,11 @@ impl Batcher {
     fn admit_waiting(&mut self, engine: &mut Engine, on_event: &mut dyn FnMut(RequestId, BatchEvent) -> bool) {
         while let Some((id, seq)) = self.preempted.pop_front() {
             let margin = self.decoding();
-            if !self.requests.is_empty() && !self.make_room(engine, &seq.tokens, margin) {
+            if !self.requests.is_empty() && !self.make_room(engine, &seq.tokens, 1, margin) {
                 self.preempted.push_front((id, seq));
                 return;
             }
-            match self.admit_as(engine, &seq.tokens) {
+            match self.admit_as(engine, &seq.tokens, 1) {
                 Ok(()) => self.push_admitted(id, seq),
                 Err(e) => {
                     on_event(id, BatchEvent::Failed(e));
@@ -939,11 +960,11 @@ impl Batcher {
         }
         while let Some((id, p)) = self.waiting.pop_front() {
             let margin = self.decoding();
-            if !self.requests.is_empty() && !self.make_room(engine, &p.tokens, margin) {
+            if !self.requests.is_empty() && !self.make_room(engine, &p.tokens, rows_of(&p.beams), margin) {
                 self.waiting.push_front((id, p));
                 return;
             }
-            match self.admit_as(engine, &p.tokens) {
+            match self.admit_as(engine, &p.tokens, rows_of(&p.beams)) {
                 Ok(()) => self.push_admitted(id, BatchSeq::new(p)),
                 Err(e) => {
                     on_event(id, BatchEvent::Failed(e));
@@ -1138,6 +1159,11 @@ impl Engine {
             (None, None) => unreachable!("a beam search ends with its hypotheses or its error"),
         }
     }
+}
+
+/// Rows of a decode step a request takes: its beams, or one.
+fn rows_of(beams: &Option<BeamOptions>) -> usize {
+    beams.as_ref().map_or(1, |b| b.beams)
 }
 
 /// The conversation's cache back in the engine, holding `tokens`.

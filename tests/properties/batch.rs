@@ -501,3 +501,57 @@ fn a_beam_search_runs_beside_streams_that_keep_getting_a_token_every_round() {
         );
     }
 }
+
+/// A beam search takes a row a beam: with two rows, a 2-beam search leaves no room, so a
+/// greedy request enqueued after it waits for it (it was admitted as one request and its rows
+/// ran past the step's, which panicked); a search with more beams than rows is refused.
+#[test]
+fn a_beam_search_takes_a_row_a_beam_and_a_request_after_it_waits_for_room() {
+    use webgpu_llm::batcher::{BatchEvent, Batcher};
+    use webgpu_llm::beam::{BeamOptions, EarlyStopping};
+    for backend in BACKENDS {
+        let mut e = engine(backend, 1024);
+        let options = BeamOptions {
+            beams: 2,
+            max_tokens: 6,
+            stop_ids: Vec::new(),
+            length_penalty: 1.0,
+            early_stopping: EarlyStopping::Heuristic,
+        };
+        let alone = pollster::block_on(e.beam_search(&prompt(0), &options)).unwrap();
+        let mut b = Batcher::new(&mut e, usize::MAX);
+        b.limit_rows(2);
+        let search = b.enqueue(Batcher::prepare_beams(&e, &prompt(0), &options).unwrap());
+        let stream = b.enqueue(Batcher::prepare(&e, &prompt(2), &greedy(8)).unwrap());
+        let three = BeamOptions { beams: 3, ..options.clone() };
+        let refused = b.enqueue(Batcher::prepare_beams(&e, &prompt(0), &three).unwrap());
+        let (mut ids, mut found, mut failed) = (Vec::new(), None, None);
+        let mut rounds = 0;
+        while !b.is_empty() {
+            pollster::block_on(b.step(&mut e, &mut |_| true, &mut |id, ev| {
+                match ev {
+                    BatchEvent::Token(t) if id == stream => {
+                        assert!(found.is_some(), "{backend:?}: the stream ran beside the search's two rows");
+                        ids.push(t.id);
+                    }
+                    BatchEvent::Beams(beams) if id == search => found = Some(beams),
+                    BatchEvent::Failed(err) if id == refused => failed = Some(err),
+                    BatchEvent::Done(_) => {}
+                    other => panic!("{backend:?}: request {id}: {other:?}"),
+                }
+                true
+            }))
+            .unwrap();
+            rounds += 1;
+            assert!(rounds < 100, "{backend:?}: the batch does not end");
+        }
+        let found = found.expect("the search ended");
+        let same: Vec<_> = found.iter().map(|(h, t)| (&h.ids, t)).collect();
+        assert_eq!(same, alone.iter().map(|(h, t)| (&h.ids, t)).collect::<Vec<_>>(), "{backend:?}");
+        assert_eq!(ids, want(2, 8), "{backend:?}: the stream after the search");
+        assert!(
+            matches!(failed, Some(webgpu_llm::Error::InvalidOption { name: "beams", .. })),
+            "{backend:?}: {failed:?}"
+        );
+    }
+}
