@@ -1130,10 +1130,10 @@ impl Engine {
 
     /// Beam search from `prompt` (transformers' semantics: `beam::BeamSearch`): the N best
     /// hypotheses, best first, each with its text. Its beams run as rows of a batch (the
-    /// batcher's beam search requests); the conversation's cache is cleared.
+    /// batcher's beam search requests); the conversation's cache is left as it was.
     pub async fn beam_search(&mut self, prompt: &Prompt, options: &BeamOptions) -> Result<Vec<(Hypothesis, String)>> {
         let p = Batcher::prepare_beams(self, prompt, options)?;
-        let mut batcher = Batcher::new(self, usize::MAX);
+        let mut batcher = Batcher::with_rows(self, usize::MAX);
         batcher.enqueue(p);
         let (mut found, mut failed) = (None, None);
         while !batcher.is_empty() {
