@@ -31,7 +31,7 @@
 use crate::beam::{BeamOptions, BeamSearch, BeamStep, Hypothesis};
 use crate::engine::{
     token_candidates, Backend, Engine, GenerateOptions, Prompt, Stats, StopMatcher, StopReason, TokenCandidate,
-    TokenEvent, TokenLogprob,
+    TokenEvent, TokenLogprob, TokenSpeculation,
 };
 use crate::error::{Error, Result};
 use crate::gpu::kernels::{MAX_TOP_K, NUCLEUS_K};
@@ -39,6 +39,7 @@ use crate::gpu::{RoundFlight, RowReadback, RowsReadback, PREFILL_CHUNK, ROUND_PA
 use crate::kv_pool::SeqId;
 use crate::model::{CpuKvCache, Logits};
 use crate::sampling::{all_finite, argmax, Sampler, Tail};
+use crate::speculate::{self, Drafter, SpeculationStats};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
 use web_time::Instant;
@@ -110,6 +111,8 @@ struct Row {
     first: bool,
     /// The beam of a beam search request whose sequence the row runs in.
     beam: Option<usize>,
+    /// A speculating request's draft this row checks (1 = the first; 0: its own token).
+    draft: usize,
 }
 
 /// Where a request's keys and values live.
@@ -262,11 +265,13 @@ impl Batcher {
     /// request's own (it can never run); `admit` then only says whether there is room now.
     pub fn prepare(engine: &Engine, prompt: &Prompt, options: &GenerateOptions) -> Result<Prepared> {
         options.validate()?;
-        if let Some(spec) = &options.speculate {
+        // Prompt lookup drafts on the host, from the request's own tokens: its drafts are rows of
+        // the batch's steps. The other drafters run a model of their own: alone.
+        if let Some(spec) = options.speculate.filter(|s| s.drafter != Drafter::Lookup) {
             return Err(Error::InvalidOption {
                 name: "speculate",
                 value: format!("{:?}", spec.drafter),
-                expected: "batched sequences without speculation (run it alone)".into(),
+                expected: "lookup in a batch (the other drafters run alone)".into(),
             });
         }
         let tokens = engine.checked_prompt(prompt, options.max_tokens)?;
@@ -391,7 +396,7 @@ impl Batcher {
 
     /// Rows of a decode step the running requests take (a beam search one a beam).
     fn rows_taken(&self) -> usize {
-        self.requests.iter().map(|r| rows_of(&r.seq.beams)).sum()
+        self.requests.iter().map(|r| rows_of(&r.seq.beams, &r.seq.options).0).sum()
     }
 
     /// Running requests that will decode (each may take a block at its next step): the room
@@ -446,7 +451,7 @@ impl Batcher {
         p: Prepared,
     ) -> std::result::Result<RequestId, (Error, Box<Prepared>)> {
         let id = self.next_id;
-        if let Err(e) = self.admit_as(engine, &p.tokens, rows_of(&p.beams)) {
+        if let Err(e) = self.admit_as(engine, &p.tokens, rows_of(&p.beams, &p.options)) {
             return Err((e, Box::new(p)));
         }
         self.next_id += 1;
@@ -457,10 +462,11 @@ impl Batcher {
 
     /// Checks that a request with `tokens` can start now and makes its sequence; it is pushed
     /// by `push_admitted`.
-    fn admit_as(&mut self, engine: &mut Engine, tokens: &[u32], rows: usize) -> Result<()> {
+    fn admit_as(&mut self, engine: &mut Engine, tokens: &[u32], (rows, beams): (usize, bool)) -> Result<()> {
         if rows > self.max_rows {
             return Err(Error::InvalidOption {
-                name: "beams",
+                // (Only a beam search or a speculating request takes more than one row.)
+                name: if beams { "beams" } else { "draft tokens" },
                 value: rows.to_string(),
                 expected: format!("at most {} (the rows of this batch's decode step)", self.max_rows),
             });
@@ -607,6 +613,7 @@ impl Batcher {
             self.top = (0..self.max_rows.max(1)).map(|_| Vec::with_capacity(MAX_TOP_K)).collect();
         }
 
+        let context = engine.context_length();
         // Decode rows first (a running request keeps its pace), with the blocks they grow into:
         // kept sequences go first, then the requests admitted last (their rows with them).
         self.rows.clear();
@@ -618,17 +625,44 @@ impl Batcher {
                 // Every beam a row (none before the prompt's logits are in); a search emits
                 // nothing until it ends, so it never waits for its reader.
                 for (b, &token) in beams.tokens.iter().enumerate() {
-                    self.rows.push(Row { request: i, token, pos: beams.pos, first: false, beam: Some(b) });
+                    self.rows.push(Row { request: i, token, pos: beams.pos, first: false, beam: Some(b), draft: 0 });
                 }
             } else if let Some(next) = r.seq.next {
                 if r.computed == r.seq.tokens.len() && ready(r.id) {
-                    self.rows.push(Row { request: i, token: next, pos: r.seq.tokens.len(), first: false, beam: None });
+                    let pos = r.seq.tokens.len();
+                    self.rows.push(Row { request: i, token: next, pos, first: false, beam: None, draft: 0 });
+                    // Speculation: the drafts after `next` are rows of the same step, at the
+                    // positions after it (no more than the tokens still to emit after it).
+                    if let Some(spec) = &mut r.seq.spec {
+                        let left = r.seq.options.max_tokens.saturating_sub(r.seq.generated + 1);
+                        let k = spec.speculation.draft_tokens.min(left).min(context.saturating_sub(pos + 1));
+                        spec.context.clear();
+                        spec.context.extend_from_slice(&r.seq.tokens);
+                        spec.context.push(next);
+                        speculate::lookup(&spec.context, k, &mut spec.draft);
+                        for (d, &token) in spec.draft.iter().enumerate() {
+                            self.rows.push(Row {
+                                request: i,
+                                token,
+                                pos: pos + 1 + d,
+                                first: false,
+                                beam: None,
+                                draft: d + 1,
+                            });
+                        }
+                    }
                 }
             }
         }
         let mut committed;
         loop {
-            committed = self.rows.iter().map(|row| self.row_blocks(engine, row)).sum();
+            // A speculating request's rows are one sequence's consecutive positions: its last
+            // row's blocks are all of them.
+            let rows = &self.rows;
+            committed = (0..rows.len())
+                .filter(|&k| rows.get(k + 1).is_none_or(|n| n.request != rows[k].request || n.draft == 0))
+                .map(|k| self.row_blocks(engine, &rows[k]))
+                .sum();
             let free = Self::free_blocks(engine);
             if committed <= free {
                 break;
@@ -698,7 +732,7 @@ impl Batcher {
             }
             if first {
                 let token = r.seq.tokens[len - 1];
-                self.rows.push(Row { request: i - 1, token, pos: len - 1, first: true, beam: None });
+                self.rows.push(Row { request: i - 1, token, pos: len - 1, first: true, beam: None, draft: 0 });
             }
         }
 
@@ -757,7 +791,10 @@ impl Batcher {
                     && self.waiting.is_empty()
                     && self.preempted.is_empty()
                     && self.want.iter().all(|w| *w == RowReadback::Argmax)
-                    && self.rows.iter().all(|r| !r.first && r.beam.is_none());
+                    && self
+                        .rows
+                        .iter()
+                        .all(|r| !r.first && r.beam.is_none() && self.requests[r.request].seq.spec.is_none());
                 let ahead = self.ahead.take().filter(|_| {
                     greedy
                         && self.ahead_rows.len() == n
@@ -808,11 +845,13 @@ impl Batcher {
         for &(i, _, len) in &self.chunks {
             self.requests[i].computed += len;
         }
-        // Beam searches first (a fallback read below reuses the first row's logits).
+        // Beam searches and speculation first (a fallback read below reuses the first row's
+        // logits).
         self.advance_beams(engine, on_event);
+        self.advance_speculation(engine, on_event)?;
         for (k, row) in self.rows.iter().enumerate() {
             let r = &mut self.requests[row.request];
-            if r.beam.is_some() {
+            if r.beam.is_some() || (r.seq.spec.is_some() && !row.first) {
                 continue;
             }
             if !row.first {
@@ -846,6 +885,9 @@ impl Batcher {
             }
             r.seq.next = Some(next);
             if row.first {
+                if r.seq.spec.is_some() {
+                    r.seq.origin = Some(TokenSpeculation { accepted: false, rejected: Vec::new() });
+                }
                 r.seq.ttft = r.seq.start.elapsed().as_secs_f64();
                 r.seq.decode_start = Instant::now();
             } else {
@@ -942,16 +984,117 @@ impl Batcher {
         }
     }
 
+    /// Each speculating request with rows this round checks its drafts against its rows'
+    /// logits (`Engine::speculative_step`'s rules: greedy keeps a draft while it is the model's
+    /// argmax; sampling keeps it with probability p(draft), else draws from p without it), keeps
+    /// its token and the accepted drafts in the cache, and emits them and the token chosen
+    /// after them.
+    fn advance_speculation(
+        &mut self,
+        engine: &mut Engine,
+        on_event: &mut dyn FnMut(RequestId, BatchEvent) -> bool,
+    ) -> Result<()> {
+        let vocab = engine.config.vocab_size;
+        let kv_dim = engine.config.kv_dim();
+        let mut k = 0;
+        while k < self.rows.len() {
+            let row = self.rows[k];
+            let n = 1 + self.rows[k + 1..].iter().take_while(|r| r.request == row.request && r.draft > 0).count();
+            let (first, next) = (k, k + n);
+            k = next;
+            let r = &mut self.requests[row.request];
+            if r.seq.spec.is_none() || row.first {
+                continue;
+            }
+            let greedy = self.want[first] != RowReadback::Logits;
+            let spec = r.seq.spec.as_mut().expect("a speculating request");
+            let draft = std::mem::take(&mut spec.draft);
+            let (mut j, mut chosen) = (0, 0);
+            if greedy {
+                if self.ids[first..next].contains(&u32::MAX) {
+                    r.seq.failed = Some(Error::NonFiniteLogits { position: row.pos + 1 });
+                    continue;
+                }
+                j = speculate::accepted(&draft, &self.ids[first..next]);
+                // The model's own token after the accepted drafts.
+                chosen = self.ids[first + j];
+            } else {
+                for (i, kk) in (first..next).enumerate() {
+                    let logits = &mut self.logits[kk * vocab..][..vocab];
+                    if !all_finite(logits) {
+                        r.seq.failed = Some(Error::NonFiniteLogits { position: row.pos + i + 1 });
+                        break;
+                    }
+                    let Some(&d) = draft.get(i) else {
+                        chosen = r.seq.sampler.sample(logits);
+                        break;
+                    };
+                    let (id, kept) = r.seq.sampler.check_draft(logits, d);
+                    if !kept {
+                        chosen = id;
+                        break;
+                    }
+                    // Counted for the penalties of the positions after it; undone below.
+                    r.seq.sampler.accept(d);
+                    j += 1;
+                }
+                draft[..j].iter().for_each(|&d| r.seq.sampler.forget(d));
+                if r.seq.failed.is_some() {
+                    continue;
+                }
+            }
+            if chosen as usize >= vocab {
+                return Err(Error::TokenOutOfRange { id: chosen, vocab_size: vocab });
+            }
+            let spec = r.seq.spec.as_mut().expect("a speculating request");
+            spec.stats.passes += 1;
+            spec.stats.drafted += draft.len();
+            spec.stats.accepted += j;
+            // The token and the accepted drafts stay in the cache; the rejected ones go.
+            let keep = row.pos + 1 + j;
+            match (&r.kv, &mut engine.backend) {
+                (&SeqKv::Gpu(seq), Backend::Gpu(model)) => model.truncate_sequence(seq, keep),
+                (SeqKv::Cpu(_), _) => {}
+                _ => unreachable!("a request's cache is on its engine's backend"),
+            }
+            if let SeqKv::Cpu(cache) = &mut r.kv {
+                cache.truncate(keep, kv_dim);
+            }
+            r.seq.tokens.push(row.token);
+            let rejected: Vec<String> =
+                draft[j..].iter().map(|&id| engine.tokenizer.decode(&[id]).unwrap_or_default()).collect();
+            let id = r.id;
+            for (i, &t) in draft[..j].iter().chain(std::iter::once(&chosen)).enumerate() {
+                let accepted = i < j;
+                let rejected = if accepted { Vec::new() } else { rejected.clone() };
+                r.seq.origin = Some(TokenSpeculation { accepted, rejected });
+                r.seq.next = Some(t);
+                r.seq.decode_steps += 1;
+                r.seq.emit(&engine.tokenizer, &mut |ev| on_event(id, BatchEvent::Token(ev)));
+                if r.seq.stop.is_some() || r.seq.failed.is_some() {
+                    break;
+                }
+                if accepted {
+                    r.seq.tokens.push(t);
+                }
+            }
+            r.computed = r.seq.tokens.len();
+            r.seq.spec.as_mut().expect("a speculating request").draft = draft;
+        }
+        Ok(())
+    }
+
     /// The round's admissions: preempted requests first (their blocks were taken, not
     /// refused), then the queue, in order; each leaves the running ones a block each to grow by.
     fn admit_waiting(&mut self, engine: &mut Engine, on_event: &mut dyn FnMut(RequestId, BatchEvent) -> bool) {
         while let Some((id, seq)) = self.preempted.pop_front() {
             let margin = self.decoding();
-            if !self.requests.is_empty() && !self.make_room(engine, &seq.tokens, 1, margin) {
+            let rows = rows_of(&seq.beams, &seq.options);
+            if !self.requests.is_empty() && !self.make_room(engine, &seq.tokens, rows.0, margin) {
                 self.preempted.push_front((id, seq));
                 return;
             }
-            match self.admit_as(engine, &seq.tokens, 1) {
+            match self.admit_as(engine, &seq.tokens, rows) {
                 Ok(()) => self.push_admitted(id, seq),
                 Err(e) => {
                     on_event(id, BatchEvent::Failed(e));
@@ -960,11 +1103,12 @@ impl Batcher {
         }
         while let Some((id, p)) = self.waiting.pop_front() {
             let margin = self.decoding();
-            if !self.requests.is_empty() && !self.make_room(engine, &p.tokens, rows_of(&p.beams), margin) {
+            if !self.requests.is_empty() && !self.make_room(engine, &p.tokens, rows_of(&p.beams, &p.options).0, margin)
+            {
                 self.waiting.push_front((id, p));
                 return;
             }
-            match self.admit_as(engine, &p.tokens, rows_of(&p.beams)) {
+            match self.admit_as(engine, &p.tokens, rows_of(&p.beams, &p.options)) {
                 Ok(()) => self.push_admitted(id, BatchSeq::new(p)),
                 Err(e) => {
                     on_event(id, BatchEvent::Failed(e));
@@ -1066,7 +1210,8 @@ impl Engine {
     /// Generates a continuation of `prompt`, calling `on_token` for every sampled token; the
     /// callback returns false to abort. A one-request batch (the runtime every request goes
     /// through) in the engine's conversation: its KV cache keeps the conversation, so a prompt
-    /// that extends the previous one only runs its new tokens. Speculative requests take
+    /// that extends the previous one only runs its new tokens. Speculation by prompt lookup runs
+    /// in the batch too (its drafts are rows of the request's steps); the other drafters take
     /// `generate_speculative`.
     pub async fn generate(
         &mut self,
@@ -1074,7 +1219,7 @@ impl Engine {
         options: &GenerateOptions,
         on_token: &mut dyn FnMut(&TokenEvent) -> bool,
     ) -> Result<Stats> {
-        if options.speculate.is_some() {
+        if options.speculate.is_some_and(|s| s.drafter != Drafter::Lookup) {
             return self.generate_speculative(prompt, options, on_token).await;
         }
         let p = Batcher::prepare(self, prompt, options)?;
@@ -1161,9 +1306,13 @@ impl Engine {
     }
 }
 
-/// Rows of a decode step a request takes: its beams, or one.
-fn rows_of(beams: &Option<BeamOptions>) -> usize {
-    beams.as_ref().map_or(1, |b| b.beams)
+/// Rows of a decode step a request takes: its beams, or its token and its drafts; and whether
+/// it is a beam search.
+fn rows_of(beams: &Option<BeamOptions>, options: &GenerateOptions) -> (usize, bool) {
+    match beams {
+        Some(b) => (b.beams, true),
+        None => (1 + options.speculate.map_or(0, |s| s.draft_tokens), false),
+    }
 }
 
 /// The conversation's cache back in the engine, holding `tokens`.
@@ -1209,6 +1358,16 @@ fn free(engine: &mut Engine, kv: &SeqKv) {
     }
 }
 
+/// A speculating request's drafts and figures.
+struct SpecState {
+    speculation: crate::speculate::Speculation,
+    stats: SpeculationStats,
+    /// This round's drafts, checked by the rows after the request's own.
+    draft: Vec<u32>,
+    /// The tokens the drafts are looked up in (reused).
+    context: Vec<u32>,
+}
+
 /// One request's generation state: what `Engine::generate` keeps in locals.
 struct BatchSeq {
     prompt_len: usize,
@@ -1220,6 +1379,10 @@ struct BatchSeq {
     vocab_size: usize,
     options: GenerateOptions,
     beams: Option<BeamOptions>,
+    /// Speculative decoding's state (prompt lookup).
+    spec: Option<SpecState>,
+    /// The next token's origin with speculation, until it is emitted.
+    origin: Option<TokenSpeculation>,
     stream: StreamDecoder,
     stops: StopMatcher,
     /// The token emitted last, fed back by the next decode step (None until the prompt is run).
@@ -1245,6 +1408,13 @@ impl BatchSeq {
             tokens: p.tokens,
             sampler: p.sampler,
             vocab_size: p.vocab_size,
+            spec: p.options.speculate.map(|speculation| SpecState {
+                speculation,
+                stats: SpeculationStats::default(),
+                draft: Vec::new(),
+                context: Vec::new(),
+            }),
+            origin: None,
             beams: p.beams,
             stops: StopMatcher::new(p.options.stop.clone()),
             options: p.options,
@@ -1267,7 +1437,14 @@ impl BatchSeq {
     /// rules), or the whole row (penalties, candidates, a larger top-k, the CPU backend).
     fn row_readback(&self, on_gpu: bool) -> RowReadback {
         let s = &self.sampler;
-        if self.beams.is_some() {
+        if self.spec.is_some() {
+            // A draft is checked against the argmax, or the whole distribution.
+            if s.needs_logits() {
+                RowReadback::Logits
+            } else {
+                RowReadback::Argmax
+            }
+        } else if self.beams.is_some() {
             // A beam's log-probabilities are normalized over the whole vocabulary.
             RowReadback::Logits
         } else if !s.needs_logits() && self.options.top_candidates == 0 {
@@ -1355,7 +1532,8 @@ impl BatchSeq {
         let (text, hit) = if last { self.stops.finish(&piece) } else { self.stops.push(&piece) };
         let candidates = std::mem::take(&mut self.candidates);
         let logprob = self.logprob.take();
-        if !on_token(&TokenEvent { id: next, text, position, candidates, logprob, speculation: None }) {
+        let speculation = self.origin.take();
+        if !on_token(&TokenEvent { id: next, text, position, candidates, logprob, speculation }) {
             self.stop = Some(StopReason::Aborted);
         } else if hit {
             self.stop = Some(StopReason::StopString);
@@ -1379,7 +1557,7 @@ impl BatchSeq {
             stop_reason: self.stop.unwrap_or(StopReason::MaxTokens),
             decode_steps: self.decode_steps,
             decode_counters: None,
-            speculation: None,
+            speculation: self.spec.as_ref().map(|s| s.stats),
         }
     }
 }

@@ -520,8 +520,8 @@ class ServerTest(unittest.TestCase):
 
     def test_5b_a_beam_search_runs_in_the_batch_beside_streams(self):
         """`beams` is a request of the batch: its hypotheses are the CLI's `--beams` on the CPU
-        reference (ids and scores), while four greedy streams sent with it each give the CPU
-        reference's tokens; a beam search whose client hangs up is ended (the server is then
+        reference (ids and scores), while four greedy streams and a speculative one (prompt
+        lookup) sent with it each give the CPU reference's tokens; a beam search whose client hangs up is ended (the server is then
         idle, every KV block free but the prefix cache's)."""
         url = self.server.url
         prompt, beams, tokens = "Once upon a time", 3, 8
@@ -539,9 +539,19 @@ class ServerTest(unittest.TestCase):
             c = r["choices"][0]
             return c["message"]["content"] if kind == "chat" else c["text"]
 
-        with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        def speculative(n):
+            kind, req = request_for(n, MAX_TOKENS, speculate="lookup", draft_tokens=3)
+            status, _, r = post(url + ("/v1/chat/completions" if kind == "chat" else "/v1/completions"), req)
+            self.assertEqual(status, 200, r)
+            c = r["choices"][0]
+            return c["message"]["content"] if kind == "chat" else c["text"]
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
             search = pool.submit(post, url + "/v1/completions", body)
             streams = [pool.submit(text, n) for n in names]
+            # Speculation by prompt lookup is a request of the batch too: greedy, its text is
+            # the reference's.
+            spec = pool.submit(speculative, "raw_count")
             status, _, got = search.result()
             self.assertEqual(status, 200, got)
             self.assertEqual(len(got["choices"]), beams)
@@ -551,6 +561,7 @@ class ServerTest(unittest.TestCase):
                 self.assertAlmostEqual(choice["score"], w["score"], delta=1e-3)
             for n, f in zip(names, streams):
                 self.assertEqual(f.result(), refs[n]["text"], n)
+            self.assertEqual(spec.result(), refs["raw_count"]["text"], "speculative")
         # A client that hangs up on a long search (500 steps, 3 beams: 96 of the pool's 128
         # blocks; no hypothesis finishes before the last without a stop id): the search is ended,
         # never finished (a finished request adds its prompt tokens to the metrics; an ended one
