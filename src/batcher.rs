@@ -265,14 +265,29 @@ impl Batcher {
     /// request's own (it can never run); `admit` then only says whether there is room now.
     pub fn prepare(engine: &Engine, prompt: &Prompt, options: &GenerateOptions) -> Result<Prepared> {
         options.validate()?;
-        // Prompt lookup drafts on the host, from the request's own tokens: its drafts are rows of
-        // the batch's steps. The other drafters run a model of their own: alone.
-        if let Some(spec) = options.speculate.filter(|s| s.drafter != Drafter::Lookup) {
-            return Err(Error::InvalidOption {
-                name: "speculate",
-                value: format!("{:?}", spec.drafter),
-                expected: "lookup in a batch (the other drafters run alone)".into(),
-            });
+        // Prompt lookup drafts on the host, from the request's own tokens; self-speculation with
+        // passes of the model's first layers in the request's own sequence: their drafts are
+        // rows of the batch's steps. A draft model has a cache of its own: it runs alone.
+        match options.speculate.map(|s| s.drafter) {
+            Some(Drafter::Model) => {
+                return Err(Error::InvalidOption {
+                    name: "speculate",
+                    value: "draft".into(),
+                    expected: "lookup or layers:L in a batch (a draft model runs alone)".into(),
+                })
+            }
+            Some(Drafter::Layers(layers)) if layers == 0 || layers >= engine.config.n_layers => {
+                return Err(Error::InvalidOption {
+                    name: "speculate",
+                    value: format!("layers:{layers}"),
+                    expected: format!(
+                        "layers:L with L from 1 to {} (the model has {} layers)",
+                        engine.config.n_layers - 1,
+                        engine.config.n_layers
+                    ),
+                })
+            }
+            _ => {}
         }
         let tokens = engine.checked_prompt(prompt, options.max_tokens)?;
         let mut sampler = Sampler::new(options.sampling.clone(), engine.config.vocab_size)?;
@@ -636,10 +651,58 @@ impl Batcher {
                     if let Some(spec) = &mut r.seq.spec {
                         let left = r.seq.options.max_tokens.saturating_sub(r.seq.generated + 1);
                         let k = spec.speculation.draft_tokens.min(left).min(context.saturating_sub(pos + 1));
-                        spec.context.clear();
-                        spec.context.extend_from_slice(&r.seq.tokens);
-                        spec.context.push(next);
-                        speculate::lookup(&spec.context, k, &mut spec.draft);
+                        match spec.speculation.drafter {
+                            Drafter::Layers(layers) => {
+                                // The first layers' decode steps, one a draft token, in the
+                                // request's sequence (their keys and values the whole model's).
+                                spec.draft.clear();
+                                let mut prev = next;
+                                for d in 0..k {
+                                    let drafted = match (&mut engine.backend, &mut r.kv) {
+                                        (Backend::Gpu(model), &mut SeqKv::Gpu(seq)) => {
+                                            model.draft_step_in(seq, layers, prev, pos + d).await
+                                        }
+                                        (Backend::Cpu { model, .. }, SeqKv::Cpu(cache)) => {
+                                            model.forward_layers(cache, &[prev], Logits::Last, layers).and_then(|l| {
+                                                if all_finite(&l) {
+                                                    Ok(argmax(&l))
+                                                } else {
+                                                    Err(Error::NonFiniteLogits { position: pos + d + 1 })
+                                                }
+                                            })
+                                        }
+                                        _ => unreachable!("a request's cache is on its engine's backend"),
+                                    };
+                                    prev = match drafted {
+                                        Ok(id) => id,
+                                        // No block for another draft: check those so far.
+                                        Err(Error::KvPoolFull { .. }) => break,
+                                        // The request fails, not the batch (its row goes).
+                                        Err(e @ Error::NonFiniteLogits { .. }) => {
+                                            r.seq.failed = Some(e);
+                                            self.rows.pop();
+                                            break;
+                                        }
+                                        Err(e) => return Err(e),
+                                    };
+                                    spec.stats.draft_passes += 1;
+                                    spec.draft.push(prev);
+                                }
+                                // The partial layers leave the CPU cache's lengths uneven.
+                                if let SeqKv::Cpu(cache) = &mut r.kv {
+                                    cache.truncate(pos, engine.config.kv_dim());
+                                }
+                                if r.seq.failed.is_some() {
+                                    continue;
+                                }
+                            }
+                            _ => {
+                                spec.context.clear();
+                                spec.context.extend_from_slice(&r.seq.tokens);
+                                spec.context.push(next);
+                                speculate::lookup(&spec.context, k, &mut spec.draft);
+                            }
+                        }
                         for (d, &token) in spec.draft.iter().enumerate() {
                             self.rows.push(Row {
                                 request: i,
@@ -1210,16 +1273,16 @@ impl Engine {
     /// Generates a continuation of `prompt`, calling `on_token` for every sampled token; the
     /// callback returns false to abort. A one-request batch (the runtime every request goes
     /// through) in the engine's conversation: its KV cache keeps the conversation, so a prompt
-    /// that extends the previous one only runs its new tokens. Speculation by prompt lookup runs
-    /// in the batch too (its drafts are rows of the request's steps); the other drafters take
-    /// `generate_speculative`.
+    /// that extends the previous one only runs its new tokens. Speculation by prompt lookup or
+    /// the model's first layers runs in the batch too (its drafts are rows of the request's
+    /// steps); a separate draft model takes `generate_speculative`.
     pub async fn generate(
         &mut self,
         prompt: &Prompt,
         options: &GenerateOptions,
         on_token: &mut dyn FnMut(&TokenEvent) -> bool,
     ) -> Result<Stats> {
-        if options.speculate.is_some_and(|s| s.drafter != Drafter::Lookup) {
+        if options.speculate.is_some_and(|s| s.drafter == Drafter::Model) {
             return self.generate_speculative(prompt, options, on_token).await;
         }
         let p = Batcher::prepare(self, prompt, options)?;

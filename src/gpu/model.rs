@@ -1109,6 +1109,11 @@ impl GpuModel {
     /// the first `layers` layers, then the final norm and the LM head; the argmax. It writes those
     /// layers' keys and values at `pos`, as the whole model would for the same token.
     pub async fn draft_step(&mut self, layers: usize, token: u32, pos: usize) -> Result<u32> {
+        self.draft_step_in(self.main, layers, token, pos).await
+    }
+
+    /// `draft_step` in sequence `seq`.
+    pub async fn draft_step_in(&mut self, seq: SeqId, layers: usize, token: u32, pos: usize) -> Result<u32> {
         let n_layers = self.layers.len();
         if layers == 0 || layers >= n_layers {
             return Err(Error::InvalidOption {
@@ -1124,8 +1129,7 @@ impl GpuModel {
         self.gpu.check()?;
         self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::bytes_of(&token));
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("draft") });
-        let main = self.main;
-        self.prepare(&mut enc, std::iter::once((main, pos)), Params::new(1, 1))?;
+        self.prepare(&mut enc, std::iter::once((seq, pos)), Params::new(1, 1))?;
         Self::encode_ops(&mut enc, &self.draft.as_ref().expect("recorded above").1, 1);
         let b = &self.buf;
         enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[0], 0, 4);

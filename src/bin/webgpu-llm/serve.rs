@@ -481,10 +481,10 @@ fn handle(
         }
         return;
     }
-    // Speculation with prompt lookup runs in the batch (its drafts are rows of the steps); the
-    // other drafters run alone, between two rounds, with the blocks of the batch's prefix cache
-    // given back to the pool.
-    if job.options.speculate.is_some_and(|s| s.drafter != webgpu_llm::speculate::Drafter::Lookup) {
+    // Speculation runs in the batch (its drafts are rows of the steps); a draft model (which
+    // the server never loads: the request then fails naming it) would run alone, between two
+    // rounds, with the blocks of the batch's prefix cache given back to the pool.
+    if job.options.speculate.is_some_and(|s| s.drafter == webgpu_llm::speculate::Drafter::Model) {
         batcher.forget_prefixes(engine);
         let tokens = match engine.prompt_tokens(&job.prompt) {
             Ok(t) => t.len(),
