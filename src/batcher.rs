@@ -30,11 +30,10 @@
 
 use crate::beam::{BeamOptions, BeamSearch, BeamStep, Hypothesis};
 use crate::engine::{
-    token_candidates, Backend, Engine, GenerateOptions, Prompt, Stats, StopMatcher, StopReason, TokenCandidate,
-    TokenEvent, TokenLogprob, TokenSpeculation,
+    common_prefix, token_candidates, Backend, Engine, GenerateOptions, Prompt, Stats, StopMatcher, StopReason,
+    TokenCandidate, TokenEvent, TokenLogprob, TokenSpeculation,
 };
 use crate::error::{Error, Result};
-use crate::gpu::kernels::{MAX_TOP_K, NUCLEUS_K};
 use crate::gpu::{RoundFlight, RowReadback, RowsReadback, PREFILL_CHUNK, ROUND_PASSES};
 use crate::kv_pool::SeqId;
 use crate::model::{CpuKvCache, Logits};
@@ -182,11 +181,11 @@ impl Batcher {
     /// the batch. `prefill_budget`: prompt tokens run per round (at least 1).
     pub fn new(engine: &mut Engine, prefill_budget: usize) -> Self {
         engine.truncate_cache(0);
-        Self::with_rows(engine, prefill_budget)
+        Self::keeping_conversation(engine, prefill_budget)
     }
 
     /// `new` without clearing the conversation (`Engine::generate` runs in it).
-    fn with_rows(engine: &Engine, prefill_budget: usize) -> Self {
+    fn keeping_conversation(engine: &Engine, prefill_budget: usize) -> Self {
         let max_rows = match engine.gpu_model() {
             Some(m) => m.max_batch(),
             None => crate::gpu::kernels::MAX_BATCH,
@@ -209,7 +208,8 @@ impl Batcher {
             gpu_rows: Vec::with_capacity(max_rows),
             want: Vec::with_capacity(max_rows),
             ids: vec![0; max_rows],
-            top: Vec::new(),
+            // A row's selection grows to its k the first time it selects, then is reused.
+            top: vec![Vec::new(); max_rows],
             tails: vec![Tail::default(); max_rows],
             logits: Vec::new(),
         }
@@ -347,7 +347,7 @@ impl Batcher {
         let bt = engine.gpu_model()?.pool().block_tokens();
         let mut best: Option<(usize, usize)> = None;
         for (i, k) in self.kept.iter().enumerate() {
-            let common = k.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+            let common = common_prefix(&k.tokens, tokens);
             let len = common.min(tokens.len() - 1) / bt * bt;
             if len > 0 && best.is_none_or(|(_, l)| len >= l) {
                 best = Some((i, len));
@@ -612,7 +612,7 @@ impl Batcher {
     /// behind waits; its state is kept), and up to `prefill_budget` prompt tokens of requests
     /// still being prefilled (in chunks of at most `PREFILL_CHUNK`, oldest request first),
     /// whose prompt's last token is a row of the decode step, which chooses its first token.
-    /// On the GPU the round is one submission (`GpuModel::run_round`). Then the finished
+    /// On the GPU the round is one submission (`GpuModel::submit_round`). Then the finished
     /// requests leave. Events go to `on_event`. Returns the decode step's rows. An error here
     /// is not one request's (the batch should be cleared).
     pub async fn step(
@@ -624,9 +624,6 @@ impl Batcher {
         self.admit_waiting(engine, on_event);
         let vocab = engine.config.vocab_size;
         let on_gpu = engine.gpu_model().is_some();
-        if self.top.is_empty() {
-            self.top = (0..self.max_rows.max(1)).map(|_| Vec::with_capacity(MAX_TOP_K)).collect();
-        }
 
         let context = engine.context_length();
         // Decode rows first (a running request keeps its pace), with the blocks they grow into:
@@ -1287,13 +1284,13 @@ impl Engine {
         }
         let p = Batcher::prepare(self, prompt, options)?;
         // At least the last prompt token is run, to get the logits that pick the first one.
-        let reuse = p.tokens.iter().zip(&self.cached).take_while(|(a, b)| a == b).count().min(p.tokens.len() - 1);
+        let reuse = common_prefix(&p.tokens, &self.cached).min(p.tokens.len() - 1);
         self.truncate_cache(reuse);
         let kv = match &mut self.backend {
             Backend::Gpu(model) => SeqKv::Gpu(model.main_sequence()),
             Backend::Cpu { model, cache } => SeqKv::Cpu(Box::new(std::mem::replace(cache, model.new_cache()))),
         };
-        let mut batcher = Batcher::with_rows(self, usize::MAX);
+        let mut batcher = Batcher::keeping_conversation(self, usize::MAX);
         let mut seq = BatchSeq::new(p);
         seq.reused = reuse;
         batcher.requests.push(Request { id: 0, seq, kv, beam: None, computed: reuse, conversation: true });
@@ -1341,7 +1338,7 @@ impl Engine {
     /// batcher's beam search requests); the conversation's cache is left as it was.
     pub async fn beam_search(&mut self, prompt: &Prompt, options: &BeamOptions) -> Result<Vec<(Hypothesis, String)>> {
         let p = Batcher::prepare_beams(self, prompt, options)?;
-        let mut batcher = Batcher::with_rows(self, usize::MAX);
+        let mut batcher = Batcher::keeping_conversation(self, usize::MAX);
         batcher.enqueue(p);
         let (mut found, mut failed) = (None, None);
         while !batcher.is_empty() {
@@ -1439,7 +1436,6 @@ struct BatchSeq {
     /// The prompt, then every token fed back.
     tokens: Vec<u32>,
     sampler: Sampler,
-    vocab_size: usize,
     options: GenerateOptions,
     beams: Option<BeamOptions>,
     /// Speculative decoding's state (prompt lookup).
@@ -1470,7 +1466,6 @@ impl BatchSeq {
             reused: 0,
             tokens: p.tokens,
             sampler: p.sampler,
-            vocab_size: p.vocab_size,
             spec: p.options.speculate.map(|speculation| SpecState {
                 speculation,
                 stats: SpeculationStats::default(),
@@ -1495,37 +1490,20 @@ impl BatchSeq {
         }
     }
 
-    /// What choosing the next token needs read back of its row of logits: the argmax (greedy),
-    /// a selection on the GPU (top-k alone, or top-p/min-p without top-k: `Engine::generate`'s
-    /// rules), or the whole row (penalties, candidates, a larger top-k, the CPU backend).
+    /// What choosing the next token needs read back of its row of logits
+    /// (`RowReadback::for_sampler`), but the whole row for a beam (its log-probabilities are
+    /// normalized over the vocabulary) or for candidates, and no selection for a draft's check
+    /// (the argmax, or the whole distribution).
     fn row_readback(&self, on_gpu: bool) -> RowReadback {
-        let s = &self.sampler;
-        if self.spec.is_some() {
-            // A draft is checked against the argmax, or the whole distribution.
-            if s.needs_logits() {
-                RowReadback::Logits
-            } else {
-                RowReadback::Argmax
-            }
-        } else if self.beams.is_some() {
-            // A beam's log-probabilities are normalized over the whole vocabulary.
+        if self.beams.is_some() || (self.options.top_candidates > 0 && self.spec.is_none()) {
             RowReadback::Logits
-        } else if !s.needs_logits() && self.options.top_candidates == 0 {
-            RowReadback::Argmax
-        } else if !on_gpu || self.options.top_candidates > 0 {
-            RowReadback::Logits
-        } else if let Some(k) = s.top_k_only().filter(|&k| k <= MAX_TOP_K) {
-            RowReadback::Select { k, tail: None }
-        } else if s.nucleus_only() {
-            RowReadback::Select { k: NUCLEUS_K, tail: Some(s.params().temperature) }
         } else {
-            RowReadback::Logits
+            RowReadback::for_sampler(&self.sampler, on_gpu && self.spec.is_none())
         }
     }
 
-    /// The next token from what its row read back (`row_readback`): the argmax, the selection
-    /// (`top`, `tail`) or the logits; None when a top-p/min-p selection cannot place the cut
-    /// (then read the row's logits and `choose` from them).
+    /// The next token from what its row read back (`row_readback`, `RowReadback::choose`); from
+    /// the logits with its candidates and log-probability (`choose`).
     fn choose_from(
         &mut self,
         tok: &Tokenizer,
@@ -1536,10 +1514,8 @@ impl BatchSeq {
         logits: &mut [f32],
     ) -> Option<u32> {
         match want {
-            RowReadback::Argmax => Some(argmax),
-            RowReadback::Select { tail: None, .. } => Some(self.sampler.sample_top_k(top)),
-            RowReadback::Select { tail: Some(_), .. } => self.sampler.sample_nucleus(top, self.vocab_size, tail),
             RowReadback::Logits => Some(self.choose(tok, logits)),
+            _ => want.choose(&mut self.sampler, argmax, top, tail, logits),
         }
     }
 

@@ -7,8 +7,10 @@
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::ByteSource;
-use crate::gpu::kernels::{MAX_TOP_K, NUCLEUS_K};
-use crate::gpu::{BatchReadback, CounterSnapshot, Gpu, GpuModel, GpuOptions, KvStore, Readback, Selection};
+use crate::gpu::kernels::MAX_TOP_K;
+use crate::gpu::{
+    BatchReadback, CounterSnapshot, Gpu, GpuModel, GpuOptions, KvStore, Readback, RowReadback, Selection,
+};
 use crate::kv_pool::SeqId;
 use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
 use crate::sampling::{all_finite, argmax, Candidate, Sampler, SamplingParams, Tail};
@@ -663,62 +665,47 @@ impl Engine {
     /// Runs tokens after the cached ones and samples the next token. Reads back only what the
     /// sampler needs: the argmax for plain greedy decoding, else the logits.
     async fn run(&mut self, tokens: &[u32], sampler: &mut Sampler) -> Result<u32> {
-        // A top-k sampler on the GPU needs only the k largest logits: selected there, 8 bytes
-        // each come back instead of the whole vocabulary. A top-p/min-p sampler without top-k
-        // takes the largest NUCLEUS_K and what the rest add up to, and reads every logit only
-        // when those cannot decide.
-        let on_gpu = matches!(self.backend, Backend::Gpu(_));
-        let top_k_only = sampler.top_k_only().filter(|&k| on_gpu && k <= MAX_TOP_K);
-        let nucleus = on_gpu && top_k_only.is_none() && sampler.nucleus_only();
-        let select = top_k_only.or(nucleus.then_some(NUCLEUS_K));
-        let want_logits = sampler.needs_logits() && select.is_none();
-        let temperature = sampler.params().temperature;
-        let greedy_id = match &mut self.backend {
+        // What the sampler needs read back: the argmax, the GPU's selection of the largest
+        // logits (top-k; top-p/min-p with the tail), or every logit (`RowReadback::for_sampler`).
+        let want = RowReadback::for_sampler(sampler, matches!(self.backend, Backend::Gpu(_)));
+        let argmax_id = match &mut self.backend {
             Backend::Cpu { model, cache } => {
                 self.logits = model.forward(cache, tokens, Logits::Last)?;
-                Some(argmax(&self.logits))
+                argmax(&self.logits)
             }
             Backend::Gpu(model) => {
                 let mut start = self.cached.len();
                 let chunks = tokens.chunks(PREFILL_CHUNK).count();
                 let mut id = None;
                 for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
-                    let readback = match (i + 1 == chunks, want_logits, select) {
-                        (false, ..) => Readback::None,
-                        (true, false, Some(k)) => Readback::TopK(Selection {
-                            k,
-                            out: &mut self.top,
-                            tail: nucleus.then_some((temperature, &mut self.tail)),
-                        }),
-                        (true, false, None) => Readback::Argmax,
-                        (true, true, _) => Readback::Logits(&mut self.logits),
+                    let readback = match want {
+                        _ if i + 1 < chunks => Readback::None,
+                        RowReadback::Argmax => Readback::Argmax,
+                        RowReadback::Select { k, tail } => {
+                            Readback::TopK(Selection { k, out: &mut self.top, tail: tail.map(|t| (t, &mut self.tail)) })
+                        }
+                        RowReadback::Logits => Readback::Logits(&mut self.logits),
                     };
                     id = model.step(chunk, start, readback).await?;
                     start += chunk.len();
                 }
-                id
+                id.unwrap_or(0)
             }
         };
         self.cached.extend_from_slice(tokens);
         // The logits on the host (the CPU's, or read back to sample): NaN or infinity in them is
         // an error, never a token. The GPU's argmax flags them itself.
-        let host_logits = want_logits || matches!(self.backend, Backend::Cpu { .. });
+        let host_logits = want == RowReadback::Logits || matches!(self.backend, Backend::Cpu { .. });
         if host_logits && !all_finite(&self.logits) {
             return Err(Error::NonFiniteLogits { position: self.cached.len() });
         }
-        let vocab = self.config.vocab_size;
-        let id = match greedy_id {
-            _ if top_k_only.is_some() => sampler.sample_top_k(&self.top),
-            _ if nucleus => match sampler.sample_nucleus(&self.top, vocab, self.tail) {
-                Some(id) => id,
-                None => {
-                    let Backend::Gpu(model) = &self.backend else { unreachable!("selected on the GPU") };
-                    model.read_logits(0, &mut self.logits).await?;
-                    sampler.sample(&mut self.logits)
-                }
-            },
-            Some(id) if !want_logits => id,
-            _ => sampler.sample(&mut self.logits),
+        let id = match want.choose(sampler, argmax_id, &self.top, self.tail, &mut self.logits) {
+            Some(id) => id,
+            None => {
+                let Backend::Gpu(model) = &self.backend else { unreachable!("selected on the GPU") };
+                model.read_logits(0, &mut self.logits).await?;
+                sampler.sample(&mut self.logits)
+            }
         };
         // Never hand out an id past the vocabulary (a broken kernel or a logits buffer that does
         // not match the vocabulary).
@@ -764,7 +751,8 @@ pub(crate) fn token_candidates(
         .collect()
 }
 
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+/// How many tokens `a` and `b` start with in common.
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

@@ -120,13 +120,21 @@ impl KvPool {
     /// Blocks `reserve(seq, len)` would take from the free list: the blocks appended, and a
     /// shared last block copied before it is written (0 for an unknown sequence).
     pub fn blocks_to_reserve(&self, seq: SeqId, len: usize) -> usize {
-        let Some(slot) = self.live(seq) else { return 0 };
+        self.live(seq).map_or(0, |slot| {
+            let (add, cow) = self.growth(slot, len);
+            add + usize::from(cow)
+        })
+    }
+
+    /// What `reserve(seq, len)` does to `slot`: the blocks it appends, and whether its last
+    /// block holds old positions, will take new ones and is shared (so is copied first).
+    fn growth(&self, slot: &Slot, len: usize) -> (usize, bool) {
         let bt = self.block_tokens;
         if len <= slot.len {
-            return 0;
+            return (0, false);
         }
         let cow = slot.len % bt != 0 && self.refcount[slot.table[slot.len / bt] as usize] > 1;
-        len.div_ceil(bt) - slot.table.len() + usize::from(cow)
+        (len.div_ceil(bt) - slot.table.len(), cow)
     }
 
     /// Makes positions 0..len of `seq` writable from its current length on: appends free blocks
@@ -150,9 +158,7 @@ impl KvPool {
         if len <= old_len {
             return Ok(false);
         }
-        let add = len.div_ceil(bt) - slot.table.len();
-        // The last block holds old positions and will take new ones: copy it if others read it.
-        let cow = old_len % bt != 0 && self.refcount[slot.table[old_len / bt] as usize] > 1;
+        let (add, cow) = self.growth(slot, len);
         let needed = add + usize::from(cow);
         if needed > self.free.len() {
             return Err(Error::KvPoolFull {

@@ -152,6 +152,11 @@ impl Sampler {
         })
     }
 
+    /// The vocabulary it draws from.
+    pub fn vocab_size(&self) -> usize {
+        self.counts.len()
+    }
+
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }

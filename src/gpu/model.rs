@@ -5,7 +5,7 @@
 //! uniform (a decode step copies it from a table made at load) and the token ids, encodes the
 //! recorded dispatches in one compute pass, submits once, and reads back 4 bytes (greedy), the
 //! largest logits (sampling on the GPU's selection) or all of them; a batcher round
-//! (`run_round`) encodes its prefill chunks and its decode step in one submission.
+//! (`submit_round`) encodes its prefill chunks and its decode step in one submission.
 
 use super::kernels::{
     self, BatchLayout, Dispatch, Epilogue, GemvBatch, Ledger, NormOut, Params, QkvExtras, RopeKvFold, KV_BLOCK,
@@ -20,7 +20,7 @@ use crate::gguf::{ByteSource, Gguf, TensorInfo};
 use crate::kv_pool::{KvPool, SeqId};
 use crate::model::reference::AttentionKind;
 use crate::model::ModelConfig;
-use crate::sampling::Tail;
+use crate::sampling::{Sampler, Tail};
 
 /// The named tensors' infos and bytes, read one after another from the source.
 async fn fetch<'g>(
@@ -46,7 +46,7 @@ pub const MAX_SEQS: usize = 2 * MAX_BATCH + 1;
 /// Batch rows per pass over the weights in a batched decode step (gemv.wgsl's MB).
 const BATCH_MB: u32 = 8;
 
-/// Passes one round (`GpuModel::run_round`) holds at most: prefill chunks and the decode step.
+/// Passes one round (`GpuModel::submit_round`) holds at most: prefill chunks and the decode step.
 pub const ROUND_PASSES: usize = 8;
 
 /// Words of a pass's region of the uploads buffer: its tokens, its rows' (position, table)
@@ -138,7 +138,7 @@ struct Buffers {
     /// Two, used in turn: pipelined greedy steps read one while the next step fills the other.
     staging_argmax: [wgpu::Buffer; 2],
     staging_logits: wgpu::Buffer,
-    /// `run_round`'s passes' inputs, a region each (`UPLOAD_WORDS`), copied into place between
+    /// `submit_round`'s passes' inputs, a region each (`UPLOAD_WORDS`), copied into place between
     /// the passes.
     uploads: wgpu::Buffer,
     /// Top-k selection, per batch row: (k, temperature bits), the selection's words
@@ -191,8 +191,6 @@ pub enum BatchReadback<'a> {
     Argmax(&'a mut [u32]),
     /// Each row's logits, row after row (rows * vocab).
     Logits(&'a mut [f32]),
-    /// Each row what its sampler needs (`RowsReadback`).
-    Rows(RowsReadback<'a>),
 }
 
 /// What one row of a batched decode step reads back beside its argmax.
@@ -207,7 +205,49 @@ pub enum RowReadback {
     Logits,
 }
 
-/// `BatchReadback::Rows`: every row's argmax into `ids` (u32::MAX flags non-finite logits, and
+impl RowReadback {
+    /// What choosing a token with `sampler` needs read back of its row: the argmax (greedy), a
+    /// selection on the GPU (top-k alone, up to `MAX_TOP_K`; top-p/min-p without top-k: the
+    /// `NUCLEUS_K` largest and the tail), else the whole row (penalties, a larger top-k, and
+    /// every sampled row off the GPU).
+    pub fn for_sampler(sampler: &Sampler, on_gpu: bool) -> Self {
+        if !sampler.needs_logits() {
+            Self::Argmax
+        } else if !on_gpu {
+            Self::Logits
+        } else if let Some(k) = sampler.top_k_only().filter(|&k| k <= kernels::MAX_TOP_K) {
+            Self::Select { k, tail: None }
+        } else if sampler.nucleus_only() {
+            Self::Select { k: kernels::NUCLEUS_K, tail: Some(sampler.params().temperature) }
+        } else {
+            Self::Logits
+        }
+    }
+
+    /// The token `sampler` draws from what its row read back: the argmax, the selection (`top`,
+    /// `tail`) or the logits (which it changes); None when a top-p/min-p selection cannot place
+    /// the cut (then read the row's logits and draw from them).
+    pub fn choose(
+        self,
+        sampler: &mut Sampler,
+        argmax: u32,
+        top: &[(u32, f32)],
+        tail: Tail,
+        logits: &mut [f32],
+    ) -> Option<u32> {
+        match self {
+            Self::Argmax => Some(argmax),
+            Self::Select { tail: None, .. } => Some(sampler.sample_top_k(top)),
+            Self::Select { tail: Some(_), .. } => {
+                let vocab = sampler.vocab_size();
+                sampler.sample_nucleus(top, vocab, tail)
+            }
+            Self::Logits => Some(sampler.sample(logits)),
+        }
+    }
+}
+
+/// What a batcher round reads back (`GpuModel::read_round`): every row's argmax into `ids` (u32::MAX flags non-finite logits, and
 /// is not an error here: that row's request fails, not the step); a `Select` row's pairs (in no
 /// order) into `top[row]` and its tail into `tails[row]`; a `Logits` row's logits into
 /// `logits[row * vocab..]`. The slices have a row's room for each of the step's rows.
@@ -841,7 +881,7 @@ impl GpuModel {
         Ok(())
     }
 
-    /// One pass of a round (`run_round`), pass `k` of it: its tokens, its rows' (position,
+    /// One pass of a round (`submit_round`), pass `k` of it: its tokens, its rows' (position,
     /// table) words and its params go into the k-th region of the uploads buffer and are copied
     /// into place in `enc` just before the pass, so that every pass of the round sees its own.
     fn upload_pass(&mut self, enc: &mut wgpu::CommandEncoder, k: usize, tokens: &[u32], params: Params) {
@@ -860,23 +900,12 @@ impl GpuModel {
         self.params_now = Params::default();
     }
 
-    /// A round of the batcher as one submission: each of `prefills` (sequence, tokens, first
-    /// position; at most PREFILL_CHUNK tokens) as a prefill pass that reads nothing back, then
-    /// the decode `rows` as one pass that reads back each row what `readback` asks. Every
-    /// pass's inputs are uploaded into regions of their own and copied into place between
-    /// the passes (`upload_pass`), so the GPU runs them back to back and the host waits once.
-    pub async fn run_round(
-        &mut self,
-        prefills: &[(SeqId, &[u32], usize)],
-        rows: &[(SeqId, u32, usize)],
-        readback: RowsReadback<'_>,
-    ) -> Result<()> {
-        let flight = self.submit_round(prefills, rows, readback.want, false)?;
-        self.read_round(flight, readback).await
-    }
-
-    /// `run_round`'s submission, not waited for: read it with `read_round` (the same `want`).
-    /// `chained`: the decode rows' tokens are the argmax of the same rows of the round
+    /// A round of the batcher as one submission, not waited for (read it with `read_round`,
+    /// the same `want`): each of `prefills` (sequence, tokens, first position; at most
+    /// PREFILL_CHUNK tokens) as a prefill pass that reads nothing back, then the decode `rows`
+    /// as one pass whose rows read back what `want` says. Every pass's inputs are uploaded
+    /// into regions of their own and copied into place between the passes (`upload_pass`), so
+    /// the GPU runs them back to back and the host waits once. `chained`: the decode rows' tokens are the argmax of the same rows of the round
     /// submitted before (kept on the GPU), not `rows[i].1`, so that greedy round n + 1 can be
     /// submitted before round n's ids are read. A round whose rows all read their argmax alone
     /// reads it from one of two staging slots, in turn, so that two can be in flight.
@@ -1174,13 +1203,11 @@ impl GpuModel {
             BatchReadback::Logits(_) => {
                 enc.copy_buffer_to_buffer(&self.buf.logits, 0, &self.buf.staging_logits, 0, logits_bytes)
             }
-            BatchReadback::Rows(r) => self.encode_rows(&mut enc, r.want)?,
         }
         let b = &self.buf;
         self.gpu.submit(enc);
         self.count_host_time(host);
         match readback {
-            BatchReadback::Rows(r) => self.read_rows(r).await?,
             BatchReadback::Argmax(out) => {
                 self.gpu
                     .read_mapped(&b.staging_argmax[0], argmax_bytes, |bytes| {
@@ -1203,7 +1230,7 @@ impl GpuModel {
         Ok(())
     }
 
-    /// `BatchReadback::Rows`' work after a decode step's pass: the selection for the rows that
+    /// A round's readback work after its decode pass (rows that read more than their argmax): the selection for the rows that
     /// want one (their k and temperatures written first), then the copies of what each row
     /// reads, one after another in the staging buffers (so that only those bytes are mapped).
     fn encode_rows(&mut self, enc: &mut wgpu::CommandEncoder, want: &[RowReadback]) -> Result<()> {
