@@ -34,7 +34,7 @@ use crate::engine::{
     TokenCandidate, TokenEvent, TokenLogprob, TokenSpeculation,
 };
 use crate::error::{Error, Result};
-use crate::gpu::{RoundFlight, RowReadback, RowsReadback, PREFILL_CHUNK, ROUND_PASSES};
+use crate::gpu::{Readback, RoundFlight, RowReadback, RowsReadback, PREFILL_CHUNK, ROUND_PASSES};
 use crate::kv_pool::SeqId;
 use crate::model::{CpuKvCache, Logits};
 use crate::sampling::{all_finite, argmax, Sampler, Tail};
@@ -266,14 +266,16 @@ impl Batcher {
     pub fn prepare(engine: &Engine, prompt: &Prompt, options: &GenerateOptions) -> Result<Prepared> {
         options.validate()?;
         // Prompt lookup drafts on the host, from the request's own tokens; self-speculation with
-        // passes of the model's first layers in the request's own sequence: their drafts are
-        // rows of the batch's steps. A draft model has a cache of its own: it runs alone.
+        // passes of the model's first layers in the request's own sequence; a draft model in a
+        // sequence of the request's own in its pool: their drafts are rows of the batch's steps.
         match options.speculate.map(|s| s.drafter) {
-            Some(Drafter::Model) => {
+            Some(Drafter::Model) if engine.draft.is_none() => {
                 return Err(Error::InvalidOption {
                     name: "speculate",
                     value: "draft".into(),
-                    expected: "lookup or layers:L in a batch (a draft model runs alone)".into(),
+                    expected:
+                        "lookup or layers:L: no draft model is loaded (the CLI's --speculate draft:PATH loads one)"
+                            .into(),
                 })
             }
             Some(Drafter::Layers(layers)) if layers == 0 || layers >= engine.config.n_layers => {
@@ -429,8 +431,9 @@ impl Batcher {
         let i = (floor..self.requests.len())
             .rev()
             .find(|&i| self.requests[i].beam.is_none() && !self.requests[i].conversation)?;
-        let r = self.requests.remove(i);
+        let mut r = self.requests.remove(i);
         free(engine, &r.kv);
+        r.seq.free_draft(engine);
         self.preemptions += 1;
         self.preempted.push_front((r.id, r.seq));
         Some(i)
@@ -567,8 +570,8 @@ impl Batcher {
         ids
     }
 
-    /// Frees the kept sequences (before work that needs the pool's blocks outside the batch).
-    pub fn forget_prefixes(&mut self, engine: &mut Engine) {
+    /// Frees the kept sequences.
+    fn forget_prefixes(&mut self, engine: &mut Engine) {
         for k in self.kept.drain(..) {
             free(engine, &SeqKv::Gpu(k.seq));
         }
@@ -584,6 +587,7 @@ impl Batcher {
     /// `keep`: false when it failed (nothing it wrote is kept).
     fn retire(&mut self, engine: &mut Engine, mut r: Request, keep: bool) {
         free_beams(engine, &mut r);
+        r.seq.free_draft(engine);
         let written = if keep { r.computed } else { 0 };
         if r.conversation {
             r.seq.tokens.truncate(written);
@@ -693,7 +697,15 @@ impl Batcher {
                                     continue;
                                 }
                             }
-                            _ => {
+                            Drafter::Model => {
+                                spec.context.clear();
+                                spec.context.extend_from_slice(&r.seq.tokens);
+                                spec.context.push(next);
+                                let draft = engine.draft.as_deref_mut().expect("refused at prepare without one");
+                                spec.model.draft(draft, &spec.context, k, vocab, &mut spec.draft).await?;
+                                spec.stats.draft_passes += spec.draft.len();
+                            }
+                            Drafter::Lookup => {
                                 spec.context.clear();
                                 spec.context.extend_from_slice(&r.seq.tokens);
                                 spec.context.push(next);
@@ -1045,8 +1057,9 @@ impl Batcher {
     }
 
     /// Each speculating request with rows this round checks its drafts against its rows'
-    /// logits (`Engine::speculative_step`'s rules: greedy keeps a draft while it is the model's
-    /// argmax; sampling keeps it with probability p(draft), else draws from p without it), keeps
+    /// logits (greedy keeps a draft while it is the model's argmax; sampling keeps it with
+    /// probability p(draft), else draws from p without it: speculative sampling's rule for a
+    /// deterministic drafter, so each token is distributed as plain sampling's), keeps
     /// its token and the accepted drafts in the cache, and emits them and the token chosen
     /// after them.
     fn advance_speculation(
@@ -1272,16 +1285,13 @@ impl Engine {
     /// through) in the engine's conversation: its KV cache keeps the conversation, so a prompt
     /// that extends the previous one only runs its new tokens. Speculation by prompt lookup or
     /// the model's first layers runs in the batch too (its drafts are rows of the request's
-    /// steps); a separate draft model takes `generate_speculative`.
+    /// steps), and so does a separate draft model (in a sequence of its own in its pool).
     pub async fn generate(
         &mut self,
         prompt: &Prompt,
         options: &GenerateOptions,
         on_token: &mut dyn FnMut(&TokenEvent) -> bool,
     ) -> Result<Stats> {
-        if options.speculate.is_some_and(|s| s.drafter == Drafter::Model) {
-            return self.generate_speculative(prompt, options, on_token).await;
-        }
         let p = Batcher::prepare(self, prompt, options)?;
         // At least the last prompt token is run, to get the logits that pick the first one.
         let reuse = common_prefix(&p.tokens, &self.cached).min(p.tokens.len() - 1);
@@ -1424,8 +1434,125 @@ struct SpecState {
     stats: SpeculationStats,
     /// This round's drafts, checked by the rows after the request's own.
     draft: Vec<u32>,
-    /// The tokens the drafts are looked up in (reused).
+    /// The tokens the drafts follow (reused).
     context: Vec<u32>,
+    /// With a draft model: the request's sequence in its pool.
+    model: ModelDraft,
+}
+
+/// One pass of a draft model over `tokens` at `start` in sequence `kv` (cut to `start` first):
+/// the last position's argmax.
+async fn draft_pass(backend: &mut Backend, kv: &mut SeqKv, tokens: &[u32], start: usize, kv_dim: usize) -> Result<u32> {
+    match (backend, kv) {
+        (Backend::Gpu(model), &mut SeqKv::Gpu(seq)) => {
+            model.truncate_sequence(seq, start);
+            let mut id = 0;
+            let chunks = tokens.chunks(PREFILL_CHUNK).count();
+            for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+                let readback = if i + 1 == chunks { Readback::Argmax } else { Readback::None };
+                id = model.step_in(seq, chunk, start + i * PREFILL_CHUNK, readback).await?.unwrap_or(0);
+            }
+            Ok(id)
+        }
+        (Backend::Cpu { model, .. }, SeqKv::Cpu(cache)) => {
+            cache.truncate(start, kv_dim);
+            let logits = model.forward(cache, tokens, Logits::Last)?;
+            if !all_finite(&logits) {
+                return Err(Error::NonFiniteLogits { position: start + tokens.len() });
+            }
+            Ok(argmax(&logits))
+        }
+        _ => unreachable!("a draft sequence is on its draft model's backend"),
+    }
+}
+
+/// A request's sequence in the draft model's pool (`Drafter::Model`), made at its first draft
+/// and freed when the request leaves the batch (or is preempted).
+#[derive(Default)]
+struct ModelDraft {
+    kv: Option<SeqKv>,
+    /// The tokens whose keys and values `kv` holds.
+    tokens: Vec<u32>,
+}
+
+impl ModelDraft {
+    /// Up to `k` greedy drafts after `context` into `out`: the draft model runs the context
+    /// past what its sequence shares with it (the tokens accepted since its last drafts), then
+    /// a decode step a draft. Where the draft model has no room (no sequence or block left, its
+    /// context full) or its logits are not finite, it drafts fewer or none: the request checks
+    /// what there is, its tokens unchanged. An id past the model's vocabulary ends the drafts.
+    async fn draft(
+        &mut self,
+        draft: &mut Engine,
+        context: &[u32],
+        k: usize,
+        vocab: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        out.clear();
+        let k = k.min(draft.context_length().saturating_sub(context.len()));
+        if k == 0 {
+            return Ok(());
+        }
+        match self.run(draft, context, k, vocab, out).await {
+            Ok(()) => Ok(()),
+            Err(
+                Error::KvPoolFull { .. }
+                | Error::TooManySequences { .. }
+                | Error::ContextOverflow { .. }
+                | Error::NonFiniteLogits { .. },
+            ) => {
+                // Its sequence may hold part of a pass: it starts over at the next drafts.
+                self.free(draft);
+                out.clear();
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn run(
+        &mut self,
+        draft: &mut Engine,
+        context: &[u32],
+        k: usize,
+        vocab: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        let kv_dim = draft.config.kv_dim();
+        if self.kv.is_none() {
+            self.tokens.clear();
+            self.kv = Some(match &mut draft.backend {
+                Backend::Gpu(model) => SeqKv::Gpu(model.new_sequence()?),
+                Backend::Cpu { model, .. } => SeqKv::Cpu(Box::new(model.new_cache())),
+            });
+        }
+        let reuse = common_prefix(&self.tokens, context).min(context.len() - 1);
+        self.tokens.truncate(reuse);
+        let kv = self.kv.as_mut().expect("made above");
+        let mut prev = draft_pass(&mut draft.backend, kv, &context[reuse..], reuse, kv_dim).await?;
+        self.tokens.extend_from_slice(&context[reuse..]);
+        for i in 0..k {
+            if prev as usize >= vocab {
+                break;
+            }
+            out.push(prev);
+            if i + 1 < k {
+                let at = self.tokens.len();
+                prev = draft_pass(&mut draft.backend, kv, &[prev], at, kv_dim).await?;
+                self.tokens.push(out[i]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees the sequence (the request leaves, is preempted, or the sequence is in doubt).
+    fn free(&mut self, draft: &mut Engine) {
+        if let (Some(SeqKv::Gpu(seq)), Some(m)) = (self.kv.take(), draft.gpu_model_mut()) {
+            m.free_sequence(seq);
+        }
+        self.tokens.clear();
+    }
 }
 
 /// One request's generation state: what `Engine::generate` keeps in locals.
@@ -1471,6 +1598,7 @@ impl BatchSeq {
                 stats: SpeculationStats::default(),
                 draft: Vec::new(),
                 context: Vec::new(),
+                model: ModelDraft::default(),
             }),
             origin: None,
             beams: p.beams,
@@ -1487,6 +1615,13 @@ impl BatchSeq {
             start: now,
             ttft: 0.0,
             decode_start: now,
+        }
+    }
+
+    /// Frees its sequence in the draft model's pool, if it has one.
+    fn free_draft(&mut self, engine: &mut Engine) {
+        if let (Some(spec), Some(draft)) = (&mut self.spec, engine.draft.as_deref_mut()) {
+            spec.model.free(draft);
         }
     }
 

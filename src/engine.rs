@@ -1,22 +1,17 @@
 //! The engine: load a GGUF model (on the GPU or the CPU reference), its tokenizer and chat
 //! template, and the conversation's KV cache. Generation runs in the batch runtime
 //! (`batcher.rs`: `Engine::generate`, `generate_batch`, `beam_search` are batches of one or
-//! more requests); speculative decoding still has its own loop here (`generate_speculative`).
+//! more requests, speculation and beams included).
 //! Async, so the same code serves native callers and the browser.
 
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::ByteSource;
-use crate::gpu::kernels::MAX_TOP_K;
-use crate::gpu::{
-    BatchReadback, CounterSnapshot, Gpu, GpuModel, GpuOptions, KvStore, Readback, RowReadback, Selection,
-};
-use crate::kv_pool::SeqId;
-use crate::model::{CpuKvCache, CpuModel, Logits, ModelConfig};
-use crate::sampling::{all_finite, argmax, Candidate, Sampler, SamplingParams, Tail};
-use crate::speculate::{self, Drafter, Speculation, SpeculationStats};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
-use web_time::Instant;
+use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, KvStore};
+use crate::model::{CpuKvCache, CpuModel, ModelConfig};
+use crate::sampling::{Candidate, Sampler, SamplingParams};
+use crate::speculate::{Speculation, SpeculationStats};
+use crate::tokenizer::Tokenizer;
 
 pub use crate::arch::DEFAULT_CONTEXT;
 pub use crate::gpu::PREFILL_CHUNK;
@@ -200,14 +195,9 @@ pub struct Engine {
     pub(crate) backend: Backend,
     /// Tokens whose keys and values are in the KV cache, in order.
     pub(crate) cached: Vec<u32>,
-    logits: Vec<f32>,
-    /// The largest logits a top-k sampler draws from (GPU selection), reused every token.
-    top: Vec<(u32, f32)>,
-    /// What a top-p/min-p selection says of the logits it did not select.
-    tail: Tail,
-    /// A separate draft model for speculative decoding (`Drafter::Model`), with the greedy
-    /// sampler it drafts with.
-    draft: Option<(Box<Engine>, Sampler)>,
+    /// A separate draft model for speculative decoding (`Drafter::Model`): each request that
+    /// drafts with it has a sequence of its own in its pool (the batcher's `ModelDraft`).
+    pub(crate) draft: Option<Box<Engine>>,
 }
 
 impl Engine {
@@ -251,18 +241,7 @@ impl Engine {
                 Backend::Gpu(Box::new(GpuModel::load(gpu, &gguf, source, context_length, progress).await?))
             }
         };
-        Ok(Self {
-            logits: vec![0.0; config.vocab_size],
-            top: Vec::with_capacity(MAX_TOP_K),
-            tail: Tail::default(),
-            config,
-            tokenizer,
-            chat_template,
-            context_length,
-            backend,
-            cached: Vec::new(),
-            draft: None,
-        })
+        Ok(Self { config, tokenizer, chat_template, context_length, backend, cached: Vec::new(), draft: None })
     }
 
     /// Attaches `draft` as this engine's draft model (`Drafter::Model`): a smaller model with
@@ -290,8 +269,7 @@ impl Engine {
                 show(ours.token_str(id))
             )));
         }
-        let sampler = Sampler::new(SamplingParams::greedy(), draft.config.vocab_size)?;
-        self.draft = Some((Box::new(draft), sampler));
+        self.draft = Some(Box::new(draft));
         Ok(())
     }
 
@@ -331,10 +309,6 @@ impl Engine {
         }
     }
 
-    fn gpu_counters(&self) -> Option<CounterSnapshot> {
-        self.gpu_model().map(|m| m.gpu.counters())
-    }
-
     /// Tokens of a prompt as the model will see them.
     pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
         let text = match prompt {
@@ -370,349 +344,6 @@ impl Engine {
             });
         }
         Ok(tokens)
-    }
-
-    /// `generate` with speculative decoding: draft tokens cheaply, check them in one pass (greedy
-    /// output and the sampling distribution unchanged), in the engine's conversation.
-    pub(crate) async fn generate_speculative(
-        &mut self,
-        prompt: &Prompt,
-        options: &GenerateOptions,
-        on_token: &mut dyn FnMut(&TokenEvent) -> bool,
-    ) -> Result<Stats> {
-        options.validate()?;
-        if options.speculate.is_some_and(|s| s.drafter == Drafter::Model) && self.draft.is_none() {
-            return Err(Error::InvalidOption {
-                name: "speculate",
-                value: "draft".into(),
-                expected: "lookup or layers:L: no draft model is loaded (the CLI's --speculate draft:PATH loads one)"
-                    .into(),
-            });
-        }
-        let tokens = self.checked_prompt(prompt, options.max_tokens)?;
-        let mut sampler = Sampler::new(options.sampling.clone(), self.config.vocab_size)?;
-        tokens.iter().for_each(|&id| sampler.accept(id));
-
-        let start = Instant::now();
-        // At least the last prompt token is run, to get the logits that pick the first new token.
-        let reuse = common_prefix(&self.cached, &tokens).min(tokens.len() - 1);
-        self.truncate_cache(reuse);
-        let Some(spec) = options.speculate else { unreachable!("generate runs the requests that do not speculate") };
-        let mut next = self.run(&tokens[reuse..], &mut sampler).await?;
-        let ttft = start.elapsed().as_secs_f64();
-
-        let mut stream = StreamDecoder::new();
-        let mut stops = StopMatcher::new(options.stop.clone());
-        let (mut generated, mut decode_steps) = (0, 0);
-        // Speculation: tokens already chosen (the accepted drafts, all in the cache, then the
-        // model's own token after them, not yet), emitted before anything runs again.
-        let mut pending = std::collections::VecDeque::new();
-        let mut spec_stats = SpeculationStats::default();
-        // The next token's origin with speculation: how many of the tokens to emit are accepted
-        // drafts, and the drafts the model's own token after them replaced.
-        let (mut accepted_ahead, mut rejected) = (0usize, Vec::new());
-        let mut origin = Some(TokenSpeculation { accepted: false, rejected: Vec::new() });
-        let decode_start = Instant::now();
-        let counters_start = self.gpu_counters();
-        let stop_reason = loop {
-            if !options.ignore_eos && self.tokenizer.stop_ids.contains(&next) {
-                break StopReason::Eos;
-            }
-            generated += 1;
-            let last = generated >= options.max_tokens;
-            let mut piece = stream.push(&self.tokenizer, next)?;
-            if last {
-                piece.push_str(&stream.finish(&self.tokenizer)?);
-            }
-            let (text, hit) = if last { stops.finish(&piece) } else { stops.push(&piece) };
-            let event = TokenEvent {
-                id: next,
-                text,
-                // The prompt and every token emitted so far, this one included (speculation may
-                // have cached tokens that are still to be emitted).
-                position: tokens.len() + generated,
-                candidates: Vec::new(),
-                logprob: None,
-                speculation: origin.take(),
-            };
-            if !on_token(&event) {
-                break StopReason::Aborted;
-            }
-            if hit {
-                break StopReason::StopString;
-            }
-            if last {
-                break StopReason::MaxTokens;
-            }
-            sampler.accept(next);
-            next = if let Some(t) = pending.pop_front() {
-                t
-            } else {
-                let left = options.max_tokens - generated;
-                let st = &mut spec_stats;
-                let (t, j) =
-                    self.speculative_step(next, &spec, &mut sampler, left, &mut pending, &mut rejected, st).await?;
-                accepted_ahead = j;
-                t
-            };
-            let accepted = accepted_ahead > 0;
-            accepted_ahead = accepted_ahead.saturating_sub(1);
-            let rejected = if accepted { Vec::new() } else { std::mem::take(&mut rejected) };
-            let rejected = rejected.iter().map(|&id| self.tokenizer.decode(&[id]).unwrap_or_default()).collect();
-            origin = Some(TokenSpeculation { accepted, rejected });
-            decode_steps += 1;
-        };
-        if stop_reason == StopReason::Eos {
-            // Text held back for a possible stop string or an unfinished character ends here.
-            let (tail, _) = stops.finish(&stream.finish(&self.tokenizer)?);
-            if !tail.is_empty() {
-                on_token(&TokenEvent {
-                    id: next,
-                    text: tail,
-                    position: tokens.len() + generated,
-                    candidates: Vec::new(),
-                    logprob: None,
-                    speculation: None,
-                });
-            }
-        }
-        let decode_secs = decode_start.elapsed().as_secs_f64();
-        let decode_counters = self.gpu_counters().zip(counters_start).map(|(end, start)| end - start);
-        let prefilled = tokens.len() - reuse;
-        Ok(Stats {
-            prompt_tokens: tokens.len(),
-            prefilled_tokens: prefilled,
-            generated_tokens: generated,
-            ttft_ms: ttft * 1e3,
-            prefill_tok_s: prefilled as f64 / ttft.max(1e-9),
-            decode_tok_s: decode_steps as f64 / decode_secs.max(1e-9),
-            stop_reason,
-            decode_steps,
-            decode_counters,
-            speculation: Some(spec_stats),
-        })
-    }
-
-    /// The token after `token` (not yet in the cache), with speculation: drafts up to K tokens
-    /// after it (no more than `left` - 1, the tokens still to emit after it), runs `token` and the
-    /// draft in one pass, keeps `token` and the accepted drafts in the cache, and queues the
-    /// accepted tokens and the token sampled after them in `pending`; returns the first of them
-    /// and how many are accepted drafts (the drafts after those are left in `rejected`).
-    /// Greedy: a draft is accepted when it is the model's argmax. Sampling: the drafters are
-    /// deterministic (a one-hot draft distribution), so speculative sampling's rule is: keep a
-    /// draft with probability p(draft), else draw from p without it (`Sampler::check_draft`);
-    /// each token comes out distributed as plain sampling's.
-    async fn speculative_step(
-        &mut self,
-        token: u32,
-        spec: &Speculation,
-        sampler: &mut Sampler,
-        left: usize,
-        pending: &mut std::collections::VecDeque<u32>,
-        rejected: &mut Vec<u32>,
-        stats: &mut SpeculationStats,
-    ) -> Result<(u32, usize)> {
-        let start = self.cached.len();
-        // The check pass is one decode step: at most a batch's rows.
-        let rows = match &self.backend {
-            Backend::Gpu(m) => m.max_batch(),
-            Backend::Cpu { .. } => usize::MAX,
-        };
-        let k = spec
-            .draft_tokens
-            .min(left.saturating_sub(1))
-            .min(self.context_length.saturating_sub(start + 1))
-            .min(rows.saturating_sub(1));
-        let mut tokens = Vec::with_capacity(k + 1);
-        tokens.push(token);
-        if k > 0 {
-            match spec.drafter {
-                Drafter::Lookup => {
-                    let mut context = self.cached.clone();
-                    context.push(token);
-                    let mut draft = Vec::with_capacity(k);
-                    speculate::lookup(&context, k, &mut draft);
-                    tokens.extend(draft);
-                }
-                Drafter::Layers(layers) => {
-                    let mut prev = token;
-                    for i in 0..k {
-                        prev = match &mut self.backend {
-                            Backend::Gpu(model) => model.draft_step(layers, prev, start + i).await?,
-                            Backend::Cpu { model, cache } => {
-                                let n_layers = model.config.n_layers;
-                                if layers == 0 || layers >= n_layers {
-                                    return Err(Error::InvalidOption {
-                                        name: "speculate",
-                                        value: format!("layers:{layers}"),
-                                        expected: format!("layers:L with L from 1 to {}", n_layers - 1),
-                                    });
-                                }
-                                argmax(&model.forward_layers(cache, &[prev], Logits::Last, layers)?)
-                            }
-                        };
-                        stats.draft_passes += 1;
-                        tokens.push(prev);
-                    }
-                    // The draft's partial layers leave the CPU cache's lengths uneven.
-                    if let Backend::Cpu { cache, .. } = &mut self.backend {
-                        cache.truncate(start, self.config.kv_dim());
-                    }
-                }
-                Drafter::Model => {
-                    let vocab = self.config.vocab_size;
-                    let (draft, greedy) =
-                        self.draft.as_mut().map(|d| (&mut *d.0, &mut d.1)).ok_or(Error::InvalidOption {
-                            name: "speculate",
-                            value: "draft".into(),
-                            expected: "a loaded draft model".into(),
-                        })?;
-                    // The draft's cache follows the model's: what they share is kept, the rest
-                    // (the tokens accepted since, this one) runs as one prefill, then it drafts.
-                    let mut context = Vec::with_capacity(start + 1);
-                    context.extend_from_slice(&self.cached);
-                    context.push(token);
-                    let k = k.min(draft.context_length.saturating_sub(context.len()));
-                    if k > 0 {
-                        let reuse = common_prefix(&draft.cached, &context).min(context.len() - 1);
-                        draft.truncate_cache(reuse);
-                        let mut prev = draft.run(&context[reuse..], greedy).await?;
-                        for i in 0..k {
-                            // An id past this model's vocabulary (a draft with more rows) ends it.
-                            if prev as usize >= vocab {
-                                break;
-                            }
-                            tokens.push(prev);
-                            stats.draft_passes += 1;
-                            if i + 1 < k {
-                                prev = draft.run(&[prev], greedy).await?;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        stats.passes += 1;
-        rejected.clear();
-        if tokens.len() == 1 {
-            return Ok((self.run(&[token], sampler).await?, 0));
-        }
-        let draft = &tokens[1..];
-        let vocab = self.config.vocab_size;
-        // Plain greedy needs each position's argmax alone; a sampler every position's logits.
-        let want_logits = sampler.needs_logits();
-        let mut verified = vec![0u32; tokens.len()];
-        let mut logits = if want_logits { vec![0f32; tokens.len() * vocab] } else { Vec::new() };
-        match &mut self.backend {
-            Backend::Gpu(model) => {
-                let seq = model.main_sequence();
-                let rows: Vec<(SeqId, u32, usize)> =
-                    tokens.iter().enumerate().map(|(i, &t)| (seq, t, start + i)).collect();
-                let readback =
-                    if want_logits { BatchReadback::Logits(&mut logits) } else { BatchReadback::Argmax(&mut verified) };
-                model.decode_batch(&rows, readback).await?;
-            }
-            Backend::Cpu { model, cache } => {
-                let all = model.forward(cache, &tokens, Logits::All)?;
-                if want_logits {
-                    logits = all;
-                } else {
-                    for (v, row) in verified.iter_mut().zip(all.chunks_exact(vocab)) {
-                        *v = argmax(row);
-                    }
-                }
-            }
-        }
-        let (mut j, mut chosen) = (0, 0);
-        for (i, row) in logits.chunks_exact_mut(vocab).enumerate() {
-            // Only the rows a choice is made from (plain sampling would never see the others).
-            if !all_finite(row) {
-                return Err(Error::NonFiniteLogits { position: start + i + 1 });
-            }
-            let Some(&d) = draft.get(i) else {
-                chosen = sampler.sample(row);
-                break;
-            };
-            let (id, kept) = sampler.check_draft(row, d);
-            if !kept {
-                chosen = id;
-                break;
-            }
-            // Counted for the penalties of the positions after it; undone below.
-            sampler.accept(d);
-            j += 1;
-        }
-        draft[..j].iter().for_each(|&d| sampler.forget(d));
-        if !want_logits {
-            j = speculate::accepted(draft, &verified);
-            chosen = verified[j];
-        }
-        if chosen as usize >= vocab {
-            return Err(Error::TokenOutOfRange { id: chosen, vocab_size: vocab });
-        }
-        stats.drafted += draft.len();
-        stats.accepted += j;
-        // `token` and the accepted drafts stay in the cache; the rejected ones go.
-        self.cached.extend_from_slice(&tokens[..1 + j]);
-        let keep = self.cached.len();
-        self.truncate_cache(keep);
-        pending.extend(&draft[..j]);
-        pending.push_back(chosen);
-        rejected.extend_from_slice(&draft[j..]);
-        Ok((pending.pop_front().expect("one token at least"), j))
-    }
-
-    /// Runs tokens after the cached ones and samples the next token. Reads back only what the
-    /// sampler needs: the argmax for plain greedy decoding, else the logits.
-    async fn run(&mut self, tokens: &[u32], sampler: &mut Sampler) -> Result<u32> {
-        // What the sampler needs read back: the argmax, the GPU's selection of the largest
-        // logits (top-k; top-p/min-p with the tail), or every logit (`RowReadback::for_sampler`).
-        let want = RowReadback::for_sampler(sampler, matches!(self.backend, Backend::Gpu(_)));
-        let argmax_id = match &mut self.backend {
-            Backend::Cpu { model, cache } => {
-                self.logits = model.forward(cache, tokens, Logits::Last)?;
-                argmax(&self.logits)
-            }
-            Backend::Gpu(model) => {
-                let mut start = self.cached.len();
-                let chunks = tokens.chunks(PREFILL_CHUNK).count();
-                let mut id = None;
-                for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
-                    let readback = match want {
-                        _ if i + 1 < chunks => Readback::None,
-                        RowReadback::Argmax => Readback::Argmax,
-                        RowReadback::Select { k, tail } => {
-                            Readback::TopK(Selection { k, out: &mut self.top, tail: tail.map(|t| (t, &mut self.tail)) })
-                        }
-                        RowReadback::Logits => Readback::Logits(&mut self.logits),
-                    };
-                    id = model.step(chunk, start, readback).await?;
-                    start += chunk.len();
-                }
-                id.unwrap_or(0)
-            }
-        };
-        self.cached.extend_from_slice(tokens);
-        // The logits on the host (the CPU's, or read back to sample): NaN or infinity in them is
-        // an error, never a token. The GPU's argmax flags them itself.
-        let host_logits = want == RowReadback::Logits || matches!(self.backend, Backend::Cpu { .. });
-        if host_logits && !all_finite(&self.logits) {
-            return Err(Error::NonFiniteLogits { position: self.cached.len() });
-        }
-        let id = match want.choose(sampler, argmax_id, &self.top, self.tail, &mut self.logits) {
-            Some(id) => id,
-            None => {
-                let Backend::Gpu(model) = &self.backend else { unreachable!("selected on the GPU") };
-                model.read_logits(0, &mut self.logits).await?;
-                sampler.sample(&mut self.logits)
-            }
-        };
-        // Never hand out an id past the vocabulary (a broken kernel or a logits buffer that does
-        // not match the vocabulary).
-        if id as usize >= self.config.vocab_size {
-            return Err(Error::TokenOutOfRange { id, vocab_size: self.config.vocab_size });
-        }
-        Ok(id)
     }
 
     /// Forgets the conversation: its KV blocks go back to the pool (the next prompt runs whole).

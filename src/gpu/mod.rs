@@ -8,6 +8,5 @@ pub mod weights;
 
 pub use device::{CounterSnapshot, Gpu, GpuOptions, KernelStyle, KvStore, FORCE_F32_ENV};
 pub use model::{
-    BatchReadback, GpuModel, InFlight, Readback, RoundFlight, RowReadback, RowsReadback, Selection, MAX_SEQS,
-    PREFILL_CHUNK, ROUND_PASSES,
+    GpuModel, InFlight, Readback, RoundFlight, RowReadback, RowsReadback, MAX_SEQS, PREFILL_CHUNK, ROUND_PASSES,
 };

@@ -62,19 +62,6 @@ pub enum Readback<'a> {
     Argmax,
     /// The last position's logits, into the given slice (vocab values).
     Logits(&'a mut [f32]),
-    /// The last position's largest logits selected on the GPU: what a top-k sampler needs, 8
-    /// bytes a candidate; with `tail`, also what a top-p/min-p sampler needs of the rest.
-    TopK(Selection<'a>),
-}
-
-/// `Readback::TopK`: the `k` largest logits (at most `kernels::MAX_TOP_K`) into `out` as (id,
-/// logit) pairs in no order; with `tail` = (temperature, where to put it), the `sampling::Tail`
-/// of the logits not selected.
-#[derive(Debug, PartialEq)]
-pub struct Selection<'a> {
-    pub k: usize,
-    pub out: &'a mut Vec<(u32, f32)>,
-    pub tail: Option<(f32, &'a mut Tail)>,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -185,21 +172,13 @@ pub struct Profile {
     pub gpu_clock: bool,
 }
 
-/// What a batched decode step reads back (`GpuModel::decode_batch`).
-pub enum BatchReadback<'a> {
-    /// Each row's argmax.
-    Argmax(&'a mut [u32]),
-    /// Each row's logits, row after row (rows * vocab).
-    Logits(&'a mut [f32]),
-}
-
 /// What one row of a batched decode step reads back beside its argmax.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RowReadback {
     /// The argmax alone (4 bytes: greedy decoding).
     Argmax,
     /// The `k` largest logits (at most `kernels::MAX_TOP_K`), 8 bytes each; with a temperature,
-    /// also what a top-p/min-p sampler needs of the rest (8 bytes; see `Readback::TopK`).
+    /// also what a top-p/min-p sampler needs of the rest (8 bytes; see `RowReadback::Select`).
     Select { k: usize, tail: Option<f32> },
     /// The whole row of logits (a sampler with penalties, candidates or log-probabilities).
     Logits,
@@ -1134,14 +1113,9 @@ impl GpuModel {
         self.mark_dirty(seq);
     }
 
-    /// Self-speculation's draft: the decode step of `token` at `pos` of the conversation through
+    /// Self-speculation's draft: the decode step of `token` at `pos` of sequence `seq` through
     /// the first `layers` layers, then the final norm and the LM head; the argmax. It writes those
     /// layers' keys and values at `pos`, as the whole model would for the same token.
-    pub async fn draft_step(&mut self, layers: usize, token: u32, pos: usize) -> Result<u32> {
-        self.draft_step_in(self.main, layers, token, pos).await
-    }
-
-    /// `draft_step` in sequence `seq`.
     pub async fn draft_step_in(&mut self, seq: SeqId, layers: usize, token: u32, pos: usize) -> Result<u32> {
         let n_layers = self.layers.len();
         if layers == 0 || layers >= n_layers {
@@ -1169,65 +1143,6 @@ impl GpuModel {
             return Err(Error::NonFiniteLogits { position: pos + 1 });
         }
         Ok(id)
-    }
-
-    /// One decode step for several sequences at once: row i runs token `rows[i].1` at position
-    /// `rows[i].2` of sequence `rows[i].0` (each sequence at most once). The projections read
-    /// each weight once for up to MB rows; attention reads each row's own blocks.
-    pub async fn decode_batch(&mut self, rows: &[(SeqId, u32, usize)], readback: BatchReadback<'_>) -> Result<()> {
-        let n = rows.len();
-        if n == 0 || n > self.max_batch {
-            return Err(Error::InvalidOption {
-                name: "batch",
-                value: n.to_string(),
-                expected: format!("from 1 to {} sequences per decode step on this GPU", self.max_batch),
-            });
-        }
-        self.gpu.check()?;
-        let host = HostClock::now();
-        self.row_words.clear();
-        self.row_words.extend(rows.iter().map(|r| r.1));
-        self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(&self.row_words));
-        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batch") });
-        self.prepare(&mut enc, rows.iter().map(|r| (r.0, r.2)), Params::new(n, n))?;
-        if n > 1 && self.decode_batch.is_none() {
-            self.decode_batch = Some(self.record(Pass::Decode { mb: BATCH_MB, layers: self.layers.len() }));
-        }
-        let ops = if n == 1 { &self.decode } else { self.decode_batch.as_ref().expect("recorded above") };
-        Self::encode_ops(&mut enc, ops, n);
-        let (argmax_bytes, logits_bytes) = (4 * n as u64, (n * self.config.vocab_size * 4) as u64);
-        match &readback {
-            BatchReadback::Argmax(_) => {
-                enc.copy_buffer_to_buffer(&self.buf.argmax, 0, &self.buf.staging_argmax[0], 0, argmax_bytes)
-            }
-            BatchReadback::Logits(_) => {
-                enc.copy_buffer_to_buffer(&self.buf.logits, 0, &self.buf.staging_logits, 0, logits_bytes)
-            }
-        }
-        let b = &self.buf;
-        self.gpu.submit(enc);
-        self.count_host_time(host);
-        match readback {
-            BatchReadback::Argmax(out) => {
-                self.gpu
-                    .read_mapped(&b.staging_argmax[0], argmax_bytes, |bytes| {
-                        out[..n].copy_from_slice(bytemuck::cast_slice(bytes))
-                    })
-                    .await?;
-                // The argmax kernel flags NaN or infinite logits with u32::MAX.
-                if let Some(i) = out[..n].iter().position(|&id| id == u32::MAX) {
-                    return Err(Error::NonFiniteLogits { position: rows[i].2 + 1 });
-                }
-            }
-            BatchReadback::Logits(out) => {
-                self.gpu
-                    .read_mapped(&b.staging_logits, logits_bytes, |bytes| {
-                        out[..n * self.config.vocab_size].copy_from_slice(bytemuck::cast_slice(bytes))
-                    })
-                    .await?;
-            }
-        }
-        Ok(())
     }
 
     /// A round's readback work after its decode pass (rows that read more than their argmax): the selection for the rows that
@@ -1348,16 +1263,6 @@ impl GpuModel {
         self.gpu.check()?;
         let host = HostClock::now();
         self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(tokens));
-        let top_k = match &readback {
-            Readback::TopK(sel) => sel.k.clamp(1, kernels::MAX_TOP_K.min(self.config.vocab_size)),
-            _ => 0,
-        };
-        if let Readback::TopK(sel) = &readback {
-            let temperature = sel.tail.as_ref().map_or(0.0, |t| t.0);
-            debug_assert!(sel.tail.is_none() || temperature > 0.0, "a tail needs a temperature");
-            let want = [top_k as u32, temperature.to_bits()];
-            self.gpu.queue.write_buffer(&self.buf.top_k_want, 0, bytemuck::cast_slice(&want));
-        }
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         self.prepare(&mut enc, (start..start + n).map(|p| (seq, p)), Params::new(n, 1))?;
         Self::encode_ops(&mut enc, if n == 1 { &self.decode } else { &self.prefill }, n);
@@ -1368,13 +1273,6 @@ impl GpuModel {
             Readback::None => {}
             Readback::Argmax => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4),
             Readback::Logits(_) => enc.copy_buffer_to_buffer(&b.logits, 0, &b.staging_logits, 0, logits_bytes),
-            Readback::TopK(sel) => {
-                Self::encode_ops(&mut enc, self.select.as_slice(), 1);
-                let tail = sel.tail.is_some();
-                enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_top_k, 0, 4);
-                let (from, len) = (selection_offset(tail), selection_bytes(top_k, tail));
-                enc.copy_buffer_to_buffer(&b.top_k_out, from, &b.staging_top_k, 4, len);
-            }
         }
         let submission = self.gpu.submit(enc);
         if n == 1 {
@@ -1385,21 +1283,6 @@ impl GpuModel {
             Readback::Argmax => {
                 let flight = InFlight { slot, submission, position: start + n };
                 self.read_greedy(flight).await.map(Some)
-            }
-            Readback::TopK(sel) => {
-                let len = 4 + selection_bytes(top_k, sel.tail.is_some());
-                let finite = self
-                    .gpu
-                    .read_mapped(&b.staging_top_k, len, |bytes| {
-                        read_selection(&bytes[4..], top_k, sel.tail.map(|t| t.1), sel.out);
-                        // The argmax kernel flags NaN or infinite logits with u32::MAX.
-                        bytemuck::cast_slice::<u8, u32>(&bytes[..4])[0] != u32::MAX
-                    })
-                    .await?;
-                if !finite {
-                    return Err(Error::NonFiniteLogits { position: start + n });
-                }
-                Ok(None)
             }
             Readback::Logits(out) => {
                 self.gpu

@@ -286,8 +286,6 @@ fn engine_loop(
     let mut batcher = Batcher::new(&mut engine, config.prefill_chunk);
     batcher.limit_rows(config.max_batch);
     let mut streams: HashMap<RequestId, Stream> = HashMap::new();
-    // Streams of requests run alone (beams, speculation) have ids from the top down.
-    let mut solo_id = RequestId::MAX;
     let mut shutting_down = false;
     // Requests whose readers are behind: left out of the next decode step.
     let mut paused: Vec<RequestId> = Vec::new();
@@ -298,14 +296,12 @@ fn engine_loop(
                 return;
             }
             match commands.blocking_recv() {
-                Some(c) => {
-                    handle(c, &mut engine, &mut batcher, &mut streams, &mut solo_id, &config, &mut shutting_down)
-                }
+                Some(c) => handle(c, &mut engine, &mut batcher, &mut streams, &config, &mut shutting_down),
                 None => return,
             }
         }
         while let Ok(c) = commands.try_recv() {
-            handle(c, &mut engine, &mut batcher, &mut streams, &mut solo_id, &config, &mut shutting_down);
+            handle(c, &mut engine, &mut batcher, &mut streams, &config, &mut shutting_down);
         }
         if shutting_down {
             for id in batcher.clear(&mut engine) {
@@ -425,13 +421,11 @@ fn engine_loop(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn handle(
     command: Command,
     engine: &mut Engine,
     batcher: &mut Batcher,
     streams: &mut HashMap<RequestId, Stream>,
-    solo_id: &mut RequestId,
     config: &EngineConfig,
     shutting_down: &mut bool,
 ) {
@@ -479,45 +473,6 @@ fn handle(
                 let _ = reply.send(Err(ApiError::from_engine(&e, param)));
             }
         }
-        return;
-    }
-    // Speculation runs in the batch (its drafts are rows of the steps); a draft model (which
-    // the server never loads: the request then fails naming it) would run alone, between two
-    // rounds, with the blocks of the batch's prefix cache given back to the pool.
-    if job.options.speculate.is_some_and(|s| s.drafter == webgpu_llm::speculate::Drafter::Model) {
-        batcher.forget_prefixes(engine);
-        let tokens = match engine.prompt_tokens(&job.prompt) {
-            Ok(t) => t.len(),
-            Err(e) => {
-                let _ = reply.send(Err(ApiError::from_engine(&e, param)));
-                return;
-            }
-        };
-        let mut s = stream(0);
-        let mut replied = Some(reply);
-        let mut on_token = |ev: &webgpu_llm::engine::TokenEvent| {
-            if let Some(r) = replied.take() {
-                let _ = r.send(Ok(Accepted { prompt_tokens: tokens }));
-            }
-            ev.text.is_empty() || s.push(Out::Token { index: 0, text: ev.text.clone(), logprobs: None })
-        };
-        let result = pollster::block_on(engine.generate(&job.prompt, &job.options, &mut on_token));
-        engine.clear_conversation();
-        match (result, replied) {
-            (Err(e), Some(r)) => {
-                let _ = r.send(Err(ApiError::from_engine(&e, param)));
-                return;
-            }
-            (Err(e), None) => s.push(Out::Error(ApiError::from_engine(&e, param))),
-            (Ok(stats), Some(r)) => {
-                let _ = r.send(Ok(Accepted { prompt_tokens: stats.prompt_tokens }));
-                s.push(Out::Done { index: 0, stats })
-            }
-            (Ok(stats), None) => s.push(Out::Done { index: 0, stats }),
-        };
-        s.done = true;
-        streams.insert(*solo_id, s);
-        *solo_id -= 1;
         return;
     }
     // Tokenized once; choice i samples with seed + i.
