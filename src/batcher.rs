@@ -12,21 +12,23 @@
 //!
 //! Blocks on demand (vLLM's rule): a request holds the blocks of the positions it has written,
 //! and takes one more as it crosses a block boundary; `max_tokens` bounds it but reserves
-//! nothing. When a step's rows need more blocks than are free, the kept prefixes go first, then
-//! the most recently admitted request is preempted: its blocks are freed and it waits at the
-//! head of the queue with everything it has (sampler, text, the token to feed next), to be
-//! recomputed from its tokens when there is room (forking a kept prefix where one matches), and
-//! to go on as if nothing happened: the same tokens as never preempted.
+//! nothing. When a step's rows need more blocks than are free (the prefix cache's idle blocks
+//! count as free: the pool evicts them as it needs them), the most recently admitted request is
+//! preempted: its blocks are freed (its written blocks stay in the prefix cache) and it waits at
+//! the head of the queue with everything it has (sampler, text, the token to feed next), to be
+//! recomputed from its tokens when there is room (from the prefix cache, so mostly not
+//! recomputed at all), and to go on as if nothing happened: the same tokens as never preempted.
 //!
 //! Between two decode steps of a running request there is at most one step of every row plus
 //! `prefill_budget` prompt tokens: that is the bound a newcomer's prefill puts on the others'
 //! inter-token latency.
 //!
-//! Prefix cache (GPU): a request that ends keeps its sequence (its KV blocks) as long as nothing
-//! needs the room. A later request whose prompt starts with the same tokens (a chat's next turn
-//! resends the whole conversation; requests share a system prompt) forks the longest such
-//! sequence, sharing its blocks, and prefills only the rest. Kept sequences are evicted oldest
-//! first whenever a request needs their blocks or their slot, so they never refuse a request.
+//! Prefix cache (GPU; `KvPool`'s): every full block a request has written is registered under a
+//! chained hash of its tokens as soon as it is full, and stays cached after the request ends
+//! until the pool needs the block (least recently used first), so it never refuses a request.
+//! A request of any kind (sampled, speculative, beam search, a preempted one coming back) starts
+//! from the longest cached prefix of its prompt — a chat's next turn, a shared system prompt, a
+//! repeated prompt, or a prompt running at the same time — and prefills only the rest.
 
 use crate::beam::{BeamOptions, BeamSearch, BeamStep, Hypothesis};
 use crate::engine::{
@@ -127,19 +129,9 @@ struct Request {
     kv: SeqKv,
     /// A beam search's state and its beams' sequences.
     beam: Option<Box<Beams>>,
-    /// Runs in the engine's conversation (`Engine::generate`): its cache is the engine's, given
-    /// back when it ends (never freed, kept or preempted).
-    conversation: bool,
     /// Positions of `seq.tokens` whose keys and values are in `kv` (from the prefix cache, then
     /// prefilled or recomputed, then decoded): the rest are to run before it decodes.
     computed: usize,
-}
-
-/// An ended request's sequence, kept for a later prompt that starts with `tokens` (whose keys
-/// and values it holds).
-struct Kept {
-    seq: SeqId,
-    tokens: Vec<u32>,
 }
 
 pub struct Batcher {
@@ -150,8 +142,6 @@ pub struct Batcher {
     /// they were first admitted.
     preempted: VecDeque<(RequestId, BatchSeq)>,
     preemptions: u64,
-    /// The prefix cache, oldest first; at most `max_rows` sequences.
-    kept: Vec<Kept>,
     next_id: RequestId,
     /// The sequence `admit_as` made (and the positions it forked), for `push_admitted`.
     admitted: Option<(SeqKv, usize)>,
@@ -177,15 +167,9 @@ pub struct Batcher {
 }
 
 impl Batcher {
-    /// A batcher over `engine`'s KV pool. The conversation's cache is cleared: its blocks serve
-    /// the batch. `prefill_budget`: prompt tokens run per round (at least 1).
-    pub fn new(engine: &mut Engine, prefill_budget: usize) -> Self {
-        engine.truncate_cache(0);
-        Self::keeping_conversation(engine, prefill_budget)
-    }
-
-    /// `new` without clearing the conversation (`Engine::generate` runs in it).
-    fn keeping_conversation(engine: &Engine, prefill_budget: usize) -> Self {
+    /// A batcher over `engine`'s KV pool (and its prefix cache). `prefill_budget`: prompt
+    /// tokens run per round (at least 1).
+    pub fn new(engine: &Engine, prefill_budget: usize) -> Self {
         let max_rows = match engine.gpu_model() {
             Some(m) => m.max_batch(),
             None => crate::gpu::kernels::MAX_BATCH,
@@ -195,7 +179,6 @@ impl Batcher {
             waiting: VecDeque::new(),
             preempted: VecDeque::new(),
             preemptions: 0,
-            kept: Vec::new(),
             next_id: 0,
             admitted: None,
             prefill_budget: prefill_budget.max(1),
@@ -332,61 +315,29 @@ impl Batcher {
         engine.gpu_model().map_or(usize::MAX, |m| m.pool().free_blocks())
     }
 
-    /// Blocks a request with `tokens` to run (then one position to decode) takes when admitted,
-    /// past the `reused` positions it forks from a kept sequence (0 on the CPU backend).
-    fn blocks_to_admit(engine: &Engine, tokens: usize, reused: usize) -> usize {
-        engine.gpu_model().map_or(0, |m| {
-            let bt = m.pool().block_tokens();
-            (tokens + 1).div_ceil(bt) - reused / bt
+    /// The blocks of the free count a request with `tokens` to run (then one position to
+    /// decode) takes when admitted, and the positions it starts with from the prefix cache
+    /// (whole blocks, short of the last token, whose logits it needs from its own pass; 0 on the
+    /// CPU backend, which has no pool): its blocks past the cached ones, and the cached ones no
+    /// sequence holds (idle in the cache, so counted as free until taken).
+    fn blocks_to_admit(engine: &Engine, tokens: &[u32]) -> (usize, usize) {
+        engine.gpu_model().map_or((0, 0), |m| {
+            let pool = m.pool();
+            let bt = pool.block_tokens();
+            let (reused, idle) = pool.cached_prefix(&tokens[..tokens.len() - 1]);
+            ((tokens.len() + 1).div_ceil(bt) - reused / bt + idle, reused)
         })
     }
 
-    /// The kept sequence a request with `tokens` would fork and the positions it takes from it:
-    /// the longest common prefix (the most recent on a tie), short of the last token (whose
-    /// logits a new request needs from its own prefill), in whole blocks (shared as they are:
-    /// the request writes only blocks of its own, and needs exactly the blocks past them).
-    fn reuse(&self, engine: &Engine, tokens: &[u32]) -> Option<(usize, usize)> {
-        let bt = engine.gpu_model()?.pool().block_tokens();
-        let mut best: Option<(usize, usize)> = None;
-        for (i, k) in self.kept.iter().enumerate() {
-            let common = common_prefix(&k.tokens, tokens);
-            let len = common.min(tokens.len() - 1) / bt * bt;
-            if len > 0 && best.is_none_or(|(_, l)| len >= l) {
-                best = Some((i, len));
-            }
-        }
-        best
-    }
-
-    /// Evicts the oldest kept sequence other than `keep`; false when there is none.
-    fn evict_kept(&mut self, engine: &mut Engine, keep: Option<usize>) -> bool {
-        let Some(victim) = (0..self.kept.len()).find(|&i| Some(i) != keep) else { return false };
-        let k = self.kept.remove(victim);
-        free(engine, &SeqKv::Gpu(k.seq));
-        true
-    }
-
-    /// Whether a request with `tokens` to run fits now, evicting kept sequences (oldest first,
-    /// the one it would fork last) until it does or none is left: a row, a sequence slot and
-    /// the blocks of its tokens and its first decoded position, with `margin` blocks to spare
-    /// (for the running requests to grow by).
-    fn make_room(&mut self, engine: &mut Engine, tokens: &[u32], rows: usize, margin: usize) -> bool {
+    /// Whether a request with `tokens` to run fits now: a row, a sequence slot and the blocks of
+    /// its tokens and its first decoded position, with `margin` blocks to spare (for the running
+    /// requests to grow by).
+    fn make_room(&self, engine: &Engine, tokens: &[u32], rows: usize, margin: usize) -> bool {
         if self.rows_taken() + rows > self.max_rows {
             return false;
         }
-        loop {
-            let reuse = self.reuse(engine, tokens);
-            let needed = Self::blocks_to_admit(engine, tokens.len(), reuse.map_or(0, |r| r.1));
-            let slot = engine.gpu_model().is_none_or(|m| m.pool().free_slots() > 0);
-            if slot && needed.saturating_add(margin) <= Self::free_blocks(engine) {
-                return true;
-            }
-            let forked = reuse.map(|r| r.0);
-            // The one it would fork goes last.
-            if !self.evict_kept(engine, forked) && (forked.is_none() || !self.evict_kept(engine, None)) {
-                return false;
-            }
-        }
+        let slot = engine.gpu_model().is_none_or(|m| m.pool().free_slots() > 0);
+        slot && Self::blocks_to_admit(engine, tokens).0.saturating_add(margin) <= Self::free_blocks(engine)
     }
 
     /// Blocks request `i` takes to hold `len` positions (0 on the CPU backend).
@@ -428,22 +379,20 @@ impl Batcher {
     /// (A beam search is not preempted: its beams' sequences would all have to be recomputed.)
     /// Returns the index it had, or None when only beam searches run at or past `floor`.
     fn preempt_last(&mut self, engine: &mut Engine, floor: usize) -> Option<usize> {
-        let i = (floor..self.requests.len())
-            .rev()
-            .find(|&i| self.requests[i].beam.is_none() && !self.requests[i].conversation)?;
+        let i = (floor..self.requests.len()).rev().find(|&i| self.requests[i].beam.is_none())?;
         let mut r = self.requests.remove(i);
-        free(engine, &r.kv);
+        release(engine, &r.kv, &r.seq.tokens[..r.computed]);
         r.seq.free_draft(engine);
         self.preemptions += 1;
         self.preempted.push_front((r.id, r.seq));
         Some(i)
     }
 
-    /// Frees blocks until `needed` are free: kept sequences first, then running requests, most
-    /// recently admitted first, from `floor` on. Whether they now are.
+    /// Frees blocks until `needed` are free: preempts running requests, most recently admitted
+    /// first, from `floor` on. Whether they now are.
     fn free_up(&mut self, engine: &mut Engine, needed: usize, floor: usize) -> bool {
         while needed > Self::free_blocks(engine) {
-            if !self.evict_kept(engine, None) && self.preempt_last(engine, floor).is_none() {
+            if self.preempt_last(engine, floor).is_none() {
                 return false;
             }
         }
@@ -451,7 +400,7 @@ impl Batcher {
     }
 
     /// Queues a prepared request: each round first admits the waiting requests, in order,
-    /// while the batch has a row and the pool the room for them (evicting kept sequences). One
+    /// while the batch has a row and the pool the room for them. One
     /// that cannot run even in an empty batch fails (`BatchEvent::Failed`, with `admit`'s error).
     pub fn enqueue(&mut self, p: Prepared) -> RequestId {
         let id = self.next_id;
@@ -460,8 +409,8 @@ impl Batcher {
         id
     }
 
-    /// Admits a prepared request: it is prefilled from the next `step` on (past the prefix a
-    /// kept sequence holds). Refused, the request comes back with the error
+    /// Admits a prepared request: it is prefilled from the next `step` on (past the prefix the
+    /// prefix cache holds). Refused, the request comes back with the error
     /// (`TooManySequences` or `KvPoolFull`), to wait or be dropped.
     pub fn admit(
         &mut self,
@@ -493,11 +442,10 @@ impl Batcher {
             return Err(Error::TooManySequences { max: self.max_rows });
         }
         let fits = self.make_room(engine, tokens, rows, 0);
-        let reuse = self.reuse(engine, tokens);
-        let needed = Self::blocks_to_admit(engine, tokens.len(), reuse.map_or(0, |r| r.1));
+        let (needed, _) = Self::blocks_to_admit(engine, tokens);
         let free_blocks = Self::free_blocks(engine);
-        let kv = match &mut engine.backend {
-            Backend::Cpu { model, .. } => SeqKv::Cpu(Box::new(model.new_cache())),
+        let (kv, reused) = match &mut engine.backend {
+            Backend::Cpu { model } => (SeqKv::Cpu(Box::new(model.new_cache())), 0),
             Backend::Gpu(model) => {
                 let bt = model.pool().block_tokens();
                 if !fits && needed > free_blocks {
@@ -507,14 +455,11 @@ impl Batcher {
                         capacity_tokens: model.pool().blocks() * bt,
                     });
                 }
-                let seq = match reuse {
-                    Some((i, len)) => model.fork_sequence(self.kept[i].seq, len),
-                    None => model.new_sequence(),
-                };
-                SeqKv::Gpu(seq?)
+                let (seq, reused) = model.new_sequence_cached(&tokens[..tokens.len() - 1])?;
+                (SeqKv::Gpu(seq), reused)
             }
         };
-        self.admitted = Some((kv, reuse.map_or(0, |r| r.1)));
+        self.admitted = Some((kv, reused));
         Ok(())
     }
 
@@ -528,7 +473,7 @@ impl Batcher {
             let search = BeamSearch::new(options, seq.prompt_len).expect("validated by prepare_beams");
             Box::new(Beams { search, seqs: Vec::new(), tokens: Vec::new(), pos: 0 })
         });
-        self.requests.push(Request { id, seq, kv, beam, computed: reused, conversation: false });
+        self.requests.push(Request { id, seq, kv, beam, computed: reused });
     }
 
     /// Ends a request now (its client went away): it leaves the batch (or the queue) and its
@@ -553,8 +498,8 @@ impl Batcher {
         Some(stats)
     }
 
-    /// Ends every request (after an error that is not one request's: a lost device) and frees
-    /// the kept sequences: every block the batcher held is back in the pool.
+    /// Ends every request (after an error that is not one request's: a lost device): every
+    /// block the batcher held is back in the pool (what they wrote stays in the prefix cache).
     pub fn clear(&mut self, engine: &mut Engine) -> Vec<RequestId> {
         let ids = self
             .requests
@@ -566,49 +511,16 @@ impl Batcher {
         for r in std::mem::take(&mut self.requests) {
             self.retire(engine, r, false);
         }
-        self.forget_prefixes(engine);
         ids
     }
 
-    /// Frees the kept sequences.
-    fn forget_prefixes(&mut self, engine: &mut Engine) {
-        for k in self.kept.drain(..) {
-            free(engine, &SeqKv::Gpu(k.seq));
-        }
-    }
-
-    /// Prompt tokens the kept sequences hold (the prefix cache's size), for the caller's figures.
-    pub fn kept_tokens(&self) -> usize {
-        self.kept.iter().map(|k| k.tokens.len()).sum()
-    }
-
-    /// A request leaves: its sequence is kept for a later prompt with the same start (the
-    /// positions whose keys and values it wrote), unless it failed or holds nothing.
-    /// `keep`: false when it failed (nothing it wrote is kept).
+    /// A request leaves: its blocks go back to the pool, those it wrote in full staying in the
+    /// prefix cache (unless it failed: `keep` false, nothing it wrote is kept).
     fn retire(&mut self, engine: &mut Engine, mut r: Request, keep: bool) {
         free_beams(engine, &mut r);
         r.seq.free_draft(engine);
         let written = if keep { r.computed } else { 0 };
-        if r.conversation {
-            r.seq.tokens.truncate(written);
-            give_back(engine, r.kv, r.seq.tokens);
-            return;
-        }
-        let SeqKv::Gpu(seq) = r.kv else { return };
-        if written == 0 {
-            free(engine, &r.kv);
-            return;
-        }
-        let mut tokens = r.seq.tokens;
-        tokens.truncate(written);
-        if let Some(m) = engine.gpu_model_mut() {
-            m.truncate_sequence(seq, written);
-        }
-        self.kept.push(Kept { seq, tokens });
-        if self.kept.len() > self.max_rows {
-            let k = self.kept.remove(0);
-            free(engine, &SeqKv::Gpu(k.seq));
-        }
+        release(engine, &r.kv, &r.seq.tokens[..written]);
     }
 
     /// One round: admit waiting requests, then one pass of the model over rows of every kind:
@@ -631,7 +543,7 @@ impl Batcher {
 
         let context = engine.context_length();
         // Decode rows first (a running request keeps its pace), with the blocks they grow into:
-        // kept sequences go first, then the requests admitted last (their rows with them).
+        // the requests admitted last give theirs up first (their rows with them).
         self.rows.clear();
         for (i, r) in self.requests.iter_mut().enumerate() {
             if r.seq.stop.is_some() || r.seq.failed.is_some() {
@@ -739,9 +651,6 @@ impl Batcher {
             if committed <= free {
                 break;
             }
-            if self.evict_kept(engine, None) {
-                continue;
-            }
             let i = match self.preempt_last(engine, 0) {
                 Some(i) => i,
                 None => {
@@ -765,8 +674,8 @@ impl Batcher {
             self.rows.iter_mut().filter(|r| r.request > i).for_each(|r| r.request -= 1);
         }
 
-        // Then prompt chunks within the budget, each with its blocks (from kept sequences; from
-        // the requests admitted after it only when nothing else would run this round).
+        // Then prompt chunks within the budget, each with its blocks (from the requests admitted
+        // after it only when nothing else would run this round).
         self.chunks.clear();
         let mut budget = self.prefill_budget;
         let mut i = 0;
@@ -783,7 +692,6 @@ impl Batcher {
             let fits = if self.rows.is_empty() && self.chunks.is_empty() {
                 self.free_up(engine, needed, i)
             } else {
-                while needed > Self::free_blocks(engine) && self.evict_kept(engine, None) {}
                 needed <= Self::free_blocks(engine)
             };
             if !fits {
@@ -969,6 +877,16 @@ impl Batcher {
             r.seq.emit(&engine.tokenizer, &mut |ev| on_event(id, BatchEvent::Token(ev)));
         }
 
+        // The blocks each request filled this round join the prefix cache (for requests that
+        // start with the same tokens, running or to come).
+        if let Some(model) = engine.gpu_model_mut() {
+            for r in &self.requests {
+                if let SeqKv::Gpu(seq) = r.kv {
+                    model.commit_sequence(seq, &r.seq.tokens[..r.computed]);
+                }
+            }
+        }
+
         let mut i = 0;
         while i < self.requests.len() {
             let r = &self.requests[i];
@@ -1012,14 +930,7 @@ impl Batcher {
             match beams.search.advance(&logits) {
                 Err(e) => r.seq.failed = Some(e),
                 Ok(BeamStep::Run { from, tokens, pos }) => {
-                    // The forks are made before the beams they replace are freed: sequence
-                    // slots for them first, from the prefix cache.
-                    let free_slots = |e: &Engine| e.gpu_model().map_or(usize::MAX, |m| m.pool().free_slots());
-                    while free_slots(engine) < from.len() && !self.kept.is_empty() {
-                        let k = self.kept.remove(0);
-                        free(engine, &SeqKv::Gpu(k.seq));
-                    }
-                    let r = &mut self.requests[i];
+                    // The forks are made before the beams they replace are freed.
                     let beams = r.beam.as_mut().expect("a beam search");
                     let mut seqs = Vec::with_capacity(from.len());
                     for &f in &from {
@@ -1198,8 +1109,8 @@ impl Engine {
     /// seed, stops, penalties); `on_token(i, event)` gets sequence i's tokens and returns false to
     /// end that sequence. On the GPU every decode step runs all unfinished sequences as one batch
     /// (each weight read once for all of them), each in its own KV-pool sequence; greedy output
-    /// is what each prompt alone gives. The conversation's cache is cleared (its blocks serve the
-    /// batch). Returns each sequence's stats, in the order of the prompts.
+    /// is what each prompt alone gives. Returns each sequence's stats, in the order of the
+    /// prompts.
     pub async fn generate_batch(
         &mut self,
         requests: &[(Prompt, GenerateOptions)],
@@ -1220,14 +1131,13 @@ impl Engine {
             .iter()
             .map(|(prompt, options)| Batcher::prepare(self, prompt, options))
             .collect::<Result<Vec<_>>>()?;
-        // The pool must hold every sequence at its longest (the conversation's blocks given back
-        // to it): refused before any work, the conversation kept.
+        // The pool must hold every sequence at its longest: refused before any work.
         if let Backend::Gpu(m) = &self.backend {
             let pool = m.pool();
             let bt = pool.block_tokens();
             let needed: usize =
                 prepared.iter().map(|p| (p.prompt_tokens() + p.options().max_tokens).div_ceil(bt)).sum();
-            let free = pool.free_blocks() + pool.table(m.main_sequence()).len();
+            let free = pool.free_blocks();
             if needed > free {
                 return Err(Error::KvPoolFull {
                     needed_tokens: needed * bt,
@@ -1282,8 +1192,8 @@ impl Engine {
 
     /// Generates a continuation of `prompt`, calling `on_token` for every sampled token; the
     /// callback returns false to abort. A one-request batch (the runtime every request goes
-    /// through) in the engine's conversation: its KV cache keeps the conversation, so a prompt
-    /// that extends the previous one only runs its new tokens. Speculation by prompt lookup or
+    /// through): a prompt that extends an earlier one (a chat's next turn) starts from the
+    /// blocks the prefix cache kept of it and runs only its new tokens. Speculation by prompt lookup or
     /// the model's first layers runs in the batch too (its drafts are rows of the request's
     /// steps), and so does a separate draft model (in a sequence of its own in its pool).
     pub async fn generate(
@@ -1293,18 +1203,8 @@ impl Engine {
         on_token: &mut dyn FnMut(&TokenEvent) -> bool,
     ) -> Result<Stats> {
         let p = Batcher::prepare(self, prompt, options)?;
-        // At least the last prompt token is run, to get the logits that pick the first one.
-        let reuse = common_prefix(&p.tokens, &self.cached).min(p.tokens.len() - 1);
-        self.truncate_cache(reuse);
-        let kv = match &mut self.backend {
-            Backend::Gpu(model) => SeqKv::Gpu(model.main_sequence()),
-            Backend::Cpu { model, cache } => SeqKv::Cpu(Box::new(std::mem::replace(cache, model.new_cache()))),
-        };
-        let mut batcher = Batcher::keeping_conversation(self, usize::MAX);
-        let mut seq = BatchSeq::new(p);
-        seq.reused = reuse;
-        batcher.requests.push(Request { id: 0, seq, kv, beam: None, computed: reuse, conversation: true });
-        batcher.next_id = 1;
+        let mut batcher = Batcher::new(self, usize::MAX);
+        batcher.admit(self, p).map_err(|(e, _)| e)?;
         let (mut stats, mut failed, mut first) = (None, None, false);
         let mut counters_start = None;
         while !batcher.is_empty() {
@@ -1345,10 +1245,10 @@ impl Engine {
 
     /// Beam search from `prompt` (transformers' semantics: `beam::BeamSearch`): the N best
     /// hypotheses, best first, each with its text. Its beams run as rows of a batch (the
-    /// batcher's beam search requests); the conversation's cache is left as it was.
+    /// batcher's beam search requests).
     pub async fn beam_search(&mut self, prompt: &Prompt, options: &BeamOptions) -> Result<Vec<(Hypothesis, String)>> {
         let p = Batcher::prepare_beams(self, prompt, options)?;
-        let mut batcher = Batcher::keeping_conversation(self, usize::MAX);
+        let mut batcher = Batcher::new(self, usize::MAX);
         batcher.enqueue(p);
         let (mut found, mut failed) = (None, None);
         while !batcher.is_empty() {
@@ -1385,18 +1285,13 @@ fn rows_of(beams: &Option<BeamOptions>, options: &GenerateOptions) -> (usize, bo
     }
 }
 
-/// The conversation's cache back in the engine, holding `tokens`.
-fn give_back(engine: &mut Engine, kv: SeqKv, tokens: Vec<u32>) {
-    let kv_dim = engine.config.kv_dim();
-    match (kv, &mut engine.backend) {
-        (SeqKv::Gpu(seq), Backend::Gpu(model)) => model.truncate_sequence(seq, tokens.len()),
-        (SeqKv::Cpu(mut cache), Backend::Cpu { cache: own, .. }) => {
-            cache.truncate(tokens.len(), kv_dim);
-            *own = *cache;
-        }
-        _ => unreachable!("a request's cache is on its engine's backend"),
+/// Frees a request's sequence, its full blocks among the positions of `written` (the tokens
+/// whose keys and values it holds) registered in the prefix cache first.
+fn release(engine: &mut Engine, kv: &SeqKv, written: &[u32]) {
+    if let (&SeqKv::Gpu(seq), Some(m)) = (kv, engine.gpu_model_mut()) {
+        m.commit_sequence(seq, written);
+        m.free_sequence(seq);
     }
-    engine.cached = tokens;
 }
 
 /// A new sequence holding the first `len` positions of `kv` (on the GPU sharing its blocks).

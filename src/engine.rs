@@ -8,7 +8,7 @@ use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::ByteSource;
 use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, KvStore};
-use crate::model::{CpuKvCache, CpuModel, ModelConfig};
+use crate::model::{CpuModel, ModelConfig};
 use crate::sampling::{Candidate, Sampler, SamplingParams};
 use crate::speculate::{Speculation, SpeculationStats};
 use crate::tokenizer::Tokenizer;
@@ -183,7 +183,7 @@ pub struct Stats {
 }
 
 pub(crate) enum Backend {
-    Cpu { model: Box<CpuModel>, cache: CpuKvCache },
+    Cpu { model: Box<CpuModel> },
     Gpu(Box<GpuModel>),
 }
 
@@ -193,8 +193,6 @@ pub struct Engine {
     chat_template: Option<ChatTemplate>,
     context_length: usize,
     pub(crate) backend: Backend,
-    /// Tokens whose keys and values are in the KV cache, in order.
-    pub(crate) cached: Vec<u32>,
     /// A separate draft model for speculative decoding (`Drafter::Model`): each request that
     /// drafts with it has a sequence of its own in its pool (the batcher's `ModelDraft`).
     pub(crate) draft: Option<Box<Engine>>,
@@ -232,16 +230,15 @@ impl Engine {
                 progress(0, 1);
                 let file = source.read(0, source.len()).await?;
                 let model = Box::new(CpuModel::load(&gguf, &file)?);
-                let cache = model.new_cache();
                 progress(1, 1);
-                Backend::Cpu { model, cache }
+                Backend::Cpu { model }
             }
             BackendKind::Gpu => {
                 let gpu = Gpu::new(options.gpu).await?;
                 Backend::Gpu(Box::new(GpuModel::load(gpu, &gguf, source, context_length, progress).await?))
             }
         };
-        Ok(Self { config, tokenizer, chat_template, context_length, backend, cached: Vec::new(), draft: None })
+        Ok(Self { config, tokenizer, chat_template, context_length, backend, draft: None })
     }
 
     /// Attaches `draft` as this engine's draft model (`Drafter::Model`): a smaller model with
@@ -346,19 +343,11 @@ impl Engine {
         Ok(tokens)
     }
 
-    /// Forgets the conversation: its KV blocks go back to the pool (the next prompt runs whole).
+    /// Forgets the prefix cache: the pool's cached blocks that no request holds become free,
+    /// so the next prompt runs whole. (Only the GPU backend, with its pool, caches prefixes.)
     pub fn clear_conversation(&mut self) {
-        self.truncate_cache(0);
-    }
-
-    pub(crate) fn truncate_cache(&mut self, len: usize) {
-        self.cached.truncate(len);
-        match &mut self.backend {
-            Backend::Cpu { cache, .. } => cache.truncate(len, self.config.kv_dim()),
-            Backend::Gpu(model) => {
-                let main = model.main_sequence();
-                model.truncate_sequence(main, len);
-            }
+        if let Backend::Gpu(model) = &mut self.backend {
+            model.forget_cached();
         }
     }
 }

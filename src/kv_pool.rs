@@ -10,13 +10,29 @@
 //! pool does no GPU work: `reserve` tells the caller which blocks to copy, and the caller uploads
 //! the tables.
 //!
+//! The pool is also the prefix cache (vLLM's block pool): a full block whose tokens are known
+//! (`commit`) is registered under a chained hash of the tokens of its sequence up to its end;
+//! when no sequence holds it any more it is not freed but kept, least recently used first, and
+//! handed out again only when the free blocks run out (evicted, its registration dropped). A new
+//! sequence starts from the longest registered prefix of its tokens (`create_cached`), whoever
+//! wrote it: a chat's next turn, a shared system prompt, a repeated or preempted prompt. A hit is
+//! checked against the block's own tokens and its parent block, so a hash collision can never hand
+//! out another prefix's keys and values; a registered block is never written (a sequence that
+//! would write into one copies it first, as into a shared one).
+//!
 //! Invariants, kept by every method: a block's reference count is the number of table entries
-//! pointing at it, and a block is free exactly when its count is 0; a sequence of length `len`
+//! pointing at it; a block with count 0 is free, or, when registered, in the cache's
+//! least-recently-used list (and counts as free: taking it evicts it); a sequence of length `len`
 //! holds exactly `ceil(len / block_tokens)` blocks, none twice. No method panics on a bad
 //! `SeqId`: the queries answer as for an empty sequence, the mutators do nothing, and the
 //! fallible ones return `Error::InvalidOption`.
 
 use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+/// No block (the ends of the cache's list, a first block's parent).
+const NONE: u32 = u32::MAX;
 
 /// A sequence slot, `0..max_seqs`. Slots are reused: after `free`, the next `create` may hand
 /// out the same id, so a caller must drop its copies of an id when it frees the sequence.
@@ -32,6 +48,89 @@ struct Slot {
     len: usize,
     /// Block ids in position order; always `ceil(len / block_tokens)` of them.
     table: Vec<u32>,
+    /// The chained hashes of its first blocks, full and committed (at most `len / block_tokens`).
+    hashes: Vec<u64>,
+}
+
+/// The prefix cache's side of the pool (per block, indexed by block id).
+#[derive(Debug, Clone)]
+#[cfg_attr(test, derive(PartialEq))]
+struct PrefixCache {
+    /// Chained hash -> the block registered under it.
+    by_hash: HashMap<u64, u32>,
+    /// Per block: the hash it is registered under.
+    hash: Vec<Option<u64>>,
+    /// Per registered block: its tokens (`block_tokens` each), and its parent (the block before
+    /// it, with that block's generation then), which a hit must match.
+    tokens: Vec<u32>,
+    parent: Vec<(u32, u32)>,
+    /// Per block: how many times its registration was dropped (a child registered under an
+    /// older generation of its parent is never a hit).
+    generation: Vec<u32>,
+    /// Registered blocks no sequence holds, least recently used first: a doubly linked list
+    /// over block ids (no allocation as blocks come and go).
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    head: u32,
+    tail: u32,
+    idle: usize,
+}
+
+impl PrefixCache {
+    fn new(blocks: usize, block_tokens: usize) -> Self {
+        Self {
+            by_hash: HashMap::with_capacity(blocks),
+            hash: vec![None; blocks],
+            tokens: vec![0; blocks * block_tokens],
+            parent: vec![(NONE, 0); blocks],
+            generation: vec![0; blocks],
+            prev: vec![NONE; blocks],
+            next: vec![NONE; blocks],
+            head: NONE,
+            tail: NONE,
+            idle: 0,
+        }
+    }
+
+    fn push_idle(&mut self, b: u32) {
+        self.prev[b as usize] = self.tail;
+        self.next[b as usize] = NONE;
+        match self.tail {
+            NONE => self.head = b,
+            t => self.next[t as usize] = b,
+        }
+        self.tail = b;
+        self.idle += 1;
+    }
+
+    fn unlink(&mut self, b: u32) {
+        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+        match p {
+            NONE => self.head = n,
+            p => self.next[p as usize] = n,
+        }
+        match n {
+            NONE => self.tail = p,
+            n => self.prev[n as usize] = p,
+        }
+        self.idle -= 1;
+    }
+
+    /// Drops block `b`'s registration (it is about to hold other tokens).
+    fn unregister(&mut self, b: u32) {
+        if let Some(h) = self.hash[b as usize].take() {
+            self.by_hash.remove(&h);
+            self.generation[b as usize] = self.generation[b as usize].wrapping_add(1);
+        }
+    }
+}
+
+/// The chained hash of a block: of its parent's hash (0 for the first) and its tokens.
+fn chain(parent: u64, tokens: &[u32]) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    h.finish()
 }
 
 /// The block tables of every sequence and the free blocks of one KV cache.
@@ -45,6 +144,7 @@ pub struct KvPool {
     /// allocates; blocks are pushed so that a freed run pops back in its old order.
     free: Vec<u32>,
     slots: Vec<Slot>,
+    cache: PrefixCache,
 }
 
 impl KvPool {
@@ -62,6 +162,7 @@ impl KvPool {
             // Reversed, so that a fresh pool hands out blocks 0, 1, 2, ...
             free: (0..blocks as u32).rev().collect(),
             slots: vec![Slot::default(); max_seqs],
+            cache: PrefixCache::new(blocks, block_tokens.max(1)),
         }
     }
 
@@ -75,9 +176,132 @@ impl KvPool {
         self.refcount.len()
     }
 
-    /// Blocks no sequence holds.
+    /// Blocks no sequence holds: free, or kept by the prefix cache (taken last, evicting them).
     pub fn free_blocks(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.cache.idle
+    }
+
+    /// Blocks registered in the prefix cache (held by sequences or not).
+    pub fn cached_blocks(&self) -> usize {
+        self.cache.by_hash.len()
+    }
+
+    /// A block for a sequence to write: a free one, else the least recently used cached one
+    /// (evicted). The caller has counted that there is one.
+    fn take(&mut self) -> u32 {
+        let b = match self.free.pop() {
+            Some(b) => b,
+            None => {
+                let b = self.cache.head;
+                debug_assert!(b != NONE, "counted by free_blocks");
+                self.cache.unlink(b);
+                self.cache.unregister(b);
+                b
+            }
+        };
+        self.refcount[b as usize] = 1;
+        b
+    }
+
+    /// Drops a table entry's reference to `b`: with none left, a registered block waits in the
+    /// cache (most recently used), any other is free.
+    fn release(&mut self, b: u32) {
+        let rc = &mut self.refcount[b as usize];
+        *rc -= 1;
+        if *rc == 0 {
+            if self.cache.hash[b as usize].is_some() {
+                self.cache.push_idle(b);
+            } else {
+                self.free.push(b);
+            }
+        }
+    }
+
+    /// Forgets every cached block no sequence holds (they become free).
+    pub fn evict_cached(&mut self) {
+        while self.cache.head != NONE {
+            let b = self.cache.head;
+            self.cache.unlink(b);
+            self.cache.unregister(b);
+            self.free.push(b);
+        }
+    }
+
+    /// Registers `seq`'s full blocks up to position `tokens.len()` (`tokens`: its tokens from
+    /// position 0, whose keys and values it holds), so that later sequences can start from
+    /// them. A block already registered, or whose prefix another block is registered for, is
+    /// left as it is. Cheap when no block filled since the last call.
+    pub fn commit(&mut self, seq: SeqId, tokens: &[u32]) {
+        let bt = self.block_tokens;
+        let Some(slot) = self.slots.get_mut(seq.0).filter(|s| s.live) else { return };
+        let full = tokens.len().min(slot.len) / bt;
+        for i in slot.hashes.len()..full {
+            let parent = slot.hashes.last().copied().unwrap_or(0);
+            let block = &tokens[i * bt..(i + 1) * bt];
+            let h = chain(parent, block);
+            slot.hashes.push(h);
+            let b = slot.table[i];
+            let c = &mut self.cache;
+            if c.hash[b as usize].is_some() || c.by_hash.contains_key(&h) {
+                continue;
+            }
+            c.by_hash.insert(h, b);
+            c.hash[b as usize] = Some(h);
+            c.tokens[b as usize * bt..][..bt].copy_from_slice(block);
+            c.parent[b as usize] = match i {
+                0 => (NONE, 0),
+                _ => (slot.table[i - 1], c.generation[slot.table[i - 1] as usize]),
+            };
+        }
+    }
+
+    /// Calls `hit(block, hash)` for each block of the longest registered prefix of `tokens`
+    /// (whole blocks, each checked against its tokens and its parent).
+    fn walk(&self, tokens: &[u32], mut hit: impl FnMut(u32, u64)) {
+        let bt = self.block_tokens;
+        let c = &self.cache;
+        let (mut parent_hash, mut parent) = (0, (NONE, 0));
+        for block in tokens.chunks_exact(bt) {
+            let h = chain(parent_hash, block);
+            let Some(&b) = c.by_hash.get(&h) else { return };
+            if c.parent[b as usize] != parent || c.tokens[b as usize * bt..][..bt] != *block {
+                return;
+            }
+            hit(b, h);
+            (parent_hash, parent) = (h, (b, c.generation[b as usize]));
+        }
+    }
+
+    /// Positions of the longest cached prefix of `tokens` (whole blocks) and how many of its
+    /// blocks no sequence holds now (taking them lowers `free_blocks`).
+    pub fn cached_prefix(&self, tokens: &[u32]) -> (usize, usize) {
+        let (mut n, mut idle) = (0, 0);
+        self.walk(tokens, |b, _| {
+            n += 1;
+            idle += usize::from(self.refcount[b as usize] == 0);
+        });
+        (n * self.block_tokens, idle)
+    }
+
+    /// A new sequence holding the longest cached prefix of `tokens` (shared, as a fork shares):
+    /// its id and length. `Error::TooManySequences` when every slot is in use.
+    pub fn create_cached(&mut self, tokens: &[u32]) -> Result<(SeqId, usize)> {
+        let seq = self.create()?;
+        let mut table = std::mem::take(&mut self.slots[seq.0].table);
+        let mut hashes = std::mem::take(&mut self.slots[seq.0].hashes);
+        self.walk(tokens, |b, h| {
+            table.push(b);
+            hashes.push(h);
+        });
+        for &b in &table {
+            if self.refcount[b as usize] == 0 {
+                self.cache.unlink(b);
+            }
+            self.refcount[b as usize] += 1;
+        }
+        let len = table.len() * self.block_tokens;
+        self.slots[seq.0] = Slot { live: true, len, table, hashes };
+        Ok((seq, len))
     }
 
     /// Sequence slots: the most sequences that can exist at once.
@@ -104,6 +328,7 @@ impl KvPool {
         slot.live = true;
         slot.len = 0;
         slot.table.clear();
+        slot.hashes.clear();
         Ok(SeqId(i))
     }
 
@@ -127,13 +352,17 @@ impl KvPool {
     }
 
     /// What `reserve(seq, len)` does to `slot`: the blocks it appends, and whether its last
-    /// block holds old positions, will take new ones and is shared (so is copied first).
+    /// block holds old positions, will take new ones and is shared or registered in the prefix
+    /// cache (so is copied first).
     fn growth(&self, slot: &Slot, len: usize) -> (usize, bool) {
         let bt = self.block_tokens;
         if len <= slot.len {
             return (0, false);
         }
-        let cow = slot.len % bt != 0 && self.refcount[slot.table[slot.len / bt] as usize] > 1;
+        let cow = slot.len % bt != 0 && {
+            let last = slot.table[slot.len / bt] as usize;
+            self.refcount[last] > 1 || self.cache.hash[last].is_some()
+        };
         (len.div_ceil(bt) - slot.table.len(), cow)
     }
 
@@ -160,29 +389,25 @@ impl KvPool {
         }
         let (add, cow) = self.growth(slot, len);
         let needed = add + usize::from(cow);
-        if needed > self.free.len() {
+        if needed > self.free_blocks() {
             return Err(Error::KvPoolFull {
                 needed_tokens: needed.saturating_mul(bt),
-                free_tokens: self.free.len() * bt,
+                free_tokens: self.free_blocks() * bt,
                 capacity_tokens: self.blocks() * bt,
             });
         }
-        let slot = &mut self.slots[seq.0];
         if cow {
             let i = old_len / bt;
-            let old = slot.table[i];
-            let new = self.free.pop().expect("counted above");
-            self.refcount[old as usize] -= 1;
-            self.refcount[new as usize] = 1;
-            slot.table[i] = new;
+            let new = self.take();
+            let old = std::mem::replace(&mut self.slots[seq.0].table[i], new);
+            self.release(old);
             copies.push((old, new));
         }
         for _ in 0..add {
-            let new = self.free.pop().expect("counted above");
-            self.refcount[new as usize] = 1;
-            slot.table.push(new);
+            let new = self.take();
+            self.slots[seq.0].table.push(new);
         }
-        slot.len = len;
+        self.slots[seq.0].len = len;
         Ok(needed > 0)
     }
 
@@ -206,7 +431,11 @@ impl KvPool {
         for &b in &table {
             self.refcount[b as usize] += 1;
         }
-        self.slots[dst] = Slot { live: true, len, table };
+        let mut hashes = std::mem::take(&mut self.slots[dst].hashes);
+        hashes.clear();
+        let src = &self.slots[seq.0].hashes;
+        hashes.extend_from_slice(&src[..src.len().min(len / self.block_tokens)]);
+        self.slots[dst] = Slot { live: true, len, table, hashes };
         Ok(SeqId(dst))
     }
 
@@ -219,16 +448,15 @@ impl KvPool {
             return;
         }
         let keep = len.div_ceil(self.block_tokens);
-        // In reverse, so that the pool hands these blocks out again in their old order.
-        for &b in slot.table[keep..].iter().rev() {
-            let rc = &mut self.refcount[b as usize];
-            *rc -= 1;
-            if *rc == 0 {
-                self.free.push(b);
-            }
-        }
-        slot.table.truncate(keep);
+        slot.hashes.truncate(len / self.block_tokens);
         slot.len = len;
+        let mut table = std::mem::take(&mut slot.table);
+        // In reverse, so that the pool hands these blocks out again in their old order.
+        for &b in table[keep..].iter().rev() {
+            self.release(b);
+        }
+        table.truncate(keep);
+        self.slots[seq.0].table = table;
     }
 
     /// Frees the sequence and every block only it held; its slot can be created again. An
@@ -295,11 +523,39 @@ mod tests {
             }
         }
         assert_eq!(rc, p.refcount, "refcounts vs table entries");
+        let c = &p.cache;
+        let registered = |b: u32| c.hash[b as usize].is_some();
         let mut free = p.free.clone();
         free.sort_unstable();
-        let zero: Vec<u32> = (0..p.blocks() as u32).filter(|&b| rc[b as usize] == 0).collect();
-        assert_eq!(free, zero, "free list vs blocks of refcount 0");
-        assert_eq!(p.free_blocks(), zero.len());
+        let zero: Vec<u32> = (0..p.blocks() as u32).filter(|&b| rc[b as usize] == 0 && !registered(b)).collect();
+        assert_eq!(free, zero, "free list vs unregistered blocks of refcount 0");
+        // The cache's list, walked both ways, holds the registered blocks of refcount 0.
+        let mut idle = Vec::new();
+        let mut b = c.head;
+        while b != NONE {
+            idle.push(b);
+            b = c.next[b as usize];
+        }
+        let mut back = Vec::new();
+        let mut b = c.tail;
+        while b != NONE {
+            back.push(b);
+            b = c.prev[b as usize];
+        }
+        back.reverse();
+        assert_eq!(idle, back, "the cache's list forwards vs backwards");
+        idle.sort_unstable();
+        let cached: Vec<u32> = (0..p.blocks() as u32).filter(|&b| rc[b as usize] == 0 && registered(b)).collect();
+        assert_eq!(idle, cached, "the cache's list vs registered blocks of refcount 0");
+        assert_eq!(c.idle, cached.len());
+        assert_eq!(p.free_blocks(), zero.len() + cached.len());
+        assert_eq!(c.by_hash.len(), (0..p.blocks() as u32).filter(|&b| registered(b)).count());
+        for (&h, &b) in &c.by_hash {
+            assert_eq!(c.hash[b as usize], Some(h), "block {b} vs the hash it is found under");
+        }
+        for (i, s) in p.slots.iter().enumerate().filter(|(_, s)| s.live) {
+            assert!(s.hashes.len() <= s.len / bt, "slot {i}: {} hashes for {} positions", s.hashes.len(), s.len);
+        }
     }
 
     fn reserve(p: &mut KvPool, s: SeqId, len: usize) -> (bool, Vec<(u32, u32)>) {
@@ -537,6 +793,50 @@ mod tests {
         assert_eq!(c, SeqId(2));
     }
 
+    #[test]
+    fn freed_committed_blocks_stay_cached_until_evicted_least_recently_used_first() {
+        let mut p = KvPool::new(16, 4, 3); // 4 blocks
+        let (a, b) = (p.create().unwrap(), p.create().unwrap());
+        let (ta, tb): (Vec<u32>, Vec<u32>) = ((0..8).collect(), (100..106).collect());
+        reserve(&mut p, a, 8);
+        reserve(&mut p, b, 6);
+        p.commit(a, &ta);
+        p.commit(b, &tb); // one full block; the partial one is not registered
+        check(&p);
+        assert_eq!(p.cached_blocks(), 3);
+        // Positions, and blocks no sequence holds, of the cached prefixes (whole blocks only).
+        assert_eq!(p.cached_prefix(&ta), (8, 0));
+        assert_eq!(p.cached_prefix(&ta[..7]), (4, 0));
+        assert_eq!(p.cached_prefix(&[0, 1, 2, 9]), (0, 0));
+        assert_eq!(p.cached_prefix(&tb), (4, 0));
+        p.free(a);
+        p.free(b);
+        check(&p);
+        assert_eq!((p.free_blocks(), p.cached_blocks()), (4, 3));
+        assert_eq!(p.cached_prefix(&ta), (8, 2));
+        // A new sequence takes the free block (b's partial one, 3) first, then evicts the least
+        // recently freed cached block: a's blocks went back last first, so its block 1.
+        let c = p.create().unwrap();
+        reserve(&mut p, c, 8);
+        check(&p);
+        assert_eq!(p.table(c), [3, 1]);
+        assert_eq!(p.cached_prefix(&ta), (4, 1), "a's second block was evicted, its first kept");
+        assert_eq!(p.cached_prefix(&tb), (4, 1));
+        // A hit takes the block out of the cache's list: it no longer counts as free.
+        let (d, len) = p.create_cached(&tb).unwrap();
+        assert_eq!((len, p.table(d), p.free_blocks()), (4, &[2][..], 1));
+        // Writing on from the end of a cached full block appends a block; truncating into it
+        // and writing copies it (it is registered).
+        assert_eq!(reserve(&mut p, d, 5), (true, vec![]));
+        p.truncate(d, 3);
+        p.free(c);
+        assert_eq!(reserve(&mut p, d, 4), (true, vec![(2, 3)]));
+        assert_eq!(p.cached_prefix(&tb), (4, 1), "the cached block is intact");
+        p.evict_cached();
+        check(&p);
+        assert_eq!((p.cached_blocks(), p.cached_prefix(&tb)), (0, (0, 0)));
+    }
+
     /// A tiny xorshift64 so the random test needs no dependency and replays from its seed.
     struct Rng(u64);
     impl Rng {
@@ -551,22 +851,26 @@ mod tests {
         }
     }
 
-    /// Random create / reserve / fork / truncate / free against a simulated GPU buffer: every
-    /// write stamps a fresh value into the row the table names, after applying the returned
-    /// copies; each live sequence must always read back exactly what it wrote (so no two
-    /// sequences ever write the same block), and every block written has refcount 1.
+    /// Random create / reserve / fork / truncate / free / commit / create_cached against a
+    /// simulated GPU buffer: every write stamps into the row the table names (after applying the
+    /// returned copies) a value that depends on the sequence's tokens up to that position, as a
+    /// key or a value does; each live sequence must always read back the stamps of its own
+    /// tokens (so no two sequences ever write the same block, and a block from the prefix cache
+    /// holds exactly what the sequence would have written), every block written has refcount 1
+    /// and is not registered. Tokens are drawn from two values, so prefixes repeat and hit.
     #[test]
     fn random_operations_keep_sequences_apart() {
         // What the run went through, so that it cannot pass by never reaching the hard cases.
-        let (mut cows, mut fulls, mut forks) = (0, 0, 0);
-        for seed in 1..=40u64 {
+        let (mut cows, mut fulls, mut forks, mut hits, mut evictions) = (0, 0, 0, 0, 0);
+        let stamp = |tokens: &[u32]| chain(7, tokens);
+        for seed in 1..=60u64 {
             let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
             let bt = 1 + rng.below(5);
             let max_seqs = 1 + rng.below(6);
             let mut p = KvPool::new(bt * (2 + rng.below(12)) + rng.below(bt), bt, max_seqs);
             let mut rows = vec![0u64; p.blocks() * bt];
-            let mut expect: Vec<Vec<u64>> = vec![Vec::new(); max_seqs];
-            let mut stamp = 0u64;
+            // Each slot's tokens (those of its positions).
+            let mut toks: Vec<Vec<u32>> = vec![Vec::new(); max_seqs];
             let mut copies = Vec::new();
             for step in 0..400 {
                 // Mostly live ids, sometimes a slot that may be free, rarely one out of range.
@@ -578,9 +882,12 @@ mod tests {
                 };
                 let is_live = p.live(s).is_some();
                 let before = p.clone();
-                match rng.below(10) {
+                match rng.below(13) {
                     0 => match p.create() {
-                        Ok(n) => assert!(expect[n.0].is_empty() && p.len(n) == 0),
+                        Ok(n) => {
+                            assert!(p.len(n) == 0);
+                            toks[n.0].clear();
+                        }
                         Err(e) => {
                             assert!(matches!(e, Error::TooManySequences { .. }) && live.len() == max_seqs)
                         }
@@ -589,9 +896,11 @@ mod tests {
                         let old = p.len(s);
                         let len = old.saturating_sub(bt) + rng.below(3 * bt + 2);
                         copies.clear();
+                        let cached_before = p.cached_blocks();
                         match p.reserve(s, len, &mut copies) {
                             Ok(changed) => {
                                 assert_eq!(changed, p.table(s) != before.table(s), "seed {seed} step {step}");
+                                evictions += cached_before.saturating_sub(p.cached_blocks());
                                 cows += copies.len();
                                 for &(from, to) in &copies {
                                     assert_eq!(p.refcount[to as usize], 1);
@@ -601,9 +910,12 @@ mod tests {
                                 for pos in old..len {
                                     let block = p.table(s)[pos / bt];
                                     assert_eq!(p.refcount[block as usize], 1, "seed {seed} step {step}: shared write");
-                                    stamp += 1;
-                                    rows[block as usize * bt + pos % bt] = stamp;
-                                    expect[s.0].push(stamp);
+                                    assert!(
+                                        p.cache.hash[block as usize].is_none(),
+                                        "seed {seed} step {step}: cached write"
+                                    );
+                                    toks[s.0].push(rng.below(2) as u32);
+                                    rows[block as usize * bt + pos % bt] = stamp(&toks[s.0]);
                                 }
                                 assert_eq!(p.len(s), len.max(old));
                             }
@@ -626,7 +938,7 @@ mod tests {
                             Ok(n) => {
                                 forks += 1;
                                 assert!(len <= before.len(s));
-                                expect[n.0] = expect[s.0][..len].to_vec();
+                                toks[n.0] = toks[s.0][..len].to_vec();
                             }
                             Err(_) => assert_eq!(p, before),
                         }
@@ -635,9 +947,30 @@ mod tests {
                         let len = rng.below(p.len(s) + 2);
                         p.truncate(s, len);
                         if is_live {
-                            expect[s.0].truncate(len);
+                            toks[s.0].truncate(len);
                         } else {
                             assert_eq!(p, before);
+                        }
+                    }
+                    9 => {
+                        // Up to all its tokens (the caller commits positions it has written).
+                        let n = rng.below(p.len(s) + 1);
+                        if is_live {
+                            p.commit(s, &toks[s.0][..n]);
+                        }
+                    }
+                    10 | 11 => {
+                        let tokens: Vec<u32> = (0..rng.below(4 * bt + 1)).map(|_| rng.below(2) as u32).collect();
+                        let (want_len, idle) = p.cached_prefix(&tokens);
+                        let free = p.free_blocks();
+                        match p.create_cached(&tokens) {
+                            Ok((n, len)) => {
+                                assert_eq!((len, p.len(n)), (want_len, want_len));
+                                assert_eq!(p.free_blocks(), free - idle, "seed {seed} step {step}");
+                                hits += usize::from(len > 0);
+                                toks[n.0] = tokens[..len].to_vec();
+                            }
+                            Err(e) => assert!(matches!(e, Error::TooManySequences { .. }) && live.len() == max_seqs),
                         }
                     }
                     _ => {
@@ -647,20 +980,21 @@ mod tests {
                     }
                 }
                 check(&p);
-                for (i, want) in expect.iter_mut().enumerate() {
+                for (i, want) in toks.iter_mut().enumerate() {
                     let seq = SeqId(i);
                     if p.live(seq).is_none() {
                         want.clear();
                         continue;
                     }
                     assert_eq!(p.len(seq), want.len(), "seed {seed} step {step} seq {i}");
-                    for (pos, &v) in want.iter().enumerate() {
+                    for pos in 0..want.len() {
                         let row = p.table(seq)[pos / bt] as usize * bt + pos % bt;
-                        assert_eq!(rows[row], v, "seed {seed} step {step}: seq {i} position {pos}");
+                        assert_eq!(rows[row], stamp(&want[..=pos]), "seed {seed} step {step}: seq {i} position {pos}");
                     }
                 }
             }
         }
+        assert!(hits > 50 && evictions > 20, "cache hits {hits}, evictions {evictions}");
         assert!(cows > 50 && fulls > 50 && forks > 50, "copies {cows}, full {fulls}, forks {forks}");
     }
 }

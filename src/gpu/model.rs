@@ -1069,8 +1069,9 @@ impl GpuModel {
         self.gpu.read_mapped(&b.staging_logits, bytes, |v| out.copy_from_slice(bytemuck::cast_slice(v))).await
     }
 
-    /// The pool's sequences: the engine's conversation (`step`, `submit_greedy`) is `main`;
-    /// batched generation and beam search make, fork and free others.
+    /// The sequence `step` and `submit_greedy` run in (a single sequence driven by hand: the
+    /// kernel and golden tests, `bench --profile`); the batch runtime makes, forks and frees
+    /// its own.
     pub fn main_sequence(&self) -> SeqId {
         self.main
     }
@@ -1101,6 +1102,25 @@ impl GpuModel {
         let fork = self.pool.fork(seq, len)?;
         self.mark_dirty(fork);
         Ok(fork)
+    }
+
+    /// A new sequence holding the longest prefix of `tokens` the pool's prefix cache has, in
+    /// whole blocks (`KvPool::create_cached`): its id and length.
+    pub fn new_sequence_cached(&mut self, tokens: &[u32]) -> Result<(SeqId, usize)> {
+        let (seq, len) = self.pool.create_cached(tokens)?;
+        self.mark_dirty(seq);
+        Ok((seq, len))
+    }
+
+    /// Registers `seq`'s full blocks among its first `tokens.len()` positions (whose keys and
+    /// values it holds) in the prefix cache (`KvPool::commit`).
+    pub fn commit_sequence(&mut self, seq: SeqId, tokens: &[u32]) {
+        self.pool.commit(seq, tokens);
+    }
+
+    /// Frees the prefix cache's blocks that no sequence holds.
+    pub fn forget_cached(&mut self) {
+        self.pool.evict_cached();
     }
 
     pub fn free_sequence(&mut self, seq: SeqId) {

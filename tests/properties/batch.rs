@@ -264,6 +264,75 @@ fn run_one(
     (ids, stats.expect("the request ended"))
 }
 
+/// The prefix cache is shared by running requests too (a prompt a running request has
+/// prefilled is not prefilled again), and, in a pool the cache has filled, evicts its least
+/// recently used blocks for a request that needs them: it is admitted at once, never refused,
+/// and the blocks used last are the ones still cached.
+#[test]
+fn the_prefix_cache_serves_running_requests_and_gives_way_to_a_request_that_needs_the_room() {
+    use webgpu_llm::batcher::{BatchEvent, Batcher};
+    let mut e = engine(BackendKind::Gpu, 256); // 16 blocks of 16 tokens
+    let pool = |e: &Engine| e.gpu_model().unwrap().pool().clone();
+    let mut b = Batcher::new(&e, 512);
+    // A runs; once its prompt is in, B with the same prompt starts from A's blocks.
+    let p = Batcher::prepare(&e, &prompt(4), &greedy(8)).unwrap();
+    let a = b.admit(&mut e, p).map_err(|(e, _)| e).unwrap();
+    type Ids = std::collections::HashMap<u64, Vec<u32>>;
+    type Done = std::collections::HashMap<u64, webgpu_llm::engine::Stats>;
+    let (mut ids, mut stats) = (Ids::new(), Done::new());
+    fn step(b: &mut Batcher, e: &mut Engine, ids: &mut Ids, stats: &mut Done) {
+        pollster::block_on(b.step(e, &mut |_| true, &mut |id, ev| {
+            match ev {
+                BatchEvent::Token(t) => ids.entry(id).or_default().push(t.id),
+                BatchEvent::Done(s) => drop(stats.insert(id, s)),
+                other => panic!("request {id}: {other:?}"),
+            }
+            true
+        }))
+        .unwrap();
+    }
+    step(&mut b, &mut e, &mut ids, &mut stats);
+    let bt = 16;
+    let len = prompt_ids(4).len();
+    assert_eq!(pool(&e).cached_blocks(), len / bt, "A's full prompt blocks are registered once prefilled");
+    let p = Batcher::prepare(&e, &prompt(4), &greedy(8)).unwrap();
+    let second = b.admit(&mut e, p).map_err(|(e, _)| e).unwrap();
+    while !b.is_empty() {
+        step(&mut b, &mut e, &mut ids, &mut stats);
+    }
+    for id in [a, second] {
+        assert_eq!(ids[&id], want(4, 8), "request {id}");
+    }
+    assert_eq!(stats[&a].prefilled_tokens, len);
+    assert_eq!(stats[&second].prefilled_tokens, len - (len - 1) / bt * bt, "B prefilled only past A's whole blocks");
+    // Fill the cache: every prompt run in turn leaves its blocks.
+    for i in 0..8 {
+        let (ids, _) = run_one(&mut b, &mut e, &prompt(i), 4);
+        assert_eq!(ids, want(i, 4), "prompt {i}");
+    }
+    let p = pool(&e);
+    assert_eq!(p.free_blocks(), p.blocks(), "every block idle or free once the requests ended");
+    let cached = p.cached_blocks();
+    assert!(cached >= 12, "the cache holds most of the pool: {cached} of {} blocks", p.blocks());
+    // A request with a 200-token prompt (13 blocks): admitted at once, evicting the oldest.
+    let mut long: Vec<u32> = Vec::new();
+    while long.len() < 200 {
+        long.extend(prompt_ids(7 - long.len() % 8));
+    }
+    long.truncate(200);
+    let p = Batcher::prepare(&e, &Prompt::Tokens(long.clone()), &greedy(4)).unwrap();
+    let admitted = b.admit(&mut e, p).map_err(|(e, _)| e);
+    assert!(admitted.is_ok(), "a request the cache's idle blocks make room for is admitted: {admitted:?}");
+    while !b.is_empty() {
+        step(&mut b, &mut e, &mut ids, &mut stats);
+    }
+    assert_eq!(ids[&admitted.unwrap()], tiny::greedy(tiny::chat(), &long, 4).0, "the long prompt's tokens");
+    let p = pool(&e);
+    assert!(p.cached_blocks() < cached + 13, "blocks were evicted: {} cached", p.cached_blocks());
+    // Its own blocks are the most recent: its prompt is cached whole (bar the last block).
+    assert_eq!(p.cached_prefix(&long).0, long.len() / bt * bt);
+}
+
 #[test]
 fn a_prompt_that_starts_as_an_ended_one_did_forks_its_blocks_and_gives_the_same_tokens() {
     use webgpu_llm::batcher::Batcher;

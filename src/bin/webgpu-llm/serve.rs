@@ -346,7 +346,8 @@ fn engine_loop(
         metrics.paused.store(paused.len(), Ordering::Relaxed);
         metrics.queue_depth.store(batcher.waiting(), Ordering::Relaxed);
         metrics.running.store(batcher.len(), Ordering::Relaxed);
-        metrics.prefix_cache_tokens.store(batcher.kept_tokens(), Ordering::Relaxed);
+        let cached = engine.gpu_model().map_or(0, |m| m.pool().cached_blocks() * m.pool().block_tokens());
+        metrics.prefix_cache_tokens.store(cached, Ordering::Relaxed);
         if batcher.is_empty() {
             if !streams.is_empty() {
                 // Only finished streams whose readers are behind: wait for them.
@@ -1206,7 +1207,7 @@ impl Metrics {
             ("webgpu_llm_batch_size", "Rows of the last decode step.", self.batch_rows.load(Ordering::Relaxed) as f64),
             (
                 "webgpu_llm_prefix_cache_tokens",
-                "Tokens whose keys and values ended requests left in the KV pool for later prompts.",
+                "Tokens in the KV pool's prefix cache (full blocks registered for later prompts, in use or idle).",
                 self.prefix_cache_tokens.load(Ordering::Relaxed) as f64,
             ),
             (
