@@ -96,7 +96,7 @@ impl Prepared {
 struct Beams {
     search: BeamSearch,
     /// Beam i's sequence (none before the prompt's logits are in).
-    seqs: Vec<SeqKv>,
+    seqs: Vec<SeqState>,
     /// The tokens the beams run next, at `pos`.
     tokens: Vec<u32>,
     pos: usize,
@@ -116,17 +116,78 @@ struct Row {
     draft: usize,
 }
 
-/// Where a request's keys and values live.
-enum SeqKv {
+/// A sequence's state: what a request (or a beam, or a draft model's copy of a request) keeps
+/// of the positions it has run — its keys and values, in a KV-pool sequence on the GPU or a
+/// cache of its own on the CPU reference. Every change of a sequence's state is a method here:
+/// made (from the prefix cache), forked (beams), cut back (rejected drafts), released (its full
+/// blocks committed to the prefix cache). A model whose layers carry a recurrent state (Gated
+/// DeltaNet, short convolutions) adds it beside the blocks: copied in `fork`, restored from a
+/// per-position snapshot in `truncate`, snapshotted at block ends for `commit`/`create`.
+enum SeqState {
     Cpu(Box<CpuKvCache>),
     Gpu(SeqId),
+}
+
+impl SeqState {
+    /// A new sequence for `tokens` (to run from position 0), holding the longest prefix of them
+    /// the prefix cache has (GPU), and that prefix's length.
+    fn create(engine: &mut Engine, tokens: &[u32]) -> Result<(Self, usize)> {
+        match &mut engine.backend {
+            Backend::Cpu { model } => Ok((SeqState::Cpu(Box::new(model.new_cache())), 0)),
+            Backend::Gpu(model) => {
+                let (seq, reused) = model.new_sequence_cached(tokens)?;
+                Ok((SeqState::Gpu(seq), reused))
+            }
+        }
+    }
+
+    /// A new sequence holding the first `len` positions of this one (on the GPU sharing its
+    /// blocks).
+    fn fork(&self, engine: &mut Engine, len: usize) -> Result<Self> {
+        let kv_dim = engine.config.kv_dim();
+        match (self, &mut engine.backend) {
+            (&SeqState::Gpu(seq), Backend::Gpu(model)) => Ok(SeqState::Gpu(model.fork_sequence(seq, len)?)),
+            (SeqState::Cpu(cache), Backend::Cpu { .. }) => {
+                let mut copy = cache.clone();
+                copy.truncate(len, kv_dim);
+                Ok(SeqState::Cpu(copy))
+            }
+            _ => unreachable!("a sequence is on its engine's backend"),
+        }
+    }
+
+    /// Keeps the first `len` positions (rejected drafts, a draft model's catch-up).
+    fn truncate(&mut self, backend: &mut Backend, kv_dim: usize, len: usize) {
+        match (self, backend) {
+            (&mut SeqState::Gpu(seq), Backend::Gpu(model)) => model.truncate_sequence(seq, len),
+            (SeqState::Cpu(cache), Backend::Cpu { .. }) => cache.truncate(len, kv_dim),
+            _ => unreachable!("a sequence is on its engine's backend"),
+        }
+    }
+
+    /// Registers its full blocks among the positions of `written` (the tokens whose keys and
+    /// values it holds, from position 0) in the prefix cache.
+    fn commit(&self, engine: &mut Engine, written: &[u32]) {
+        if let (&SeqState::Gpu(seq), Some(m)) = (self, engine.gpu_model_mut()) {
+            m.commit_sequence(seq, written);
+        }
+    }
+
+    /// Frees it, its full blocks among the positions of `written` committed first (`&[]`:
+    /// nothing it wrote is kept).
+    fn release(&self, engine: &mut Engine, written: &[u32]) {
+        self.commit(engine, written);
+        if let (&SeqState::Gpu(seq), Some(m)) = (self, engine.gpu_model_mut()) {
+            m.free_sequence(seq);
+        }
+    }
 }
 
 struct Request {
     id: RequestId,
     seq: BatchSeq,
     /// The prompt's sequence (and, sampling, the generated tokens').
-    kv: SeqKv,
+    kv: SeqState,
     /// A beam search's state and its beams' sequences.
     beam: Option<Box<Beams>>,
     /// Positions of `seq.tokens` whose keys and values are in `kv` (from the prefix cache, then
@@ -144,7 +205,7 @@ pub struct Batcher {
     preemptions: u64,
     next_id: RequestId,
     /// The sequence `admit_as` made (and the positions it forked), for `push_admitted`.
-    admitted: Option<(SeqKv, usize)>,
+    admitted: Option<(SeqState, usize)>,
     prefill_budget: usize,
     max_rows: usize,
     /// A round's decode rows and prompt chunks (request index, first position, tokens), reused.
@@ -355,9 +416,9 @@ impl Batcher {
         Self::seq_blocks(engine, kv, row.pos + 1)
     }
 
-    fn seq_blocks(engine: &Engine, kv: &SeqKv, len: usize) -> usize {
+    fn seq_blocks(engine: &Engine, kv: &SeqState, len: usize) -> usize {
         match (kv, engine.gpu_model()) {
-            (&SeqKv::Gpu(seq), Some(m)) => m.pool().blocks_to_reserve(seq, len),
+            (&SeqState::Gpu(seq), Some(m)) => m.pool().blocks_to_reserve(seq, len),
             _ => 0,
         }
     }
@@ -381,7 +442,7 @@ impl Batcher {
     fn preempt_last(&mut self, engine: &mut Engine, floor: usize) -> Option<usize> {
         let i = (floor..self.requests.len()).rev().find(|&i| self.requests[i].beam.is_none())?;
         let mut r = self.requests.remove(i);
-        release(engine, &r.kv, &r.seq.tokens[..r.computed]);
+        r.kv.release(engine, &r.seq.tokens[..r.computed]);
         r.seq.free_draft(engine);
         self.preemptions += 1;
         self.preempted.push_front((r.id, r.seq));
@@ -444,21 +505,16 @@ impl Batcher {
         let fits = self.make_room(engine, tokens, rows, 0);
         let (needed, _) = Self::blocks_to_admit(engine, tokens);
         let free_blocks = Self::free_blocks(engine);
-        let (kv, reused) = match &mut engine.backend {
-            Backend::Cpu { model } => (SeqKv::Cpu(Box::new(model.new_cache())), 0),
-            Backend::Gpu(model) => {
-                let bt = model.pool().block_tokens();
-                if !fits && needed > free_blocks {
-                    return Err(Error::KvPoolFull {
-                        needed_tokens: needed * bt,
-                        free_tokens: free_blocks * bt,
-                        capacity_tokens: model.pool().blocks() * bt,
-                    });
-                }
-                let (seq, reused) = model.new_sequence_cached(&tokens[..tokens.len() - 1])?;
-                (SeqKv::Gpu(seq), reused)
-            }
-        };
+        if let Some(pool) = engine.gpu_model().map(|m| m.pool()).filter(|_| !fits && needed > free_blocks) {
+            let bt = pool.block_tokens();
+            return Err(Error::KvPoolFull {
+                needed_tokens: needed * bt,
+                free_tokens: free_blocks * bt,
+                capacity_tokens: pool.blocks() * bt,
+            });
+        }
+        // The last token runs whatever the cache holds: its logits choose the first token.
+        let (kv, reused) = SeqState::create(engine, &tokens[..tokens.len() - 1])?;
         self.admitted = Some((kv, reused));
         Ok(())
     }
@@ -520,7 +576,7 @@ impl Batcher {
         free_beams(engine, &mut r);
         r.seq.free_draft(engine);
         let written = if keep { r.computed } else { 0 };
-        release(engine, &r.kv, &r.seq.tokens[..written]);
+        r.kv.release(engine, &r.seq.tokens[..written]);
     }
 
     /// One round: admit waiting requests, then one pass of the model over rows of every kind:
@@ -572,10 +628,10 @@ impl Batcher {
                                 let mut prev = next;
                                 for d in 0..k {
                                     let drafted = match (&mut engine.backend, &mut r.kv) {
-                                        (Backend::Gpu(model), &mut SeqKv::Gpu(seq)) => {
+                                        (Backend::Gpu(model), &mut SeqState::Gpu(seq)) => {
                                             model.draft_step_in(seq, layers, prev, pos + d).await
                                         }
-                                        (Backend::Cpu { model, .. }, SeqKv::Cpu(cache)) => {
+                                        (Backend::Cpu { model, .. }, SeqState::Cpu(cache)) => {
                                             model.forward_layers(cache, &[prev], Logits::Last, layers).and_then(|l| {
                                                 if all_finite(&l) {
                                                     Ok(argmax(&l))
@@ -602,8 +658,8 @@ impl Batcher {
                                     spec.draft.push(prev);
                                 }
                                 // The partial layers leave the CPU cache's lengths uneven.
-                                if let SeqKv::Cpu(cache) = &mut r.kv {
-                                    cache.truncate(pos, engine.config.kv_dim());
+                                if let SeqState::Cpu(_) = r.kv {
+                                    r.kv.truncate(&mut engine.backend, engine.config.kv_dim(), pos);
                                 }
                                 if r.seq.failed.is_some() {
                                     continue;
@@ -726,7 +782,7 @@ impl Batcher {
             Backend::Cpu { model, .. } => {
                 for &(i, start, len) in &self.chunks {
                     let r = &mut self.requests[i];
-                    let SeqKv::Cpu(cache) = &mut r.kv else { unreachable!() };
+                    let SeqState::Cpu(cache) = &mut r.kv else { unreachable!() };
                     model.forward(cache, &r.seq.tokens[start..start + len], Logits::Last)?;
                 }
                 for (k, row) in self.rows.iter().enumerate() {
@@ -735,7 +791,7 @@ impl Batcher {
                         (Some(b), Some(beams)) => &mut beams.seqs[b],
                         _ => &mut r.kv,
                     };
-                    let SeqKv::Cpu(cache) = kv else { unreachable!() };
+                    let SeqState::Cpu(cache) = kv else { unreachable!() };
                     let out = model.forward(cache, &[row.token], Logits::Last)?;
                     // As the GPU's argmax does: non-finite logits flag the row.
                     self.ids[k] = if all_finite(&out) { argmax(&out) } else { u32::MAX };
@@ -750,7 +806,7 @@ impl Batcher {
                         (Some(b), Some(beams)) => &beams.seqs[b],
                         _ => &r.kv,
                     };
-                    let &SeqKv::Gpu(seq) = kv else { unreachable!() };
+                    let &SeqState::Gpu(seq) = kv else { unreachable!() };
                     self.gpu_rows.push((seq, row.token, row.pos));
                 }
                 let prefills: Vec<(SeqId, &[u32], usize)> = self
@@ -758,7 +814,7 @@ impl Batcher {
                     .iter()
                     .map(|&(i, start, len)| {
                         let r = &self.requests[i];
-                        let SeqKv::Gpu(seq) = r.kv else { unreachable!() };
+                        let SeqState::Gpu(seq) = r.kv else { unreachable!() };
                         (seq, &r.seq.tokens[start..start + len], start)
                     })
                     .collect();
@@ -879,12 +935,8 @@ impl Batcher {
 
         // The blocks each request filled this round join the prefix cache (for requests that
         // start with the same tokens, running or to come).
-        if let Some(model) = engine.gpu_model_mut() {
-            for r in &self.requests {
-                if let SeqKv::Gpu(seq) = r.kv {
-                    model.commit_sequence(seq, &r.seq.tokens[..r.computed]);
-                }
-            }
+        for r in &self.requests {
+            r.kv.commit(engine, &r.seq.tokens[..r.computed]);
         }
 
         let mut i = 0;
@@ -935,7 +987,7 @@ impl Batcher {
                     let mut seqs = Vec::with_capacity(from.len());
                     for &f in &from {
                         let source = if beams.seqs.is_empty() { &r.kv } else { &beams.seqs[f] };
-                        match fork(engine, source, pos) {
+                        match source.fork(engine, pos) {
                             Ok(kv) => seqs.push(kv),
                             Err(e) => {
                                 r.seq.failed = Some(e);
@@ -944,7 +996,7 @@ impl Batcher {
                         }
                     }
                     for kv in std::mem::replace(&mut beams.seqs, seqs) {
-                        free(engine, &kv);
+                        kv.release(engine, &[]);
                     }
                     (beams.tokens, beams.pos) = (tokens, pos);
                 }
@@ -1035,15 +1087,7 @@ impl Batcher {
             spec.stats.drafted += draft.len();
             spec.stats.accepted += j;
             // The token and the accepted drafts stay in the cache; the rejected ones go.
-            let keep = row.pos + 1 + j;
-            match (&r.kv, &mut engine.backend) {
-                (&SeqKv::Gpu(seq), Backend::Gpu(model)) => model.truncate_sequence(seq, keep),
-                (SeqKv::Cpu(_), _) => {}
-                _ => unreachable!("a request's cache is on its engine's backend"),
-            }
-            if let SeqKv::Cpu(cache) = &mut r.kv {
-                cache.truncate(keep, kv_dim);
-            }
+            r.kv.truncate(&mut engine.backend, kv_dim, row.pos + 1 + j);
             r.seq.tokens.push(row.token);
             let rejected: Vec<String> =
                 draft[j..].iter().map(|&id| engine.tokenizer.decode(&[id]).unwrap_or_default()).collect();
@@ -1285,41 +1329,12 @@ fn rows_of(beams: &Option<BeamOptions>, options: &GenerateOptions) -> (usize, bo
     }
 }
 
-/// Frees a request's sequence, its full blocks among the positions of `written` (the tokens
-/// whose keys and values it holds) registered in the prefix cache first.
-fn release(engine: &mut Engine, kv: &SeqKv, written: &[u32]) {
-    if let (&SeqKv::Gpu(seq), Some(m)) = (kv, engine.gpu_model_mut()) {
-        m.commit_sequence(seq, written);
-        m.free_sequence(seq);
-    }
-}
-
-/// A new sequence holding the first `len` positions of `kv` (on the GPU sharing its blocks).
-fn fork(engine: &mut Engine, kv: &SeqKv, len: usize) -> Result<SeqKv> {
-    let kv_dim = engine.config.kv_dim();
-    match (kv, &mut engine.backend) {
-        (&SeqKv::Gpu(seq), Backend::Gpu(model)) => Ok(SeqKv::Gpu(model.fork_sequence(seq, len)?)),
-        (SeqKv::Cpu(cache), Backend::Cpu { .. }) => {
-            let mut copy = cache.clone();
-            copy.truncate(len, kv_dim);
-            Ok(SeqKv::Cpu(copy))
-        }
-        _ => unreachable!("a request's cache is on its engine's backend"),
-    }
-}
-
 /// Frees a beam search's beams' sequences.
 fn free_beams(engine: &mut Engine, r: &mut Request) {
     if let Some(beams) = &mut r.beam {
         for kv in beams.seqs.drain(..) {
-            free(engine, &kv);
+            kv.release(engine, &[]);
         }
-    }
-}
-
-fn free(engine: &mut Engine, kv: &SeqKv) {
-    if let (SeqKv::Gpu(seq), Some(m)) = (kv, engine.gpu_model_mut()) {
-        m.free_sequence(*seq);
     }
 }
 
@@ -1337,10 +1352,16 @@ struct SpecState {
 
 /// One pass of a draft model over `tokens` at `start` in sequence `kv` (cut to `start` first):
 /// the last position's argmax.
-async fn draft_pass(backend: &mut Backend, kv: &mut SeqKv, tokens: &[u32], start: usize, kv_dim: usize) -> Result<u32> {
+async fn draft_pass(
+    backend: &mut Backend,
+    kv: &mut SeqState,
+    tokens: &[u32],
+    start: usize,
+    kv_dim: usize,
+) -> Result<u32> {
+    kv.truncate(backend, kv_dim, start);
     match (backend, kv) {
-        (Backend::Gpu(model), &mut SeqKv::Gpu(seq)) => {
-            model.truncate_sequence(seq, start);
+        (Backend::Gpu(model), &mut SeqState::Gpu(seq)) => {
             let mut id = 0;
             let chunks = tokens.chunks(PREFILL_CHUNK).count();
             for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
@@ -1349,8 +1370,7 @@ async fn draft_pass(backend: &mut Backend, kv: &mut SeqKv, tokens: &[u32], start
             }
             Ok(id)
         }
-        (Backend::Cpu { model, .. }, SeqKv::Cpu(cache)) => {
-            cache.truncate(start, kv_dim);
+        (Backend::Cpu { model, .. }, SeqState::Cpu(cache)) => {
             let logits = model.forward(cache, tokens, Logits::Last)?;
             if !all_finite(&logits) {
                 return Err(Error::NonFiniteLogits { position: start + tokens.len() });
@@ -1365,7 +1385,7 @@ async fn draft_pass(backend: &mut Backend, kv: &mut SeqKv, tokens: &[u32], start
 /// and freed when the request leaves the batch (or is preempted).
 #[derive(Default)]
 struct ModelDraft {
-    kv: Option<SeqKv>,
+    kv: Option<SeqState>,
     /// The tokens whose keys and values `kv` holds.
     tokens: Vec<u32>,
 }
@@ -1397,8 +1417,12 @@ impl ModelDraft {
                 | Error::ContextOverflow { .. }
                 | Error::NonFiniteLogits { .. },
             ) => {
-                // Its sequence may hold part of a pass: it starts over at the next drafts.
-                self.free(draft);
+                // Its sequence may hold part of a pass: nothing of it is kept; it starts over
+                // at the next drafts.
+                if let Some(kv) = self.kv.take() {
+                    kv.release(draft, &[]);
+                }
+                self.tokens.clear();
                 out.clear();
                 Ok(())
             }
@@ -1416,11 +1440,12 @@ impl ModelDraft {
     ) -> Result<()> {
         let kv_dim = draft.config.kv_dim();
         if self.kv.is_none() {
+            // From the draft model's own prefix cache (another request's drafting, or this
+            // one's before it was preempted).
+            let (kv, reused) = SeqState::create(draft, &context[..context.len() - 1])?;
             self.tokens.clear();
-            self.kv = Some(match &mut draft.backend {
-                Backend::Gpu(model) => SeqKv::Gpu(model.new_sequence()?),
-                Backend::Cpu { model, .. } => SeqKv::Cpu(Box::new(model.new_cache())),
-            });
+            self.tokens.extend_from_slice(&context[..reused]);
+            self.kv = Some(kv);
         }
         let reuse = common_prefix(&self.tokens, context).min(context.len() - 1);
         self.tokens.truncate(reuse);
@@ -1441,10 +1466,11 @@ impl ModelDraft {
         Ok(())
     }
 
-    /// Frees the sequence (the request leaves, is preempted, or the sequence is in doubt).
+    /// Frees the sequence (the request leaves or is preempted: what it holds stays in the draft
+    /// model's prefix cache).
     fn free(&mut self, draft: &mut Engine) {
-        if let (Some(SeqKv::Gpu(seq)), Some(m)) = (self.kv.take(), draft.gpu_model_mut()) {
-            m.free_sequence(seq);
+        if let Some(kv) = self.kv.take() {
+            kv.release(draft, &self.tokens);
         }
         self.tokens.clear();
     }
