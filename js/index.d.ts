@@ -195,7 +195,8 @@ export interface Info {
   vocabSize: number;
   kvBytesPerValue: number;
   /** The KV cache's pool of blocks (GPU backend): per block, the sequences holding it (0: the conversation). */
-  kvPool?: { blockTokens: number; blocks: number; freeBlocks: number; owners: number[][] };
+  /** Per block: the sequences holding it, and whether the prefix cache has it; `freeBlocks` counts the cached blocks no sequence holds (handed out when nothing else is free). */
+  kvPool?: { blockTokens: number; blocks: number; freeBlocks: number; cachedBlocks: number; owners: number[][]; cached: boolean[] };
   backend: string;
   adapter: string;
   f16: boolean;

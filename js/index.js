@@ -1,7 +1,7 @@
 // webgpu-llm: the npm package's entry point. Wraps the wasm engine into `Engine`, with model
 // download + Cache Storage, a look at a model before downloading it (inspect), progress events
 // and async iterators of tokens. The wasm module initializes itself on first use: no init call.
-import init, { WasmEngine, inspect as inspectHeader } from "./webgpu_llm.js";
+import init, { WasmEngine, OpenAiCall, inspect as inspectHeader } from "./webgpu_llm.js";
 
 const CACHE_NAME = "webgpu-llm-models-v1";
 // The first read of a header; it grows while the header needs more (a large vocabulary takes MBs).
@@ -706,105 +706,50 @@ export class Engine {
   /**
    * OpenAI's chat completion on this engine (`engine.chat.completions.create`): resolves to a
    * `chat.completion`, or with `stream: true` to an async iterable of `chat.completion.chunk`s.
-   * Calls made while others run join them in one batch; a call whose messages start as an
-   * ended one's did (a chat's next turn) reuses that call's KV blocks and prefills only the
-   * rest. The fields are OpenAI's (temperature, top_p, max_tokens | max_completion_tokens,
-   * seed, stop, presence_penalty, frequency_penalty, logprobs, top_logprobs,
-   * stream_options.include_usage) and the engine's (top_k, min_p, repetition_penalty,
-   * ignore_eos, speculate with draft_tokens: such a call runs alone, on the conversation).
+   * The request is parsed and the answer shaped by the engine's OpenAI module (`src/openai.rs`,
+   * the server's own), so the fields, their checks and the shapes are the server's: any field
+   * it does not take is refused by name. Calls made while others run join them in one batch; a
+   * call whose messages start as an earlier one's did (a chat's next turn) starts from the
+   * prefix cache and prefills only the rest.
    */
   async #create(request) {
-    const invalid = (Kind, message) => Object.assign(new Kind(`chat.completions.create: ${message}`), { code: "invalid-option" });
-    if (!request || !Array.isArray(request.messages)) throw invalid(TypeError, "messages must be an array of {role, content}");
-    if ((request.n ?? 1) !== 1) throw invalid(RangeError, "n must be 1 (make n calls: they run as one batch)");
-    const top = request.top_logprobs ?? 0;
-    if (top && !request.logprobs) throw invalid(TypeError, "top_logprobs needs logprobs: true");
-    if (!Number.isInteger(top) || top < 0 || top > 20) throw invalid(RangeError, `top_logprobs must be an integer from 0 to 20, not ${top}`);
-    const messages = request.messages.map((m) => ({
-      role: String(m.role),
-      content: typeof m.content === "string" ? m.content : (m.content ?? []).map((p) => p.text ?? "").join(""),
-    }));
-    const defined = (o) => Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined && v !== null));
-    const options = defined({
-      maxTokens: request.max_completion_tokens ?? request.max_tokens,
-      temperature: request.temperature,
-      topP: request.top_p,
-      topK: request.top_k,
-      minP: request.min_p,
-      repetitionPenalty: request.repetition_penalty,
-      presencePenalty: request.presence_penalty,
-      frequencyPenalty: request.frequency_penalty,
-      seed: request.seed,
-      stop: typeof request.stop === "string" ? [request.stop] : request.stop,
-      ignoreEos: request.ignore_eos,
-      // The candidates carry the alternatives; one at least, so the token's own logprob comes too.
-      candidates: request.logprobs ? Math.max(top, 1) : undefined,
-      speculate: request.speculate,
-      draftTokens: request.draft_tokens,
-    });
-    const id = `chatcmpl-${Math.random().toString(16).slice(2, 14)}`;
-    const created = Math.floor(Date.now() / 1000);
-    const base = { id, created, model: this.#model, system_fingerprint: null };
-    const finishReason = (s) => (s.stopReason === "maxtokens" ? "length" : "stop");
-    const usage = (s) => ({ prompt_tokens: s.promptTokens, completion_tokens: s.generatedTokens, total_tokens: s.promptTokens + s.generatedTokens });
-    const utf8 = new TextEncoder();
-    // OpenAI's entry for a token: its logprob and the top alternatives (each with `kept`: inside
-    // the top-k/top-p/min-p cut, the engine's extension).
-    const logprob = (ev) =>
-      ev.logprob && {
-        token: ev.logprob.token,
-        logprob: ev.logprob.logprob,
-        bytes: [...utf8.encode(ev.logprob.token)],
-        top_logprobs: (ev.candidates ?? []).slice(0, top).map((c) => ({ token: c.text, logprob: Math.log(c.prob), bytes: [...utf8.encode(c.text)], kept: c.kept })),
-      };
-    // Speculation checks several tokens of one sequence per pass: such a call runs alone.
-    const tokens = this.#stream(messages, true, options, !request.speculate);
-    if (!request.stream) {
-      let content = "";
-      const entries = [];
+    const call = await this.#openai(request);
+    // Speculation and candidates run as one-request batches of their own (`generate`).
+    const options = call.options();
+    const tokens = this.#stream(call.messages(), true, options, !options.speculate);
+    if (!call.stream) {
       let step;
-      while (!(step = await tokens.next()).done) {
-        content += step.value.text;
-        if (request.logprobs) entries.push(logprob(step.value));
-      }
-      const stats = step.value;
-      return {
-        ...base,
-        object: "chat.completion",
-        choices: [{ index: 0, message: { role: "assistant", content }, logprobs: request.logprobs ? { content: entries } : null, finish_reason: finishReason(stats) }],
-        usage: usage(stats),
-      };
+      while (!(step = await tokens.next()).done) call.push(step.value);
+      const answer = call.completion(step.value);
+      call.free();
+      return answer;
     }
     // The first token is awaited here, so a request the engine refuses rejects create() itself.
     const first = await tokens.next();
-    // The engine's extensions: `position` (tokens in the KV cache once this one is fed back)
-    // and, with `speculate`, `speculation` ({accepted, rejected}: a drafted token the model
-    // accepted, or the model's own token and the drafts it replaced).
-    const chunk = (delta, finish, ev) => ({
-      ...base,
-      object: "chat.completion.chunk",
-      ...(ev && { position: ev.position }),
-      ...(ev?.speculation && { speculation: ev.speculation }),
-      choices: [{ index: 0, delta, logprobs: ev && request.logprobs ? { content: [logprob(ev)] } : null, finish_reason: finish }],
-    });
-    const includeUsage = !!request.stream_options?.include_usage;
     return (async function* () {
       let step = first;
-      let role = true;
       try {
         while (!step.done) {
-          if (step.value.text || role || request.logprobs || step.value.speculation) {
-            yield chunk(role ? { role: "assistant", content: step.value.text } : { content: step.value.text }, null, step.value);
-            role = false;
-          }
+          const chunk = call.chunk(step.value);
+          if (chunk) yield chunk;
           step = await tokens.next();
         }
-        yield chunk({}, finishReason(step.value));
-        if (includeUsage) yield { ...base, object: "chat.completion.chunk", choices: [], usage: usage(step.value) };
+        yield* call.finish(step.value);
       } finally {
         await tokens.return();
+        call.free();
       }
     })();
+  }
+
+  /** The engine's parse of an OpenAI request (`OpenAiCall`), its errors as the package's. */
+  async #openai(request) {
+    await initOnce();
+    try {
+      return new OpenAiCall(request, this.#model);
+    } catch (e) {
+      throw toError(e);
+    }
   }
 
   /**

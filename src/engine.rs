@@ -108,44 +108,44 @@ impl Default for GenerateOptions {
 
 /// One sampled token and the text it completed (empty while a character or a possible stop
 /// string is incomplete).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TokenEvent {
     pub id: u32,
     pub text: String,
     /// Tokens in the KV cache once this one is fed back: what the next step attends over.
     pub position: usize,
     /// The distribution this token was drawn from (when `top_candidates` > 0).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub candidates: Vec<TokenCandidate>,
     /// The token's log-probability in that distribution (batched generation with
     /// `top_candidates` > 0: the server's `logprobs`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprob: Option<TokenLogprob>,
     /// With speculative decoding: whether the token was drafted, and the drafts it replaced.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculation: Option<TokenSpeculation>,
 }
 
 /// Where a token of a speculative generation came from.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TokenSpeculation {
     /// A drafted token the model accepted (false: the model's own token from a verifying pass).
     pub accepted: bool,
     /// The drafted tokens' texts this (own) token replaced: the first draft the model rejected
     /// and the ones after it.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<String>,
 }
 
 /// A sampled token's log-probability and its own text (the event's `text` may hold it back).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TokenLogprob {
     pub logprob: f32,
     pub token: String,
 }
 
 /// A candidate of the sampling distribution, with its text.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TokenCandidate {
     pub id: u32,
     pub text: String,

@@ -468,8 +468,14 @@ impl KvPool {
         }
     }
 
+    /// Whether block `b` is registered in the prefix cache (held by sequences, or idle).
+    pub fn is_cached(&self, b: usize) -> bool {
+        self.cache.hash.get(b).is_some_and(Option::is_some)
+    }
+
     /// For the page's "Inside the engine" panel and `engine.info()`: for every block, the
-    /// sequences whose tables hold it, in slot order (empty = free).
+    /// sequences whose tables hold it, in slot order (empty = free or, `is_cached`, idle in the
+    /// prefix cache).
     pub fn owners(&self) -> Vec<Vec<usize>> {
         let mut owners = vec![Vec::new(); self.blocks()];
         for (i, slot) in self.slots.iter().enumerate().filter(|(_, s)| s.live) {

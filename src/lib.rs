@@ -13,6 +13,7 @@ pub mod gguf;
 pub mod gpu;
 pub mod kv_pool;
 pub mod model;
+pub mod openai;
 pub mod options;
 pub mod quant;
 pub mod sampling;

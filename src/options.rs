@@ -31,9 +31,10 @@ pub enum Stop {
     Many(Vec<String>),
 }
 
-/// What a request asks for; None is the default. Unknown fields are the caller's to refuse.
+/// What a request asks for; None is the default. A field it does not name is refused (serde's
+/// "unknown field" error, which `openai::parse` turns into an error naming it).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct RequestOptions {
     #[serde(alias = "maxTokens")]
     pub max_tokens: Option<usize>,

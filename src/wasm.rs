@@ -30,19 +30,37 @@ struct JsLoadOptions {
 
 /// The page's extra to a request's options: attach the top-N candidates to each token (its
 /// "inside the engine" panel, and `logprobs` in `chat.completions.create`).
-#[derive(Deserialize, Default)]
-#[serde(default)]
+#[derive(Default)]
 struct JsExtras {
     candidates: usize,
 }
 
 /// The package's options (camelCase, every field optional) as a request's (`RequestOptions`:
 /// the defaults and bounds the server and the CLI share), with the page's `candidates`.
+/// A field it does not name is refused, naming it.
 fn js_request(options: JsValue) -> Result<(RequestOptions, JsExtras), JsValue> {
     if options.is_undefined() || options.is_null() {
         return Ok(Default::default());
     }
-    Ok((serde_wasm_bindgen::from_value(options.clone())?, serde_wasm_bindgen::from_value(options)?))
+    let mut fields: serde_json::Map<String, serde_json::Value> = serde_wasm_bindgen::from_value(options)
+        .map_err(|e| invalid_option(format!("options must be an object: {e}")))?;
+    // undefined and null are "not given".
+    fields.retain(|_, v| !v.is_null());
+    let candidates = match fields.remove("candidates") {
+        None => 0,
+        Some(v) => serde_json::from_value(v)
+            .map_err(|e| invalid_option(format!("candidates: a count of alternatives per token: {e}")))?,
+    };
+    let request = serde_json::from_value(serde_json::Value::Object(fields))
+        .map_err(|e| invalid_option(format!("options: {e}")))?;
+    Ok((request, JsExtras { candidates }))
+}
+
+/// A JS `Error` with code "invalid-option".
+fn invalid_option(message: String) -> JsValue {
+    let js: JsValue = JsError::new(&message).into();
+    let _ = js_sys::Reflect::set(&js, &"code".into(), &"invalid-option".into());
+    js
 }
 
 /// A seed for a request that gives none.
@@ -60,6 +78,8 @@ struct JsStats {
     prefill_tok_s: f64,
     decode_tok_s: f64,
     stop_reason: String,
+    /// OpenAI's name for how it ended (`openai::finish_reason`).
+    finish_reason: String,
     /// Host time to encode and submit one decode step (GPU only), in milliseconds.
     host_ms_per_token: Option<f64>,
 }
@@ -74,6 +94,7 @@ impl From<&Stats> for JsStats {
             prefill_tok_s: s.prefill_tok_s,
             decode_tok_s: s.decode_tok_s,
             stop_reason: format!("{:?}", s.stop_reason).to_lowercase(),
+            finish_reason: crate::openai::finish_reason(s).into(),
             host_ms_per_token: s.decode_counters.map(|c| c.host_ns as f64 / s.decode_steps.max(1) as f64 / 1e6),
         }
     }
@@ -99,14 +120,18 @@ struct JsInfo {
     kv_pool: Option<JsKvPool>,
 }
 
-/// The KV pool as the page's panel draws it: per block, the sequences that hold it.
+/// The KV pool as the page's panel draws it: per block, the sequences that hold it, and
+/// whether the prefix cache has it (`free_blocks` counts the cached blocks no sequence holds:
+/// they are handed out when nothing else is free).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct JsKvPool {
     block_tokens: usize,
     blocks: usize,
     free_blocks: usize,
+    cached_blocks: usize,
     owners: Vec<Vec<usize>>,
+    cached: Vec<bool>,
 }
 
 /// A JS `Error` for a misuse of this API (a wrong argument type, a call at the wrong time).
@@ -275,7 +300,9 @@ impl WasmEngine {
                     block_tokens: pool.block_tokens(),
                     blocks: pool.blocks(),
                     free_blocks: pool.free_blocks(),
+                    cached_blocks: pool.cached_blocks(),
                     owners: pool.owners(),
+                    cached: (0..pool.blocks()).map(|b| pool.is_cached(b)).collect(),
                 }
             }),
         };
@@ -470,7 +497,7 @@ async fn pump(
         return;
     };
     let kept = batch.borrow_mut().take();
-    let mut batcher = kept.unwrap_or_else(|| crate::batcher::Batcher::new(&mut e, crate::engine::PREFILL_CHUNK));
+    let mut batcher = kept.unwrap_or_else(|| crate::batcher::Batcher::new(&e, crate::engine::PREFILL_CHUNK));
     let mut live = std::collections::HashMap::new();
     loop {
         let taken: Vec<Submitted> = submitted.borrow_mut().drain(..).collect();
@@ -571,6 +598,117 @@ async fn beam_search(
     let beams: Vec<JsBeam> =
         result.map_err(engine_err)?.into_iter().map(|(h, text)| JsBeam { ids: h.ids, text, score: h.score }).collect();
     Ok(serde_wasm_bindgen::to_value(&beams)?)
+}
+
+/// An OpenAI chat completion request on this engine (`engine.chat.completions.create`): the
+/// request parsed and checked by `openai::parse` (the server's), and its answer built by
+/// `openai::Answer` from the token events the package's generation yields.
+#[wasm_bindgen]
+pub struct OpenAiCall {
+    request: crate::openai::Request,
+    answer: crate::openai::Answer,
+}
+
+#[wasm_bindgen]
+impl OpenAiCall {
+    /// Parses `request` (OpenAI's fields and the engine's options; any other is refused by
+    /// name, with code "invalid-option") for a model named `model`.
+    #[wasm_bindgen(constructor)]
+    pub fn new(request: JsValue, model: String) -> Result<OpenAiCall, JsValue> {
+        use crate::openai::{parse, Answer, Endpoint, RequestError};
+        let value: serde_json::Value = serde_wasm_bindgen::from_value(request)
+            .map_err(|e| invalid_option(format!("chat.completions.create: the request must be an object: {e}")))?;
+        let request = parse(Endpoint::Chat, value, random_seed()).map_err(|e| {
+            let message = match e {
+                RequestError::Shape(m) => m,
+                RequestError::Invalid { param, message } => format!("{param}: {message}"),
+            };
+            invalid_option(format!("chat.completions.create: {message}"))
+        })?;
+        if request.n > 1 || request.beams.is_some() {
+            return Err(invalid_option(
+                "chat.completions.create: n must be 1 and beams are beamSearch's (make n calls: they run as one batch)"
+                    .into(),
+            ));
+        }
+        let created = (js_sys::Date::now() / 1000.0) as u64;
+        let answer = Answer::new(&request, &model, (js_sys::Math::random() * 2f64.powi(52)) as u64, created, 0);
+        Ok(OpenAiCall { request, answer })
+    }
+
+    #[wasm_bindgen(getter)]
+    pub fn stream(&self) -> bool {
+        self.request.stream
+    }
+
+    /// The messages, for the package's chat generation.
+    pub fn messages(&self) -> Result<JsValue, JsValue> {
+        let Prompt::Chat(messages) = &self.request.prompt else { unreachable!("a chat request") };
+        Ok(serde_wasm_bindgen::to_value(messages)?)
+    }
+
+    /// The options, for the package's generation calls (its `candidates` for `logprobs`).
+    pub fn options(&self) -> Result<JsValue, JsValue> {
+        let mut fields = self.request.option_fields.clone();
+        if self.request.generate.top_candidates > 0 {
+            fields.insert("candidates".into(), self.request.generate.top_candidates.into());
+        }
+        let serializer = serde_wasm_bindgen::Serializer::json_compatible();
+        Ok(serde::Serialize::serialize(&fields, &serializer)?)
+    }
+
+    /// The stream chunk of a token event, or null when it makes none.
+    pub fn chunk(&mut self, event: JsValue) -> Result<JsValue, JsValue> {
+        let ev: crate::engine::TokenEvent = serde_wasm_bindgen::from_value(event)?;
+        if !crate::openai::worth_a_chunk(&ev) {
+            return Ok(JsValue::NULL);
+        }
+        let lp = crate::openai::Logprobs::of(&ev);
+        let chunk = self.answer.token_chunk(0, &ev.text, lp.as_ref(), ev.position, ev.speculation.as_ref());
+        js_json(&chunk)
+    }
+
+    /// The last stream chunks, from the generation's stats: `finish_reason`, then the usage
+    /// when asked for.
+    pub fn finish(&mut self, stats: JsValue) -> Result<JsValue, JsValue> {
+        let (reason, generated) = self.ended(stats)?;
+        let chunks = self.answer.finish_chunks(0, &reason, generated);
+        js_json(&serde_json::Value::Array(chunks))
+    }
+
+    /// Adds a token event to a whole answer.
+    pub fn push(&mut self, event: JsValue) -> Result<(), JsValue> {
+        let ev: crate::engine::TokenEvent = serde_wasm_bindgen::from_value(event)?;
+        self.answer.push(0, &ev.text, crate::openai::Logprobs::of(&ev));
+        Ok(())
+    }
+
+    /// The whole answer (`chat.completion`), from the generation's stats.
+    pub fn completion(&mut self, stats: JsValue) -> Result<JsValue, JsValue> {
+        let (reason, generated) = self.ended(stats)?;
+        self.answer.finish(0, &reason, generated);
+        js_json(&self.answer.completion())
+    }
+
+    /// How the generation ended (the package's stats: `finishReason`, `generatedTokens`,
+    /// `promptTokens`).
+    fn ended(&mut self, stats: JsValue) -> Result<(String, usize), JsValue> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Ended {
+            finish_reason: String,
+            generated_tokens: usize,
+            prompt_tokens: usize,
+        }
+        let s: Ended = serde_wasm_bindgen::from_value(stats)?;
+        self.answer.prompt_tokens = s.prompt_tokens;
+        Ok((s.finish_reason, s.generated_tokens))
+    }
+}
+
+/// A JSON value as a plain JS value (objects, not Maps).
+fn js_json(v: &serde_json::Value) -> Result<JsValue, JsValue> {
+    Ok(serde::Serialize::serialize(v, &serde_wasm_bindgen::Serializer::json_compatible())?)
 }
 
 /// A raw prompt (a string) or chat messages ([{role, content}]).

@@ -100,18 +100,24 @@ function formatCount(n) {
   return `${(n / 1e6).toFixed(1)} million`;
 }
 
-/** The KV pool's blocks as squares: free, or held by a sequence (its number in the title). */
+/**
+ * The KV pool's blocks as squares: free, held by a sequence (its number in the title), or kept
+ * by the prefix cache for a later prompt that starts the same way (the conversation's blocks
+ * between two turns; handed out when nothing else is free).
+ */
 function showPool(pool) {
   const box = $("kv-pool");
   if (!pool) return;
-  const used = pool.blocks - pool.freeBlocks;
+  const held = pool.owners.filter((seqs) => seqs.length > 0).length;
+  const idle = pool.owners.filter((seqs, i) => seqs.length === 0 && pool.cached[i]).length;
   $("kv-pool-text").textContent =
-    `${used} of ${pool.blocks} blocks of ${pool.blockTokens} tokens held`;
+    `${held + idle} of ${pool.blocks} blocks of ${pool.blockTokens} tokens held (${idle} kept by the prefix cache)`;
   box.replaceChildren(
     ...pool.owners.map((seqs, i) => {
       const cell = document.createElement("span");
-      cell.className = seqs.length === 0 ? "free" : seqs.length > 1 ? "shared" : `seq seq-${seqs[0] % 4}`;
-      cell.title = seqs.length === 0 ? `block ${i}: free` : `block ${i}: sequence ${seqs.join(", ")}`;
+      const idleCached = seqs.length === 0 && pool.cached[i];
+      cell.className = idleCached ? "cached" : seqs.length === 0 ? "free" : seqs.length > 1 ? "shared" : `seq seq-${seqs[0] % 4}`;
+      cell.title = idleCached ? `block ${i}: prefix cache` : seqs.length === 0 ? `block ${i}: free` : `block ${i}: sequence ${seqs.join(", ")}`;
       return cell;
     }),
   );

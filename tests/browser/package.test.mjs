@@ -171,6 +171,26 @@ window.finished = true;`;
     }
     const badRequest = await tab.evaluate(() => window.engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], temperature: -1 }).then(() => null, (e) => [e.message, e.code]));
     assert.equal(badRequest[1], "invalid-option", badRequest[0]);
+    // The server's parser (src/openai.rs): a field it does not take is refused by name, never
+    // ignored; so is an option the package's generate does not know.
+    const refused = await tab.evaluate(async () => {
+      const messages = [{ role: "user", content: "Hi" }];
+      const create = (extra) => window.engine.chat.completions.create({ messages, ...extra }).then(() => null, (e) => [e.message, e.code]);
+      const generate = async () => {
+        try {
+          for await (const _ of window.engine.generate("Hi", { maxTokenz: 5 }));
+          return null;
+        } catch (e) {
+          return [e.message, e.code];
+        }
+      };
+      return [await create({ tools: [] }), await create({ frobnicate: 1 }), await create({ messages: [{ role: "user", content: "Hi", tool_calls: [] }] }), await generate()];
+    });
+    for (const [i, field] of ["tools", "frobnicate", "tool_calls", "maxTokenz"].entries()) {
+      assert.ok(refused[i], `${field} was accepted`);
+      assert.equal(refused[i][1], "invalid-option", refused[i][0]);
+      assert.ok(refused[i][0].includes(field), refused[i][0]);
+    }
   } finally {
     await browser.close();
     server.close();

@@ -87,7 +87,7 @@ fn batcher_logprobs_match_transformers() {
     for (backend, tolerance) in [(BackendKind::Gpu, 0.1), (BackendKind::Cpu, 1e-3)] {
         let _t = Timer::new(&format!("batcher logprobs on {backend:?}"));
         let mut e = engine(backend);
-        let mut b = Batcher::new(&mut e, 128);
+        let mut b = Batcher::new(&e, 128);
         let mut got: HashMap<RequestId, Logprobs> = HashMap::new();
         let ids: Vec<RequestId> = requests
             .iter()

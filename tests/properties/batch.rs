@@ -161,7 +161,7 @@ fn requests_joining_pausing_and_leaving_a_running_batch_give_the_reference_token
         let mut e = engine(backend, 1024);
         let free_at_start = e.gpu_model().map(|m| m.pool().free_blocks());
         // A small prefill budget: prompts take several rounds, beside running decodes.
-        let mut b = Batcher::new(&mut e, 16);
+        let mut b = Batcher::new(&e, 16);
         let ids: RefCell<HashMap<RequestId, Vec<u32>>> = RefCell::default();
         let done: RefCell<HashMap<RequestId, StopReason>> = RefCell::default();
         let mut which: HashMap<RequestId, usize> = HashMap::new();
@@ -350,7 +350,7 @@ fn a_prompt_that_starts_as_an_ended_one_did_forks_its_blocks_and_gives_the_same_
         let free_at_start = e.gpu_model().map(|m| m.pool().free_blocks());
         // Block-sized reuse on the GPU (the CPU backend keeps no prefix cache).
         let block = |n: usize| if backend == BackendKind::Gpu { n / 16 * 16 } else { 0 };
-        let mut b = Batcher::new(&mut e, 512);
+        let mut b = Batcher::new(&e, 512);
         let (ids, s) = run_one(&mut b, &mut e, &Prompt::Tokens(prompt_ids(4)), 12);
         assert_eq!(ids, want(4, 12), "{backend:?}: the first request");
         assert_eq!(s.prefilled_tokens, s.prompt_tokens, "{backend:?}: nothing to reuse yet");
@@ -381,7 +381,7 @@ fn enqueued_requests_wait_for_a_row_in_order_and_a_cancelled_one_never_runs() {
     use std::collections::HashMap;
     use webgpu_llm::batcher::{BatchEvent, Batcher};
     let mut e = engine(BackendKind::Gpu, 1024);
-    let mut b = Batcher::new(&mut e, 512);
+    let mut b = Batcher::new(&e, 512);
     b.limit_rows(2);
     let ids: Vec<_> = (0..5).map(|i| b.enqueue(Batcher::prepare(&e, &prompt(i), &greedy(6)).unwrap())).collect();
     assert_eq!((b.len(), b.waiting()), (0, 5));
@@ -464,7 +464,7 @@ fn requests_that_outgrow_the_pool_are_preempted_and_recomputed_with_the_same_tok
         })
         .collect();
     assert_eq!(alone[0], want(0, 24), "the GPU alone against the CPU reference");
-    let mut b = Batcher::new(&mut e, usize::MAX);
+    let mut b = Batcher::new(&e, usize::MAX);
     let mut which = HashMap::new();
     for (i, p) in prompts.iter().enumerate() {
         assert!(p.len() < 16, "prompt {i} fits one block");
@@ -520,7 +520,7 @@ fn a_beam_search_runs_beside_streams_that_keep_getting_a_token_every_round() {
         assert_eq!(alone.len(), 3);
         let mut round_ms = [Vec::new(), Vec::new()];
         for with_beams in [false, true] {
-            let mut b = Batcher::new(&mut e, usize::MAX);
+            let mut b = Batcher::new(&e, usize::MAX);
             let streams: Vec<_> =
                 (0..4).map(|i| b.enqueue(Batcher::prepare(&e, &prompt(i + 2), &greedy(STEPS)).unwrap())).collect();
             let search = with_beams.then(|| b.enqueue(Batcher::prepare_beams(&e, &prompt(1), &options).unwrap()));
@@ -588,7 +588,7 @@ fn a_beam_search_takes_a_row_a_beam_and_a_request_after_it_waits_for_room() {
             early_stopping: EarlyStopping::Heuristic,
         };
         let alone = pollster::block_on(e.beam_search(&prompt(0), &options)).unwrap();
-        let mut b = Batcher::new(&mut e, usize::MAX);
+        let mut b = Batcher::new(&e, usize::MAX);
         b.limit_rows(2);
         let search = b.enqueue(Batcher::prepare_beams(&e, &prompt(0), &options).unwrap());
         let stream = b.enqueue(Batcher::prepare(&e, &prompt(2), &greedy(8)).unwrap());
@@ -646,7 +646,7 @@ fn a_speculating_request_runs_beside_streams_that_keep_getting_a_token_every_rou
         if drafter == Drafter::Model {
             e.set_draft_model(engine(backend, 1024)).unwrap();
         }
-        let mut b = Batcher::new(&mut e, usize::MAX);
+        let mut b = Batcher::new(&e, usize::MAX);
         let streams: Vec<_> =
             (0..3).map(|i| b.enqueue(Batcher::prepare(&e, &prompt(i + 2), &greedy(STEPS + 4)).unwrap())).collect();
         let spec = Speculation { drafter, draft_tokens: 4 };

@@ -97,7 +97,7 @@ fn a_batched_decode_step_reads_back_each_row_what_its_sampler_needs() {
     }
     // 256 prompt tokens a round: a 512-token prompt joining at step 4 is prefilled over two
     // rounds (256, then 255 and its last token as a row of the decode step).
-    let mut batcher = Batcher::new(&mut e, 256);
+    let mut batcher = Batcher::new(&e, 256);
     let mut ids = Vec::new();
     for (i, (o, _)) in rows.iter().enumerate() {
         let p = Batcher::prepare(&e, &Prompt::Tokens(prompts[i].clone()), o).unwrap();
@@ -181,7 +181,7 @@ fn greedy_rounds_are_submitted_one_ahead_of_the_ids_read() {
         ..Default::default()
     };
     let lengths = [16, 16, 9, 16];
-    let mut b = Batcher::new(&mut e, usize::MAX);
+    let mut b = Batcher::new(&e, usize::MAX);
     let ids: Vec<_> = (0..4)
         .map(|i| b.enqueue(Batcher::prepare(&e, &Prompt::Tokens(prompts[i].clone()), &greedy(lengths[i])).unwrap()))
         .collect();

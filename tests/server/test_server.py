@@ -604,6 +604,21 @@ class ServerTest(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError):
             openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0).chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], top_p=7)
+        # Nothing a client sends is silently ignored (the reliability probe's #6): a field the
+        # server does not honour is a 400 naming it (src/openai.rs, which the package shares),
+        # and null is "not given", as OpenAI's clients send it.
+        hi = [{"role": "user", "content": "hi"}]
+        for field, value in [("response_format", {"type": "json_object"}), ("tools", []), ("tool_choice", "auto"),
+                             ("logit_bias", {"1": 5}), ("echo", True), ("suffix", "x"), ("best_of", 2), ("frobnicate", 1)]:
+            status, _, body = post(url + "/v1/chat/completions", {"messages": hi, "max_tokens": 1, field: value})
+            self.assertEqual((status, body["error"]["param"]), (400, field), body)
+            self.assertIn(field, body["error"]["message"])
+        status, _, body = post(url + "/v1/chat/completions",
+                               {"messages": [{"role": "assistant", "content": "", "tool_calls": []}], "max_tokens": 1})
+        self.assertEqual((status, body["error"]["param"]), (400, "messages[0].tool_calls"), body)
+        status, _, body = post(url + "/v1/chat/completions",
+                               {"messages": hi, "max_tokens": 1, "stream": None, "tools": None, "user": "u"})
+        self.assertEqual(status, 200, body)
 
 
 class CapacityTest(unittest.TestCase):

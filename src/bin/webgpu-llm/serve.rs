@@ -21,7 +21,6 @@ use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use axum::Router;
 use clap::Args;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
@@ -31,9 +30,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 use webgpu_llm::batcher::{BatchEvent, Batcher, RequestId};
 use webgpu_llm::beam::BeamOptions;
-use webgpu_llm::chat::Message;
-use webgpu_llm::engine::{Engine, GenerateOptions, Prompt, Stats, StopReason};
-use webgpu_llm::options::{RequestOptions, Resolved, MAX_TOP_LOGPROBS};
+use webgpu_llm::engine::{Engine, GenerateOptions, Prompt, Stats, TokenSpeculation};
+use webgpu_llm::openai::{self, Answer, Endpoint, Logprobs, Request, RequestError};
 use webgpu_llm::Error;
 
 #[derive(Args)]
@@ -214,17 +212,19 @@ struct Accepted {
 
 /// What a request's channel carries.
 enum Out {
-    Token { index: usize, text: String, logprobs: Option<Logprobs> },
-    Done { index: usize, stats: Stats },
+    Token {
+        index: usize,
+        text: String,
+        logprobs: Option<Logprobs>,
+        position: usize,
+        speculation: Option<TokenSpeculation>,
+    },
+    Done {
+        index: usize,
+        stats: Stats,
+    },
     Beams(Vec<(Vec<u32>, String, f64)>),
     Error(ApiError),
-}
-
-/// A token's log-probability and the most likely alternatives (`logprobs` requests).
-struct Logprobs {
-    token: String,
-    logprob: f32,
-    top: Vec<(String, f32)>,
 }
 
 /// A choice being generated (or finished, with events its reader has not taken yet).
@@ -283,7 +283,7 @@ fn engine_loop(
     config: EngineConfig,
     metrics: &Metrics,
 ) {
-    let mut batcher = Batcher::new(&mut engine, config.prefill_chunk);
+    let mut batcher = Batcher::new(&engine, config.prefill_chunk);
     batcher.limit_rows(config.max_batch);
     let mut streams: HashMap<RequestId, Stream> = HashMap::new();
     let mut shutting_down = false;
@@ -369,15 +369,13 @@ fn engine_loop(
                         }
                         s.last_token = Some(now);
                         metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
-                        let logprobs = ev.logprob.as_ref().map(|lp| Logprobs {
-                            token: lp.token.clone(),
-                            logprob: lp.logprob,
-                            top: ev.candidates.iter().map(|c| (c.text.clone(), c.prob.ln())).collect(),
-                        });
-                        if ev.text.is_empty() && logprobs.is_none() {
+                        if !openai::worth_a_chunk(ev) {
                             return !s.events.is_closed();
                         }
-                        s.push(Out::Token { index: s.index, text: ev.text.clone(), logprobs })
+                        let logprobs = Logprobs::of(ev);
+                        let (index, text, position, speculation) =
+                            (s.index, ev.text.clone(), ev.position, ev.speculation.clone());
+                        s.push(Out::Token { index, text, logprobs, position, speculation })
                     }
                     BatchEvent::Done(stats) => {
                         metrics.prompt_tokens.fetch_add(stats.prompt_tokens as u64, Ordering::Relaxed);
@@ -608,70 +606,10 @@ impl IntoResponse for ApiError {
     }
 }
 
-#[derive(Deserialize)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
-}
-
-/// The fields both endpoints take: the request's options (`RequestOptions`: OpenAI's, then the
-/// engine's extensions), and what only the server's answer shapes.
-#[derive(Deserialize)]
-struct Common {
-    model: Option<String>,
-    #[serde(default)]
-    stream: bool,
-    stream_options: Option<StreamOptions>,
-    logprobs: Option<Value>,
-    top_logprobs: Option<usize>,
-    #[serde(flatten)]
-    options: RequestOptions,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Deserialize)]
-struct Part {
-    #[serde(rename = "type")]
-    kind: String,
-    text: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct ChatMessage {
-    role: String,
-    content: Option<Content>,
-}
-
-#[derive(Deserialize)]
-struct ChatRequest {
-    messages: Vec<ChatMessage>,
-    #[serde(flatten)]
-    common: Common,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum CompletionPrompt {
-    Text(String),
-    Texts(Vec<String>),
-    Tokens(Vec<u32>),
-}
-
-#[derive(Deserialize)]
-struct CompletionRequest {
-    prompt: CompletionPrompt,
-    #[serde(flatten)]
-    common: Common,
-}
-
-/// Parses a body: 400 for what is not JSON, 422 for JSON of the wrong shape, 413 past the limit.
-fn parse<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+/// Parses a body for `endpoint` (`openai::parse`): 400 for what is not JSON and for a field's
+/// value or a field the engine does not take (naming it), 422 for JSON of the wrong shape, 413
+/// past the limit, 404 for another model.
+fn parse(state: &AppState, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -> Result<Request, ApiError> {
     let body = body.map_err(|r| {
         let status = r.status();
         let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "request_too_large" } else { "invalid_body" };
@@ -681,18 +619,16 @@ fn parse<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>) ->
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("the body is not valid JSON: {e}"))
             .with_code("invalid_json")
     })?;
-    serde_json::from_value(value).map_err(|e| {
-        let message = format!("the request does not have the expected fields: {e}");
-        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error", message).with_code("invalid_request")
-    })
-}
-
-/// A request's fields as the engine's options, `n`, beam search's options and the alternatives
-/// per token in `logprobs` (`options`: errors name the field).
-type Parsed = (GenerateOptions, usize, Option<BeamOptions>, usize);
-
-fn options(state: &AppState, c: &Common) -> Result<Parsed, ApiError> {
-    if let Some(m) = c.model.as_deref().filter(|m| !m.is_empty() && *m != state.model_id) {
+    let seed = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let request = openai::parse(endpoint, value, seed).map_err(|e| match e {
+        RequestError::Shape(m) => {
+            let message = format!("the request does not have the expected fields: {m}");
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error", message)
+                .with_code("invalid_request")
+        }
+        RequestError::Invalid { param, message } => ApiError::invalid(&param, message),
+    })?;
+    if let Some(m) = request.model.as_deref().filter(|m| !m.is_empty() && *m != state.model_id) {
         return Err(ApiError {
             param: Some("model".into()),
             code: Some("model_not_found".into()),
@@ -703,88 +639,16 @@ fn options(state: &AppState, c: &Common) -> Result<Parsed, ApiError> {
             )
         });
     }
-    // Chat: `logprobs: true` with `top_logprobs: k`; completions: `logprobs: k`.
-    let top_logprobs = match (&c.logprobs, c.top_logprobs) {
-        (None | Some(Value::Null) | Some(Value::Bool(false)), None) => None,
-        (None | Some(Value::Null) | Some(Value::Bool(false)), Some(_)) => {
-            return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs: true"))
-        }
-        (Some(Value::Bool(true)), k) => Some(k.unwrap_or(0)),
-        (Some(Value::Number(n)), None) => Some(n.as_u64().unwrap_or(u64::MAX) as usize),
-        (Some(v), _) => {
-            return Err(ApiError::invalid("logprobs", format!("{v}: true or false (chat), a count (completions)")))
-        }
-    };
-    if top_logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
-        return Err(ApiError::invalid("top_logprobs", format!("at most {MAX_TOP_LOGPROBS} alternatives per token")));
-    }
-    let seed = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    let Resolved { generate: mut options, n, beams } =
-        c.options.resolve(seed).map_err(|e| ApiError::from_engine(&e, "prompt"))?;
-    if beams.is_some() && top_logprobs.is_some() {
-        return Err(ApiError::invalid("beams", "beams return the N best choices themselves: no logprobs with them"));
-    }
-    // The candidates carry the alternatives; one at least, so the token's own logprob comes too.
-    options.top_candidates = top_logprobs.map_or(0, |k| k.max(1));
-    options.validate().map_err(|e| ApiError::from_engine(&e, "prompt"))?;
-    Ok((options, n, beams, top_logprobs.unwrap_or(0)))
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum Endpoint {
-    Chat,
-    Completions,
+    Ok(request)
 }
 
 async fn chat_completions(State(state): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
-    let result = async {
-        let req: ChatRequest = parse(body)?;
-        let mut messages = Vec::with_capacity(req.messages.len());
-        for (i, m) in req.messages.into_iter().enumerate() {
-            let content = match m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t,
-                Some(Content::Parts(parts)) => {
-                    let mut text = String::new();
-                    for p in parts {
-                        match (p.kind.as_str(), p.text) {
-                            ("text", Some(t)) => text.push_str(&t),
-                            (kind, _) => {
-                                return Err(ApiError::invalid(
-                                    &format!("messages[{i}].content"),
-                                    format!("content parts of type '{kind}' are not supported (text only)"),
-                                ))
-                            }
-                        }
-                    }
-                    text
-                }
-            };
-            messages.push(Message::new(m.role, content));
-        }
-        if messages.is_empty() {
-            return Err(ApiError::invalid("messages", "at least one message is needed"));
-        }
-        run(&state, Prompt::Chat(messages), &req.common, Endpoint::Chat).await
-    }
-    .await;
+    let result = async { run(&state, parse(&state, Endpoint::Chat, body)?).await }.await;
     finish(&state, "/v1/chat/completions", result)
 }
 
 async fn completions(State(state): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
-    let result = async {
-        let req: CompletionRequest = parse(body)?;
-        let prompt = match req.prompt {
-            CompletionPrompt::Text(t) => Prompt::Text(t),
-            CompletionPrompt::Texts(mut v) if v.len() == 1 => Prompt::Text(v.remove(0)),
-            CompletionPrompt::Texts(_) => {
-                return Err(ApiError::invalid("prompt", "one prompt per request (send several requests: they batch)"))
-            }
-            CompletionPrompt::Tokens(ids) => Prompt::Tokens(ids),
-        };
-        run(&state, prompt, &req.common, Endpoint::Completions).await
-    }
-    .await;
+    let result = async { run(&state, parse(&state, Endpoint::Completions, body)?).await }.await;
     finish(&state, "/v1/completions", result)
 }
 
@@ -794,164 +658,38 @@ fn finish(state: &AppState, endpoint: &'static str, result: Result<Response, Api
     response
 }
 
-async fn run(state: &Shared, prompt: Prompt, c: &Common, endpoint: Endpoint) -> Result<Response, ApiError> {
-    let (options, n, beams, top_logprobs) = options(state, c)?;
+async fn run(state: &Shared, request: Request) -> Result<Response, ApiError> {
     // The channel's bound is what a slow reader can leave unread before its stream waits.
     let (tx, rx) = mpsc::channel(state.stream_buffer);
     let (reply, accepted) = oneshot::channel();
-    let job = Job { prompt, options, n, beams, events: tx, received: Instant::now() };
+    let job = Job {
+        prompt: request.prompt.clone(),
+        options: request.generate.clone(),
+        n: request.n,
+        beams: request.beams.clone(),
+        events: tx,
+        received: Instant::now(),
+    };
     state.commands.send(Command::Submit(Box::new(job), reply)).map_err(|_| ApiError::shutting_down())?;
     let accepted = accepted.await.map_err(|_| ApiError::shutting_down())??;
-    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
-    let meta = Meta {
-        id: match endpoint {
-            Endpoint::Chat => format!("chatcmpl-{id:016x}"),
-            Endpoint::Completions => format!("cmpl-{id:016x}"),
-        },
-        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-        model: state.model_id.clone(),
-        endpoint,
-        prompt_tokens: accepted.prompt_tokens,
-        n,
-        include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
-        top_logprobs,
-    };
-    if c.stream {
-        Ok(stream_response(meta, rx))
+    let number = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let answer = Answer::new(&request, &state.model_id, number, created, accepted.prompt_tokens);
+    if request.stream {
+        Ok(stream_response(answer, rx))
     } else {
-        whole_response(meta, rx).await
+        whole_response(answer, rx).await
     }
 }
 
-struct Meta {
-    id: String,
-    created: u64,
-    model: String,
-    endpoint: Endpoint,
-    prompt_tokens: usize,
-    n: usize,
-    include_usage: bool,
-    /// Alternatives per token in `logprobs` (when asked for).
-    top_logprobs: usize,
-}
-
-impl Meta {
-    fn object(&self, stream: bool) -> &'static str {
-        match (self.endpoint, stream) {
-            (Endpoint::Chat, true) => "chat.completion.chunk",
-            (Endpoint::Chat, false) => "chat.completion",
-            (Endpoint::Completions, _) => "text_completion",
-        }
-    }
-
-    fn envelope(&self, stream: bool, choices: Vec<Value>) -> Value {
-        json!({
-            "id": self.id,
-            "object": self.object(stream),
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": null,
-            "choices": choices,
-        })
-    }
-
-    /// A choice of a stream chunk: a chat `delta` or a completion's `text`.
-    fn chunk_choice(&self, index: usize, text: Option<&str>, first: bool, finish: Option<&str>) -> Value {
-        self.chunk_choice_with(index, text, first, finish, Value::Null)
-    }
-
-    fn chunk_choice_with(
-        &self,
-        index: usize,
-        text: Option<&str>,
-        first: bool,
-        finish: Option<&str>,
-        logprobs: Value,
-    ) -> Value {
-        match self.endpoint {
-            Endpoint::Chat => {
-                let mut delta = serde_json::Map::new();
-                if first {
-                    delta.insert("role".into(), json!("assistant"));
-                }
-                if let Some(t) = text {
-                    delta.insert("content".into(), json!(t));
-                }
-                json!({ "index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish })
-            }
-            Endpoint::Completions => {
-                json!({ "index": index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish })
-            }
-        }
-    }
-
-    /// `logprobs` of tokens in OpenAI's shape: chat's `{content: [{token, logprob, bytes,
-    /// top_logprobs}]}`, or completions' `{tokens, token_logprobs, top_logprobs, text_offset}`
-    /// (offsets into the completion's text, from `offset`).
-    fn logprobs(&self, tokens: &[Logprobs], mut offset: usize) -> Value {
-        let k = self.top_logprobs;
-        match self.endpoint {
-            Endpoint::Chat => {
-                let entry = |t: &str, l: f32| json!({ "token": t, "logprob": l, "bytes": t.as_bytes() });
-                let content: Vec<Value> = tokens
-                    .iter()
-                    .map(|lp| {
-                        let mut e = entry(&lp.token, lp.logprob);
-                        e["top_logprobs"] = lp.top.iter().take(k).map(|(t, l)| entry(t, *l)).collect();
-                        e
-                    })
-                    .collect();
-                json!({ "content": content })
-            }
-            Endpoint::Completions => {
-                let mut text_offset = Vec::with_capacity(tokens.len());
-                for lp in tokens {
-                    text_offset.push(offset);
-                    offset += lp.token.len();
-                }
-                json!({
-                    "tokens": tokens.iter().map(|lp| lp.token.as_str()).collect::<Vec<_>>(),
-                    "token_logprobs": tokens.iter().map(|lp| lp.logprob).collect::<Vec<_>>(),
-                    "top_logprobs": tokens.iter().map(|lp| {
-                        lp.top.iter().take(k).map(|(t, l)| (t.clone(), json!(l))).collect::<serde_json::Map<_, _>>()
-                    }).collect::<Vec<_>>(),
-                    "text_offset": text_offset,
-                })
-            }
-        }
-    }
-
-    fn usage(&self, completion_tokens: usize) -> Value {
-        json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": self.prompt_tokens + completion_tokens,
-        })
-    }
-}
-
-fn finish_reason(stats: &Stats) -> &'static str {
-    match stats.stop_reason {
-        StopReason::MaxTokens => "length",
-        StopReason::Eos | StopReason::StopString | StopReason::Aborted => "stop",
-    }
-}
-
-fn stream_response(meta: Meta, rx: mpsc::Receiver<Out>) -> Response {
+fn stream_response(answer: Answer, rx: mpsc::Receiver<Out>) -> Response {
     struct St {
-        meta: Meta,
+        answer: Answer,
         rx: mpsc::Receiver<Out>,
-        started: Vec<bool>,
-        /// Bytes of each choice's text so far (completions' `text_offset`).
-        offsets: Vec<usize>,
-        done: usize,
-        completion_tokens: usize,
         queue: VecDeque<Event>,
         ended: bool,
     }
-    let started = vec![false; meta.n];
-    let offsets = vec![0; meta.n];
-    let st = St { meta, rx, started, offsets, done: 0, completion_tokens: 0, queue: VecDeque::new(), ended: false };
+    let st = St { answer, rx, queue: VecDeque::new(), ended: false };
     let events = futures_util::stream::unfold(st, |mut st| async move {
         loop {
             if let Some(e) = st.queue.pop_front() {
@@ -962,42 +700,21 @@ fn stream_response(meta: Meta, rx: mpsc::Receiver<Out>) -> Response {
             }
             let data = |v: Value| Event::default().data(v.to_string());
             match st.rx.recv().await {
-                Some(Out::Token { index, text, logprobs }) => {
-                    let first = !std::mem::replace(&mut st.started[index], true);
-                    let lp = match &logprobs {
-                        Some(lp) => st.meta.logprobs(std::slice::from_ref(lp), st.offsets[index]),
-                        None => Value::Null,
-                    };
-                    if let Some(lp) = &logprobs {
-                        st.offsets[index] += lp.token.len();
-                    }
-                    let choice = st.meta.chunk_choice_with(index, Some(&text), first, None, lp);
-                    st.queue.push_back(data(st.meta.envelope(true, vec![choice])));
+                Some(Out::Token { index, text, logprobs, position, speculation }) => {
+                    let chunk = st.answer.token_chunk(index, &text, logprobs.as_ref(), position, speculation.as_ref());
+                    st.queue.push_back(data(chunk));
                 }
                 Some(Out::Done { index, stats }) => {
-                    let first = !std::mem::replace(&mut st.started[index], true);
-                    st.completion_tokens += stats.generated_tokens;
-                    let text = (first && st.meta.endpoint == Endpoint::Chat).then_some("");
-                    let choice = st.meta.chunk_choice(index, text, first, Some(finish_reason(&stats)));
-                    st.queue.push_back(data(st.meta.envelope(true, vec![choice])));
-                    st.done += 1;
-                    if st.done == st.meta.n {
-                        if st.meta.include_usage {
-                            let mut v = st.meta.envelope(true, Vec::new());
-                            v["usage"] = st.meta.usage(st.completion_tokens);
-                            st.queue.push_back(data(v));
-                        }
+                    let reason = openai::finish_reason(&stats);
+                    let chunks = st.answer.finish_chunks(index, reason, stats.generated_tokens);
+                    st.queue.extend(chunks.into_iter().map(data));
+                    if st.answer.done() {
                         st.queue.push_back(Event::default().data("[DONE]"));
                         st.ended = true;
                     }
                 }
                 Some(Out::Beams(beams)) => {
-                    for (index, (ids, text, score)) in beams.iter().enumerate() {
-                        let mut choice = st.meta.chunk_choice(index, Some(text), true, Some("stop"));
-                        choice["score"] = json!(score);
-                        choice["ids"] = json!(ids);
-                        st.queue.push_back(data(st.meta.envelope(true, vec![choice])));
-                    }
+                    st.queue.extend(st.answer.beams(&beams, true).into_iter().map(data));
                     st.queue.push_back(Event::default().data("[DONE]"));
                     st.ended = true;
                 }
@@ -1018,68 +735,22 @@ fn stream_response(meta: Meta, rx: mpsc::Receiver<Out>) -> Response {
     Sse::new(events).keep_alive(KeepAlive::default()).into_response()
 }
 
-async fn whole_response(meta: Meta, mut rx: mpsc::Receiver<Out>) -> Result<Response, ApiError> {
-    let mut texts = vec![String::new(); meta.n];
-    let mut reasons: Vec<Option<&'static str>> = vec![None; meta.n];
-    let mut completion_tokens = 0;
-    let mut extra: Vec<Option<(Vec<u32>, f64)>> = vec![None; meta.n];
-    let mut logprobs: Vec<Vec<Logprobs>> = (0..meta.n).map(|_| Vec::new()).collect();
-    let mut done = 0;
-    while done < meta.n {
+async fn whole_response(mut answer: Answer, mut rx: mpsc::Receiver<Out>) -> Result<Response, ApiError> {
+    while !answer.done() {
         match rx.recv().await {
-            Some(Out::Token { index, text, logprobs: lp }) => {
-                texts[index].push_str(&text);
-                logprobs[index].extend(lp);
-            }
+            Some(Out::Token { index, text, logprobs, .. }) => answer.push(index, &text, logprobs),
             Some(Out::Done { index, stats }) => {
-                completion_tokens += stats.generated_tokens;
-                reasons[index] = Some(finish_reason(&stats));
-                done += 1;
+                answer.finish(index, openai::finish_reason(&stats), stats.generated_tokens)
             }
             Some(Out::Beams(beams)) => {
-                texts = beams.iter().map(|b| b.1.clone()).collect();
-                reasons = vec![Some("stop"); beams.len()];
-                completion_tokens = beams.iter().map(|b| b.0.len()).sum();
-                extra = beams.into_iter().map(|(ids, _, score)| Some((ids, score))).collect();
-                break;
+                let body = answer.beams(&beams, false).remove(0);
+                return Ok(axum::Json(body).into_response());
             }
             Some(Out::Error(e)) => return Err(e),
             None => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the engine stopped")),
         }
     }
-    // n choices, or a beam search's N beams.
-    let n = texts.len();
-    let choices = texts
-        .into_iter()
-        .zip(reasons)
-        .zip(extra)
-        .zip((0..n).map(|i| match logprobs.get(i) {
-            Some(lp) if !lp.is_empty() => meta.logprobs(lp, 0),
-            _ => Value::Null,
-        }))
-        .enumerate()
-        .map(|(index, (((text, reason), extra), logprobs))| {
-            let mut choice = match meta.endpoint {
-                Endpoint::Chat => json!({
-                    "index": index,
-                    "message": { "role": "assistant", "content": text },
-                    "logprobs": logprobs,
-                    "finish_reason": reason,
-                }),
-                Endpoint::Completions => {
-                    json!({ "index": index, "text": text, "logprobs": logprobs, "finish_reason": reason })
-                }
-            };
-            if let Some((ids, score)) = extra {
-                choice["score"] = json!(score);
-                choice["ids"] = json!(ids);
-            }
-            choice
-        })
-        .collect();
-    let mut body = meta.envelope(false, choices);
-    body["usage"] = meta.usage(completion_tokens);
-    Ok(axum::Json(body).into_response())
+    Ok(axum::Json(answer.completion()).into_response())
 }
 
 async fn models(State(state): State<Shared>) -> Response {
