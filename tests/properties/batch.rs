@@ -689,3 +689,92 @@ fn a_speculating_request_runs_beside_streams_that_keep_getting_a_token_every_rou
         }
     }
 }
+
+/// One batch of every kind of request — greedy, sampled (top-p), penalized, logprobs (the whole
+/// row read back), speculative (prompt lookup) and a beam search — gives each request what it
+/// gives alone in a batch of its own on a fresh engine: the same ids (same seed, same tokens),
+/// the same log-probabilities, the same hypotheses.
+#[test]
+fn a_batch_of_every_kind_of_request_gives_each_what_it_gives_alone() {
+    use webgpu_llm::batcher::{BatchEvent, Batcher, Prepared};
+    use webgpu_llm::beam::{BeamOptions, EarlyStopping};
+    use webgpu_llm::speculate::{Drafter, Speculation};
+    let sampled = |seed, temperature| SamplingParams { seed, temperature, top_p: 0.9, ..SamplingParams::default() };
+    let kinds: Vec<(usize, GenerateOptions)> = vec![
+        (0, greedy(10)),
+        (1, GenerateOptions { sampling: sampled(7, 0.9), ..greedy(10) }),
+        (
+            2,
+            GenerateOptions {
+                sampling: SamplingParams { repetition_penalty: 1.3, presence_penalty: 0.5, ..sampled(3, 0.7) },
+                ..greedy(10)
+            },
+        ),
+        (3, GenerateOptions { sampling: sampled(5, 1.0), top_candidates: 3, ..greedy(10) }),
+        (
+            4,
+            GenerateOptions {
+                speculate: Some(Speculation { drafter: Drafter::Lookup, draft_tokens: 3 }),
+                ..greedy(10)
+            },
+        ),
+    ];
+    let beams = BeamOptions {
+        beams: 3,
+        max_tokens: 6,
+        stop_ids: Vec::new(),
+        length_penalty: 1.0,
+        early_stopping: EarlyStopping::Heuristic,
+    };
+    type Out = (Vec<u32>, Vec<Option<f32>>, Vec<Vec<u32>>);
+    // Runs `requests` (the beam search when `None`) in one batch: each one's ids, logprobs and
+    // hypotheses.
+    let run = |backend, requests: &[Option<usize>]| -> Vec<Out> {
+        let mut e = engine(backend, 1024);
+        let mut b = Batcher::new(&e, usize::MAX);
+        let ids: Vec<_> = requests
+            .iter()
+            .map(|r| {
+                let p: Prepared = match r {
+                    Some(k) => Batcher::prepare(&e, &prompt(kinds[*k].0), &kinds[*k].1).unwrap(),
+                    None => Batcher::prepare_beams(&e, &prompt(5), &beams).unwrap(),
+                };
+                b.enqueue(p)
+            })
+            .collect();
+        let mut out: Vec<Out> = vec![(Vec::new(), Vec::new(), Vec::new()); requests.len()];
+        let mut ended = 0;
+        while ended < requests.len() {
+            pollster::block_on(b.step(&mut e, &mut |_| true, &mut |id, ev| {
+                let o = &mut out[ids.iter().position(|&i| i == id).unwrap()];
+                match ev {
+                    BatchEvent::Token(t) => {
+                        o.0.push(t.id);
+                        o.1.push(t.logprob.as_ref().map(|l| l.logprob));
+                    }
+                    BatchEvent::Beams(found) => {
+                        o.2 = found.into_iter().map(|(h, _)| h.ids).collect();
+                        ended += 1;
+                    }
+                    BatchEvent::Done(_) => ended += 1,
+                    BatchEvent::Failed(err) => panic!("{backend:?}: {err}"),
+                }
+                true
+            }))
+            .unwrap();
+        }
+        out
+    };
+    for backend in BACKENDS {
+        let all: Vec<Option<usize>> = (0..kinds.len()).map(Some).chain([None]).collect();
+        let together = run(backend, &all);
+        for (i, r) in all.iter().enumerate() {
+            let alone = run(backend, &[*r]).remove(0);
+            assert_eq!(together[i], alone, "{backend:?}: request {i} ({r:?}) in the batch vs alone");
+        }
+        assert!(together[3].1.iter().all(Option::is_some), "{backend:?}: the logprobs request has them");
+        assert_eq!(together[0].0, want(0, 10), "{backend:?}: greedy is the CPU reference's");
+        assert_eq!(together[4].0, want(4, 10), "{backend:?}: speculation keeps greedy's tokens");
+        assert_eq!(together[5].2.len(), 3, "{backend:?}: three hypotheses");
+    }
+}
