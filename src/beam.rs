@@ -40,7 +40,7 @@ pub struct BeamOptions {
 }
 
 /// The most beams a search keeps: each is a KV-cache sequence and a row of every decode step.
-pub const MAX_BEAMS: usize = crate::gpu::kernels::MAX_BATCH;
+pub const MAX_BEAMS: usize = 32;
 
 impl BeamOptions {
     pub fn validate(&self) -> Result<()> {

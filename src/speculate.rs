@@ -14,7 +14,7 @@ pub const MAX_NGRAM: usize = 3;
 
 /// The most tokens a verifying pass checks (the drafted ones and the one before them are rows of
 /// one decode step).
-pub const MAX_DRAFT_TOKENS: usize = crate::gpu::kernels::MAX_BATCH - 1;
+pub const MAX_DRAFT_TOKENS: usize = 31;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Drafter {

@@ -873,7 +873,7 @@ gpu_test! {
                     logits[at] = v;
                 }
                 let (lb, ob) = (h.buf(&logits), h.u32_buf(&[7]));
-                let op = kernels::argmax(&h.gpu, &mut h.cache, &h.params, n, &lb, &ob);
+                let op = kernels::argmax(&h.gpu, &mut h.cache, &h.params, n, &lb, &ob, kernels::MAX_BATCH);
                 h.run(&[op], 1);
                 let got = h.gpu.read_buffer(&ob, 4).await.unwrap();
                 assert_eq!(u32::from_le_bytes(got[..4].try_into().unwrap()), want, "n = {n}, {put:?}, {}", h.path());

@@ -46,6 +46,13 @@ pub struct GpuOptions {
     /// In the browser, milliseconds the adapter and device request may take before it is made
     /// once more, then fails as stalled (default `DEVICE_REQUEST_DEADLINE_MS`).
     pub request_deadline_ms: Option<u32>,
+    /// Rows a decode step takes at most (default `kernels::MAX_BATCH`, at most
+    /// `kernels::MAX_ROWS`; the GPU's binding size may allow fewer): its logits, selection and
+    /// attention buffers are sized for them. A server asks for its `--max-batch`.
+    pub max_batch: Option<usize>,
+    /// Tokens the KV pool holds, every sequence together (default, and at least, the context
+    /// length: one sequence at its longest). A server sized for many streams asks for more.
+    pub kv_tokens: Option<usize>,
 }
 
 impl GpuOptions {
@@ -122,6 +129,10 @@ pub struct Gpu {
     pub counters: Counters,
     /// Chosen from the adapter's type; tests set it to check both variants on one adapter.
     pub style: KernelStyle,
+    /// Rows a decode step should take at most (`GpuOptions::max_batch`).
+    pub max_batch: usize,
+    /// Tokens the KV pool should hold (`GpuOptions::kv_tokens`).
+    pub kv_tokens: Option<usize>,
     /// The first error the device reported asynchronously (validation, out of memory, lost).
     failure: Arc<Mutex<Option<Error>>>,
     /// Why the device was lost, once it is: every later call fails with it (sticky, unlike `failure`).
@@ -247,6 +258,8 @@ impl Gpu {
             },
             subgroups,
             timestamps,
+            max_batch: options.max_batch.unwrap_or(super::kernels::MAX_BATCH).clamp(1, super::kernels::MAX_ROWS),
+            kv_tokens: options.kv_tokens,
             counters: Counters::default(),
             style,
             failure,

@@ -1,15 +1,15 @@
-//! The forward pass on the GPU, read top to bottom as a list of named dispatches per layer.
-//! The weights, KV cache, activations and the decode and prefill passes' pipelines and bind
-//! groups are created at load; the batched decode pass, self-speculation's draft pass, the
-//! all-logits pass and a copy-on-write scratch block on first use. A step sets a 16-byte
-//! uniform (a decode step copies it from a table made at load) and the token ids, encodes the
-//! recorded dispatches in one compute pass, submits once, and reads back 4 bytes (greedy), the
-//! largest logits (sampling on the GPU's selection) or all of them; a batcher round
-//! (`submit_round`) encodes its prefill chunks and its decode step in one submission.
+//! The model on the GPU: its weights, KV cache and activations, made at load, and the forward
+//! pass (`record`), read top to bottom as a list of named dispatches per layer; the sequences
+//! of its KV pool. The batched decode pass, self-speculation's draft pass, the all-logits pass
+//! and a copy-on-write scratch block are made on first use. How passes are submitted and read:
+//! `round.rs`, the one submit path the runtime uses (a batcher round: prefill chunks and a
+//! decode step in one submission, each row reading back what its sampler needs); `single.rs`,
+//! the single-sequence entry points the kernel and golden tests, the draft passes and `bench`
+//! drive by hand.
 
 use super::kernels::{
     self, BatchLayout, Dispatch, Epilogue, GemvBatch, Ledger, NormOut, Params, QkvExtras, RopeKvFold, KV_BLOCK,
-    MAX_BATCH, MAX_ROWS,
+    MAX_ROWS,
 };
 use super::shader::PipelineCache;
 use super::weights::{Linear, Rows};
@@ -20,7 +20,12 @@ use crate::gguf::{ByteSource, Gguf, TensorInfo};
 use crate::kv_pool::{KvPool, SeqId};
 use crate::model::reference::AttentionKind;
 use crate::model::ModelConfig;
-use crate::sampling::{Sampler, Tail};
+
+mod round;
+mod single;
+
+pub use round::{RoundFlight, RowReadback, RowsReadback};
+pub use single::{InFlight, Readback};
 
 /// The named tensors' infos and bytes, read one after another from the source.
 async fn fetch<'g>(
@@ -39,10 +44,6 @@ async fn fetch<'g>(
 /// Tokens per prefill pass; longer prompts run in several passes.
 pub const PREFILL_CHUNK: usize = kernels::MAX_ROWS;
 
-/// Sequences the pool holds at once: a full batch, and as many again for beam search's forks
-/// (made before the beams they replace are freed), and the engine's conversation.
-pub const MAX_SEQS: usize = 2 * MAX_BATCH + 1;
-
 /// Batch rows per pass over the weights in a batched decode step (gemv.wgsl's MB).
 const BATCH_MB: u32 = 8;
 
@@ -52,17 +53,6 @@ pub const ROUND_PASSES: usize = 8;
 /// Words of a pass's region of the uploads buffer: its tokens, its rows' (position, table)
 /// words, its params.
 const UPLOAD_WORDS: usize = 3 * MAX_ROWS + 4;
-
-/// What a step reads back.
-#[derive(Debug, PartialEq)]
-pub enum Readback<'a> {
-    /// Nothing (an intermediate prefill chunk).
-    None,
-    /// The argmax of the last position's logits (4 bytes).
-    Argmax,
-    /// The last position's logits, into the given slice (vocab values).
-    Logits(&'a mut [f32]),
-}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Pass<'a> {
@@ -75,6 +65,10 @@ enum Pass<'a> {
     Prefill,
     /// Prefill that writes every position's logits into the given buffer.
     AllLogits(&'a wgpu::Buffer),
+    /// A decode step of more than WIDE_ROWS rows: the prefill's tiled matrix products for the
+    /// projections and the LM head (each weight read once per 64 rows), decode attention (each
+    /// row its own sequence's blocks).
+    WideDecode,
 }
 
 struct LayerWeights {
@@ -164,120 +158,6 @@ impl HostClock {
     }
 }
 
-/// `GpuModel::profile`'s answer: milliseconds per kernel family, in the order of first use.
-#[cfg(not(target_arch = "wasm32"))]
-pub struct Profile {
-    pub families: Vec<(&'static str, f64)>,
-    /// Timed by the GPU's timestamps (else by the host's clock around each submission).
-    pub gpu_clock: bool,
-}
-
-/// What one row of a batched decode step reads back beside its argmax.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum RowReadback {
-    /// The argmax alone (4 bytes: greedy decoding).
-    Argmax,
-    /// The `k` largest logits (at most `kernels::MAX_TOP_K`), 8 bytes each; with a temperature,
-    /// also what a top-p/min-p sampler needs of the rest (8 bytes; see `RowReadback::Select`).
-    Select { k: usize, tail: Option<f32> },
-    /// The whole row of logits (a sampler with penalties, candidates or log-probabilities).
-    Logits,
-}
-
-impl RowReadback {
-    /// What choosing a token with `sampler` needs read back of its row: the argmax (greedy), a
-    /// selection on the GPU (top-k alone, up to `MAX_TOP_K`; top-p/min-p without top-k: the
-    /// `NUCLEUS_K` largest and the tail), else the whole row (penalties, a larger top-k, and
-    /// every sampled row off the GPU).
-    pub fn for_sampler(sampler: &Sampler, on_gpu: bool) -> Self {
-        if !sampler.needs_logits() {
-            Self::Argmax
-        } else if !on_gpu {
-            Self::Logits
-        } else if let Some(k) = sampler.top_k_only().filter(|&k| k <= kernels::MAX_TOP_K) {
-            Self::Select { k, tail: None }
-        } else if sampler.nucleus_only() {
-            Self::Select { k: kernels::NUCLEUS_K, tail: Some(sampler.params().temperature) }
-        } else {
-            Self::Logits
-        }
-    }
-
-    /// The token `sampler` draws from what its row read back: the argmax, the selection (`top`,
-    /// `tail`) or the logits (which it changes); None when a top-p/min-p selection cannot place
-    /// the cut (then read the row's logits and draw from them).
-    pub fn choose(
-        self,
-        sampler: &mut Sampler,
-        argmax: u32,
-        top: &[(u32, f32)],
-        tail: Tail,
-        logits: &mut [f32],
-    ) -> Option<u32> {
-        match self {
-            Self::Argmax => Some(argmax),
-            Self::Select { tail: None, .. } => Some(sampler.sample_top_k(top)),
-            Self::Select { tail: Some(_), .. } => {
-                let vocab = sampler.vocab_size();
-                sampler.sample_nucleus(top, vocab, tail)
-            }
-            Self::Logits => Some(sampler.sample(logits)),
-        }
-    }
-}
-
-/// What a batcher round reads back (`GpuModel::read_round`): every row's argmax into `ids` (u32::MAX flags non-finite logits, and
-/// is not an error here: that row's request fails, not the step); a `Select` row's pairs (in no
-/// order) into `top[row]` and its tail into `tails[row]`; a `Logits` row's logits into
-/// `logits[row * vocab..]`. The slices have a row's room for each of the step's rows.
-pub struct RowsReadback<'a> {
-    pub want: &'a [RowReadback],
-    pub ids: &'a mut [u32],
-    pub top: &'a mut [Vec<(u32, f32)>],
-    pub tails: &'a mut [Tail],
-    pub logits: &'a mut [f32],
-}
-
-/// Bytes of a row's selection read back: the tail's two words (with a temperature), then the
-/// pairs (`TOP_K_WORDS`' count word is not read: it is k, or the vocabulary when smaller).
-fn selection_bytes(k: usize, tail: bool) -> u64 {
-    4 * (2 * tail as u64 + 2 * k as u64)
-}
-
-/// The selection words' first word read back (see `selection_bytes`).
-fn selection_offset(tail: bool) -> u64 {
-    4 * if tail { 1 } else { 3 }
-}
-
-/// The `k` pairs and (with a tail) the tail from a row's selection bytes as read back.
-fn read_selection(bytes: &[u8], k: usize, tail: Option<&mut Tail>, out: &mut Vec<(u32, f32)>) {
-    let words: &[u32] = bytemuck::cast_slice(bytes);
-    let pairs = match tail {
-        Some(t) => {
-            *t = Tail { sum: f32::from_bits(words[0]), max_abs: f32::from_bits(words[1]) };
-            &words[2..]
-        }
-        None => words,
-    };
-    out.clear();
-    out.extend(pairs[..2 * k].chunks_exact(2).map(|p| (p[0], f32::from_bits(p[1]))));
-}
-
-/// A batcher round submitted and not yet read (`GpuModel::submit_round`).
-pub struct RoundFlight {
-    submission: wgpu::SubmissionIndex,
-    /// The staging slot of a round that reads its rows' argmax alone.
-    slot: Option<usize>,
-    n: usize,
-}
-
-/// A greedy decode step submitted and not yet read (see `GpuModel::submit_greedy`).
-pub struct InFlight {
-    slot: usize,
-    submission: wgpu::SubmissionIndex,
-    position: usize,
-}
-
 pub struct GpuModel {
     pub gpu: Gpu,
     pub config: ModelConfig,
@@ -292,6 +172,8 @@ pub struct GpuModel {
     decode: Vec<Dispatch>,
     /// A batched decode step; made on first use.
     decode_batch: Option<Vec<Dispatch>>,
+    /// A decode step of more than WIDE_ROWS rows (`Pass::WideDecode`); made on first use.
+    decode_wide: Option<Vec<Dispatch>>,
     /// Self-speculation's draft step (its layer count and dispatches); made on first use.
     draft: Option<(usize, Vec<Dispatch>)>,
     prefill: Vec<Dispatch>,
@@ -349,8 +231,20 @@ impl GpuModel {
                     .into(),
             });
         }
-        // Before the upload: a context whose buffers this GPU cannot bind is the caller's error.
+        // Before the upload: a context (or a pool) whose buffers this GPU cannot bind is the
+        // caller's error.
         let fits = Self::max_context(&gpu, &plan);
+        let pool_tokens = gpu.kv_tokens.unwrap_or(context).max(context).next_multiple_of(KV_BLOCK);
+        if pool_tokens > fits && context <= fits {
+            return Err(Error::InvalidOption {
+                name: "KV pool tokens",
+                value: pool_tokens.to_string(),
+                expected: format!(
+                    "at most {fits} tokens on this GPU (each layer's KV cache is one buffer, at most maxStorageBufferBindingSize = {} bytes)",
+                    gpu.max_binding()
+                ),
+            });
+        }
         if context == 0 || context > fits {
             return Err(Error::InvalidOption {
                 name: "context length",
@@ -423,11 +317,16 @@ impl GpuModel {
         progress(total, total);
 
         let blocks = context.div_ceil(KV_BLOCK);
-        let layout = BatchLayout { max_blocks: blocks, max_seqs: MAX_SEQS };
-        let per_row = kernels::decode_partials_len(&c, blocks * KV_BLOCK) as u64 * 4;
-        let max_batch = MAX_BATCH.min((gpu.max_binding() / per_row.max(1)) as usize).max(1);
-        let buf = Self::buffers(&gpu, &plan, blocks * KV_BLOCK, layout, max_batch)?;
-        let mut pool = KvPool::new(blocks * KV_BLOCK, KV_BLOCK, MAX_SEQS);
+        // The rows asked for, as many as one binding holds of a row's attention records and
+        // of its logits.
+        let per_row = kernels::decode_partials_len(&c, blocks * KV_BLOCK).max(c.vocab_size) as u64 * 4;
+        let max_batch = gpu.max_batch.min((gpu.max_binding() / per_row.max(1)) as usize).max(1);
+        // Sequences the pool holds at once: a full batch, as many again for beam search's forks
+        // (made before the beams they replace are freed), and `main`.
+        let max_seqs = 2 * max_batch + 1;
+        let layout = BatchLayout { max_blocks: blocks, max_seqs };
+        let buf = Self::buffers(&gpu, &plan, blocks * KV_BLOCK, pool_tokens, layout, max_batch)?;
+        let mut pool = KvPool::new(pool_tokens, KV_BLOCK, max_seqs);
         let main = pool.create()?;
         debug_assert_eq!(main.0, 0, "main_rows holds slot 0's table");
         let all: u64 = gguf.tensors.iter().filter(|t| t.name != ROPE_FREQS).map(|t| t.byte_size).sum();
@@ -448,6 +347,7 @@ impl GpuModel {
             buf,
             decode: Vec::new(),
             decode_batch: None,
+            decode_wide: None,
             draft: None,
             prefill: Vec::new(),
             select: None,
@@ -455,10 +355,10 @@ impl GpuModel {
             pool,
             layout,
             main,
-            dirty: vec![false; MAX_SEQS],
+            dirty: vec![false; max_seqs],
             copies: Vec::new(),
             row_words: Vec::with_capacity(2 * PREFILL_CHUNK),
-            round_tokens: Vec::with_capacity(MAX_BATCH),
+            round_tokens: Vec::with_capacity(max_batch),
             params_now: Params::default(),
             max_batch,
             block_scratch: None,
@@ -492,13 +392,20 @@ impl GpuModel {
         fits.min(chunks.saturating_mul(kernels::DECODE_CHUNK))
     }
 
-    /// `context`: the cache's positions (whole blocks).
-    fn buffers(gpu: &Gpu, plan: &Plan, context: usize, layout: BatchLayout, max_batch: usize) -> Result<Buffers> {
+    /// `context`: a sequence's positions (whole blocks); `pool_tokens`: the KV pool's.
+    fn buffers(
+        gpu: &Gpu,
+        plan: &Plan,
+        context: usize,
+        pool_tokens: usize,
+        layout: BatchLayout,
+        max_batch: usize,
+    ) -> Result<Buffers> {
         let c = &plan.config;
         let n = PREFILL_CHUNK as u64;
         let f = 4u64;
-        let kv_bytes = (context * c.kv_dim()) as u64 * gpu.kv_bytes();
-        let batch = MAX_BATCH as u64;
+        let kv_bytes = (pool_tokens * c.kv_dim()) as u64 * gpu.kv_bytes();
+        let batch = max_batch as u64;
         Ok(Buffers {
             params: gpu.uniform("params", std::mem::size_of::<Params>() as u64),
             batch: gpu.storage("batch", layout.words() as u64 * 4)?,
@@ -542,7 +449,11 @@ impl GpuModel {
             Pass::Decode { mb, layers } => (mb, layers),
             _ => (1, self.layers.len()),
         };
-        let prefill = !matches!(pass, Pass::Decode { .. });
+        // Attention over a prompt chunk (and its last row's logits), or each row's own.
+        let prefill = matches!(pass, Pass::Prefill | Pass::AllLogits(_));
+        // Tiled matrix products for every projection, or matrix-vector products.
+        let tiled = !matches!(pass, Pass::Decode { .. });
+        let max_rows = self.max_batch;
         let (gpu, c, plan, b, p) = (&self.gpu, &self.config, &self.plan, &self.buf, &mut self.pipelines);
         let (params, eps, act) = (&b.params, c.rms_eps, plan.activation);
         let gb = GemvBatch { params, mb };
@@ -551,7 +462,7 @@ impl GpuModel {
         let qkv_stride = c.q_dim() + 2 * c.kv_dim();
         // GPUs fold each pre-norm into the matrix-vector product that reads it (one dispatch less
         // per norm); CPU adapters keep the separate pass, which is cheaper there.
-        let fuse = !prefill && gpu.style == KernelStyle::Gpu;
+        let fuse = !tiled && gpu.style == KernelStyle::Gpu;
         let input = if fuse { &b.x } else { &b.xn };
         for (i, (l, lp)) in self.layers.iter().zip(&plan.layers).enumerate().take(layers) {
             let (kc, vc) = (&b.k_cache[i], &b.v_cache[i]);
@@ -565,7 +476,7 @@ impl GpuModel {
                             x: &wgpu::Buffer,
                             post: &Option<wgpu::Buffer>| {
                 let (epilogue, out) = if post.is_some() { (Epilogue::Store, &b.proj) } else { (Epilogue::Add, &b.x) };
-                if prefill {
+                if tiled {
                     ops.extend(kernels::gemm(gpu, p, params, w, epilogue, x, out, c.d_model));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, w, act, epilogue, None, x, out, c.d_model));
@@ -585,7 +496,7 @@ impl GpuModel {
                 RopeKvFold { config: c, rope, batch: &b.batch, table: &b.rope[lp.rope], k_cache: kc, v_cache: vc };
             let folded = fuse && fold.applies(&extras, &l.qkv);
             let norm = fuse.then_some((&l.attn_norm, eps));
-            if prefill {
+            if tiled {
                 ops.extend(kernels::gemm(gpu, p, params, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
             } else if folded {
                 ops.extend(kernels::gemv_rope_kv(gpu, p, gb, &l.qkv, &fold, norm, input, &b.qkv, qkv_stride));
@@ -619,7 +530,7 @@ impl GpuModel {
                 ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, &l.ffn_norm, &b.xn));
             }
             let pairs = l.gate_up.parts.iter().all(|part| part.pair);
-            if prefill {
+            if tiled {
                 ops.extend(kernels::gemm(gpu, p, params, &l.gate_up, Epilogue::Store, &b.xn, &b.gu, 2 * c.ffn_dim));
                 ops.push(kernels::act_mul(gpu, p, params, act, c.ffn_dim, &b.gu, &b.h));
             } else {
@@ -640,7 +551,10 @@ impl GpuModel {
             return ops;
         }
         let vocab = c.vocab_size;
-        if fuse {
+        if matches!(pass, Pass::WideDecode) {
+            ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn));
+            ops.extend(kernels::gemm(gpu, p, params, head, Epilogue::Store, &b.xn, &b.logits, vocab));
+        } else if fuse {
             let norm = Some((output_norm, eps));
             ops.extend(kernels::gemv(gpu, p, gb, head, act, Epilogue::Store, norm, &b.x, &b.logits, vocab));
         } else {
@@ -649,116 +563,8 @@ impl GpuModel {
             ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, out, &b.x, output_norm, &b.xn));
             ops.extend(kernels::gemv(gpu, p, gb, head, act, Epilogue::Store, None, &b.xn, &b.logits, vocab));
         }
-        ops.push(kernels::argmax(gpu, p, params, vocab, &b.logits, &b.argmax));
+        ops.push(kernels::argmax(gpu, p, params, vocab, &b.logits, &b.argmax, max_rows));
         ops
-    }
-
-    /// Runs `tokens` at positions `start..` (at most `all_logits_chunk()` of them) and returns
-    /// the logits of every position (`n * vocab`). For perplexity and tests, not the decode loop.
-    pub async fn logits_all(&mut self, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
-        let n = tokens.len();
-        if n == 0 || n > self.all_logits_chunk() || start + n > self.context {
-            return Err(Error::ContextOverflow {
-                prompt_tokens: start + n,
-                max_tokens: 0,
-                context_length: self.context,
-            });
-        }
-        if self.all_logits.is_none() {
-            let buffer =
-                self.gpu.storage("all_logits", (self.all_logits_chunk() * self.config.vocab_size * 4) as u64)?;
-            let ops = self.record(Pass::AllLogits(&buffer));
-            self.all_logits = Some((ops, buffer));
-        }
-        self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(tokens));
-        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-        let main = self.main;
-        self.prepare(&mut enc, (start..start + n).map(|p| (main, p)), Params::new(n, 1))?;
-        let (ops, buffer) = self.all_logits.as_ref().expect("recorded above");
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            ops.iter().for_each(|op| op.encode(&mut pass, n as u32));
-        }
-        self.gpu.submit(enc);
-        self.gpu.read_f32(buffer, n * self.config.vocab_size).await
-    }
-
-    /// Positions per `logits_all` call: a prefill chunk, fewer when its logits would not fit
-    /// one binding.
-    pub fn all_logits_chunk(&self) -> usize {
-        let per_token = self.config.vocab_size as u64 * 4;
-        let max = self.gpu.max_binding();
-        PREFILL_CHUNK.min((max / per_token) as usize).max(1)
-    }
-
-    /// Time per kernel family for one pass of `n` tokens at `start`: where the time of a step
-    /// goes. With timestamp queries each dispatch is timed on the GPU's clock in one submission
-    /// (the sum is the GPU's busy time; a real step adds the gaps between dispatches); without,
-    /// each dispatch is submitted and waited for alone, so the sum exceeds a real step.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub async fn profile(&mut self, n: usize, start: usize) -> Result<Profile> {
-        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-        let main = self.main;
-        self.prepare(&mut enc, (start..start + n).map(|p| (main, p)), Params::new(n, 1))?;
-        self.gpu.submit(enc);
-        let ops = if n == 1 { &self.decode } else { &self.prefill };
-        let mut times = Vec::with_capacity(ops.len());
-        if self.gpu.timestamps {
-            // One pass per dispatch, its start and end stamped, all in one submission.
-            let count = 2 * ops.len() as u32;
-            let set = self.gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("profile"),
-                ty: wgpu::QueryType::Timestamp,
-                count,
-            });
-            let resolved = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("profile"),
-                size: 8 * count as u64,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
-            let staging = self.gpu.readback("profile", 8 * count as u64);
-            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            for (i, op) in ops.iter().enumerate() {
-                let writes = wgpu::ComputePassTimestampWrites {
-                    query_set: &set,
-                    beginning_of_pass_write_index: Some(2 * i as u32),
-                    end_of_pass_write_index: Some(2 * i as u32 + 1),
-                };
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some(op.label),
-                    timestamp_writes: Some(writes),
-                });
-                op.encode(&mut pass, n as u32);
-            }
-            enc.resolve_query_set(&set, 0..count, &resolved, 0);
-            enc.copy_buffer_to_buffer(&resolved, 0, &staging, 0, 8 * count as u64);
-            self.gpu.submit(enc);
-            let ticks: Vec<u64> =
-                self.gpu.read_mapped(&staging, 8 * count as u64, bytemuck::pod_collect_to_vec).await?;
-            let period_ms = self.gpu.queue.get_timestamp_period() as f64 / 1e6;
-            for (op, t) in ops.iter().zip(ticks.chunks_exact(2)) {
-                times.push((op.label, t[1].saturating_sub(t[0]) as f64 * period_ms));
-            }
-        } else {
-            for op in ops {
-                let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-                op.encode(&mut enc.begin_compute_pass(&Default::default()), n as u32);
-                let t = web_time::Instant::now();
-                self.gpu.submit(enc);
-                self.gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::Gpu(e.to_string()))?;
-                times.push((op.label, t.elapsed().as_secs_f64() * 1e3));
-            }
-        }
-        self.gpu.check()?;
-        let mut families: Vec<(&'static str, f64)> = Vec::new();
-        for (label, ms) in times {
-            match families.iter_mut().find(|(l, _)| *l == label) {
-                Some(entry) => entry.1 += ms,
-                None => families.push((label, ms)),
-            }
-        }
-        Ok(Profile { families, gpu_clock: self.gpu.timestamps })
     }
 
     /// Dispatches in one decode step.
@@ -786,287 +592,6 @@ impl GpuModel {
             kv_read,
             kv_written: kv_row * c.n_layers as u64,
         }
-    }
-
-    /// Readies a pass's rows, (sequence, position) each: reserves the positions in the pool
-    /// (copying, in `enc`, a block shared with another sequence before it is written), uploads
-    /// the block tables that changed, the rows' positions and tables, and `params` when they
-    /// changed. Allocates nothing when no block is added (every decode step).
-    fn prepare(
-        &mut self,
-        enc: &mut wgpu::CommandEncoder,
-        rows: impl Iterator<Item = (SeqId, usize)> + Clone,
-        params: Params,
-    ) -> Result<()> {
-        self.reserve(enc, rows.clone())?;
-        let queue = &self.gpu.queue;
-        let mut single = rows.clone();
-        match (single.next(), single.next()) {
-            (Some((seq, pos)), None) if seq == self.main => {
-                enc.copy_buffer_to_buffer(&self.buf.main_rows, pos as u64 * 8, &self.buf.batch, 0, 8);
-            }
-            _ => {
-                self.row_words.clear();
-                for (seq, pos) in rows {
-                    self.row_words.extend([pos as u32, self.layout.table(seq.0) as u32]);
-                }
-                queue.write_buffer(&self.buf.batch, 0, bytemuck::cast_slice(&self.row_words));
-            }
-        }
-        if params != self.params_now {
-            queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
-            self.params_now = params;
-        }
-        Ok(())
-    }
-
-    /// The pool's side of `prepare`: reserves the rows' positions, copies (in `enc`) shared
-    /// blocks before they are written, and uploads the block tables that changed.
-    fn reserve(
-        &mut self,
-        enc: &mut wgpu::CommandEncoder,
-        rows: impl Iterator<Item = (SeqId, usize)> + Clone,
-    ) -> Result<()> {
-        self.copies.clear();
-        if let Some((_, pos)) = rows.clone().find(|&(_, pos)| pos >= self.context) {
-            return Err(Error::ContextOverflow { prompt_tokens: pos + 1, max_tokens: 0, context_length: self.context });
-        }
-        for (seq, pos) in rows.clone() {
-            match self.pool.reserve(seq, pos + 1, &mut self.copies) {
-                Ok(changed) => self.dirty[seq.0] |= changed,
-                Err(e) => {
-                    // Tables of earlier rows may already point at copy-on-write blocks: copy
-                    // them now, or those sequences would read blocks never written.
-                    if !self.copies.is_empty() {
-                        let mut own = self.gpu.device.create_command_encoder(&Default::default());
-                        self.copy_blocks(&mut own)?;
-                        self.gpu.submit(own);
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        if !self.copies.is_empty() {
-            self.copy_blocks(enc)?;
-        }
-        let queue = &self.gpu.queue;
-        for (seq, dirty) in self.dirty.iter_mut().enumerate() {
-            let table = self.pool.table(SeqId(seq));
-            if std::mem::take(dirty) && !table.is_empty() {
-                let at = self.layout.table(seq) as u64 * 4;
-                queue.write_buffer(&self.buf.batch, at, bytemuck::cast_slice(table));
-            }
-        }
-        Ok(())
-    }
-
-    /// One pass of a round (`submit_round`), pass `k` of it: its tokens, its rows' (position,
-    /// table) words and its params go into the k-th region of the uploads buffer and are copied
-    /// into place in `enc` just before the pass, so that every pass of the round sees its own.
-    fn upload_pass(&mut self, enc: &mut wgpu::CommandEncoder, k: usize, tokens: &[u32], params: Params) {
-        let b = &self.buf;
-        let region = (k * UPLOAD_WORDS * 4) as u64;
-        let (rows_at, params_at) = (region + 4 * MAX_ROWS as u64, region + 12 * MAX_ROWS as u64);
-        let queue = &self.gpu.queue;
-        queue.write_buffer(&b.uploads, region, bytemuck::cast_slice(tokens));
-        queue.write_buffer(&b.uploads, rows_at, bytemuck::cast_slice(&self.row_words));
-        queue.write_buffer(&b.uploads, params_at, bytemuck::bytes_of(&params));
-        enc.copy_buffer_to_buffer(&b.uploads, region, &b.tokens, 0, 4 * tokens.len() as u64);
-        enc.copy_buffer_to_buffer(&b.uploads, rows_at, &b.batch, 0, 4 * self.row_words.len() as u64);
-        enc.copy_buffer_to_buffer(&b.uploads, params_at, &b.params, 0, std::mem::size_of::<Params>() as u64);
-        // What the params buffer holds after the round is the last pass's: written anew by the
-        // next single pass.
-        self.params_now = Params::default();
-    }
-
-    /// A round of the batcher as one submission, not waited for (read it with `read_round`,
-    /// the same `want`): each of `prefills` (sequence, tokens, first position; at most
-    /// PREFILL_CHUNK tokens) as a prefill pass that reads nothing back, then the decode `rows`
-    /// as one pass whose rows read back what `want` says. Every pass's inputs are uploaded
-    /// into regions of their own and copied into place between the passes (`upload_pass`), so
-    /// the GPU runs them back to back and the host waits once. `chained`: the decode rows' tokens are the argmax of the same rows of the round
-    /// submitted before (kept on the GPU), not `rows[i].1`, so that greedy round n + 1 can be
-    /// submitted before round n's ids are read. A round whose rows all read their argmax alone
-    /// reads it from one of two staging slots, in turn, so that two can be in flight.
-    pub fn submit_round(
-        &mut self,
-        prefills: &[(SeqId, &[u32], usize)],
-        rows: &[(SeqId, u32, usize)],
-        want: &[RowReadback],
-        chained: bool,
-    ) -> Result<RoundFlight> {
-        let n = rows.len();
-        if n > self.max_batch || prefills.len() + 1 > ROUND_PASSES || want.len() != n {
-            return Err(Error::InvalidOption {
-                name: "round",
-                value: format!("{} prefill passes and {n} decode rows", prefills.len()),
-                expected: format!(
-                    "at most {} prefill passes and {} decode rows a round on this GPU, a readback a row",
-                    ROUND_PASSES - 1,
-                    self.max_batch
-                ),
-            });
-        }
-        self.gpu.check()?;
-        let host = HostClock::now();
-        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("round") });
-        for (k, &(seq, tokens, start)) in prefills.iter().enumerate() {
-            let len = tokens.len();
-            if len == 0 || len > PREFILL_CHUNK || start + len > self.context {
-                return Err(Error::ContextOverflow {
-                    prompt_tokens: start + len,
-                    max_tokens: 0,
-                    context_length: self.context,
-                });
-            }
-            self.reserve(&mut enc, (start..start + len).map(|p| (seq, p)))?;
-            let table = self.layout.table(seq.0) as u32;
-            self.row_words.clear();
-            self.row_words.extend((start..start + len).flat_map(|p| [p as u32, table]));
-            self.upload_pass(&mut enc, k, tokens, Params::new(len, 1));
-            Self::encode_ops(&mut enc, if len == 1 { &self.decode } else { &self.prefill }, len);
-        }
-        let argmax_only = n > 0 && want.iter().all(|w| *w == RowReadback::Argmax);
-        let slot = argmax_only.then(|| {
-            let slot = self.next_slot;
-            self.next_slot = 1 - slot;
-            slot
-        });
-        if n > 0 {
-            self.reserve(&mut enc, rows.iter().map(|r| (r.0, r.2)))?;
-            self.row_words.clear();
-            for &(seq, _, pos) in rows {
-                self.row_words.extend([pos as u32, self.layout.table(seq.0) as u32]);
-            }
-            self.round_tokens.clear();
-            self.round_tokens.extend(rows.iter().map(|r| r.1));
-            let tokens = std::mem::take(&mut self.round_tokens);
-            self.upload_pass(&mut enc, prefills.len(), &tokens, Params::new(n, n));
-            self.round_tokens = tokens;
-            let b = &self.buf;
-            if chained {
-                enc.copy_buffer_to_buffer(&b.chain, 0, &b.tokens, 0, 4 * n as u64);
-            }
-            if n > 1 && self.decode_batch.is_none() {
-                self.decode_batch = Some(self.record(Pass::Decode { mb: BATCH_MB, layers: self.layers.len() }));
-            }
-            let ops = if n == 1 { &self.decode } else { self.decode_batch.as_ref().expect("recorded above") };
-            Self::encode_ops(&mut enc, ops, n);
-            let b = &self.buf;
-            // The next round's tokens when it is chained to this one.
-            enc.copy_buffer_to_buffer(&b.argmax, 0, &b.chain, 0, 4 * n as u64);
-            match slot {
-                Some(slot) => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4 * n as u64),
-                None => self.encode_rows(&mut enc, want)?,
-            }
-        }
-        let submission = self.gpu.submit(enc);
-        self.count_host_time(host);
-        Ok(RoundFlight { submission, slot, n })
-    }
-
-    /// What a round submitted by `submit_round` reads back, waiting for it.
-    pub async fn read_round(&self, flight: RoundFlight, readback: RowsReadback<'_>) -> Result<()> {
-        match (flight.n, flight.slot) {
-            (0, _) => self.gpu.check(),
-            (n, Some(slot)) => {
-                let ids = readback.ids;
-                let staging = &self.buf.staging_argmax[slot];
-                self.gpu
-                    .read_mapped_after(staging, 4 * n as u64, Some(flight.submission), |bytes| {
-                        ids[..n].copy_from_slice(bytemuck::cast_slice(bytes))
-                    })
-                    .await
-            }
-            (_, None) => self.read_rows(readback).await,
-        }
-    }
-
-    /// The pool's copy-on-write copies (`self.copies`), every layer's K and V block, through a
-    /// scratch block (WebGPU copies nothing within one buffer).
-    fn copy_blocks(&mut self, enc: &mut wgpu::CommandEncoder) -> Result<()> {
-        let bytes = (KV_BLOCK * self.config.kv_dim()) as u64 * self.gpu.kv_bytes();
-        if self.block_scratch.is_none() {
-            self.block_scratch = Some(self.gpu.storage("block_scratch", bytes)?);
-        }
-        let scratch = self.block_scratch.as_ref().expect("made above");
-        for &(from, to) in &self.copies {
-            for cache in self.buf.k_cache.iter().chain(&self.buf.v_cache) {
-                enc.copy_buffer_to_buffer(cache, from as u64 * bytes, scratch, 0, bytes);
-                enc.copy_buffer_to_buffer(scratch, 0, cache, to as u64 * bytes, bytes);
-            }
-        }
-        Ok(())
-    }
-
-    /// Encodes `ops` for a pass of `n` rows.
-    fn encode_ops(enc: &mut wgpu::CommandEncoder, ops: &[Dispatch], n: usize) {
-        let mut pass =
-            enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
-        for op in ops {
-            op.encode(&mut pass, n as u32);
-        }
-    }
-
-    fn count_host_time(&self, since: HostClock) {
-        self.gpu.counters.host_ns.fetch_add(since.elapsed_ns(), std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Submits the greedy decode step at `position` for `token`, or, with None, for the argmax
-    /// of the step submitted before it, which stays on the GPU: the step's own argmax is copied
-    /// into the token buffer for the step after. So step n + 1 can be submitted before step n's
-    /// id is read (`read_greedy`), and the GPU does not wait for the host between tokens.
-    pub fn submit_greedy(&mut self, token: Option<u32>, position: usize) -> Result<InFlight> {
-        if position >= self.context {
-            return Err(Error::ContextOverflow {
-                prompt_tokens: position + 1,
-                max_tokens: 0,
-                context_length: self.context,
-            });
-        }
-        self.gpu.check()?;
-        let host = HostClock::now();
-        if let Some(token) = token {
-            self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::bytes_of(&token));
-        }
-        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
-        let main = self.main;
-        self.prepare(&mut enc, std::iter::once((main, position)), Params::new(1, 1))?;
-        Self::encode_ops(&mut enc, &self.decode, 1);
-        let (b, slot) = (&self.buf, self.next_slot);
-        enc.copy_buffer_to_buffer(&b.argmax, 0, &b.tokens, 0, 4);
-        enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4);
-        let submission = self.gpu.submit(enc);
-        self.count_host_time(host);
-        self.next_slot = 1 - slot;
-        Ok(InFlight { slot, submission, position: position + 1 })
-    }
-
-    /// The id a greedy step chose (waiting for it); non-finite logits are an error.
-    pub async fn read_greedy(&mut self, step: InFlight) -> Result<u32> {
-        let staging = &self.buf.staging_argmax[step.slot];
-        let id = self
-            .gpu
-            .read_mapped_after(staging, 4, Some(step.submission), |bytes| {
-                u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
-            })
-            .await?;
-        // The argmax kernel flags NaN or infinite logits with u32::MAX.
-        if id == u32::MAX {
-            return Err(Error::NonFiniteLogits { position: step.position });
-        }
-        Ok(id)
-    }
-
-    /// Row `row`'s logits of the last step, still in GPU memory until the next step: for a
-    /// sampler that the selection on the GPU could not serve (`Sampler::sample_nucleus` said
-    /// None). A single sequence's step has its logits in row 0.
-    pub async fn read_logits(&self, row: usize, out: &mut [f32]) -> Result<()> {
-        let (b, bytes) = (&self.buf, self.config.vocab_size as u64 * 4);
-        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(&b.logits, row as u64 * bytes, &b.staging_logits, 0, bytes);
-        self.gpu.submit(enc);
-        self.gpu.read_mapped(&b.staging_logits, bytes, |v| out.copy_from_slice(bytemuck::cast_slice(v))).await
     }
 
     /// The sequence `step` and `submit_greedy` run in (a single sequence driven by hand: the
@@ -1131,187 +656,5 @@ impl GpuModel {
     pub fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
         self.pool.truncate(seq, len);
         self.mark_dirty(seq);
-    }
-
-    /// Self-speculation's draft: the decode step of `token` at `pos` of sequence `seq` through
-    /// the first `layers` layers, then the final norm and the LM head; the argmax. It writes those
-    /// layers' keys and values at `pos`, as the whole model would for the same token.
-    pub async fn draft_step_in(&mut self, seq: SeqId, layers: usize, token: u32, pos: usize) -> Result<u32> {
-        let n_layers = self.layers.len();
-        if layers == 0 || layers >= n_layers {
-            return Err(Error::InvalidOption {
-                name: "speculate",
-                value: format!("layers:{layers}"),
-                expected: format!("layers:L with L from 1 to {} (the model has {n_layers} layers)", n_layers - 1),
-            });
-        }
-        if self.draft.as_ref().is_none_or(|d| d.0 != layers) {
-            let ops = self.record(Pass::Decode { mb: 1, layers });
-            self.draft = Some((layers, ops));
-        }
-        self.gpu.check()?;
-        self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::bytes_of(&token));
-        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("draft") });
-        self.prepare(&mut enc, std::iter::once((seq, pos)), Params::new(1, 1))?;
-        Self::encode_ops(&mut enc, &self.draft.as_ref().expect("recorded above").1, 1);
-        let b = &self.buf;
-        enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[0], 0, 4);
-        self.gpu.submit(enc);
-        let id =
-            self.gpu.read_mapped(&b.staging_argmax[0], 4, |bytes| bytemuck::cast_slice::<u8, u32>(bytes)[0]).await?;
-        if id == u32::MAX {
-            return Err(Error::NonFiniteLogits { position: pos + 1 });
-        }
-        Ok(id)
-    }
-
-    /// A round's readback work after its decode pass (rows that read more than their argmax): the selection for the rows that
-    /// want one (their k and temperatures written first), then the copies of what each row
-    /// reads, one after another in the staging buffers (so that only those bytes are mapped).
-    fn encode_rows(&mut self, enc: &mut wgpu::CommandEncoder, want: &[RowReadback]) -> Result<()> {
-        let n = want.len();
-        let b = &self.buf;
-        let vocab = self.config.vocab_size;
-        let selects = want.iter().any(|w| matches!(w, RowReadback::Select { .. }));
-        if selects {
-            self.row_words.clear();
-            for w in want {
-                self.row_words.extend(match *w {
-                    RowReadback::Select { k, tail } => {
-                        let t = tail.unwrap_or(0.0);
-                        debug_assert!(tail.is_none() || t > 0.0, "a tail needs a temperature");
-                        [k.clamp(1, kernels::MAX_TOP_K.min(vocab)) as u32, t.to_bits()]
-                    }
-                    _ => [0, 0],
-                });
-            }
-            self.gpu.queue.write_buffer(&b.top_k_want, 0, bytemuck::cast_slice(&self.row_words));
-            Self::encode_ops(enc, self.select.as_slice(), n);
-        }
-        enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_top_k, 0, 4 * n as u64);
-        let (mut at, mut logits_at) = (4 * n as u64, 0u64);
-        let (row_words, row_logits) = (kernels::TOP_K_WORDS as u64 * 4, vocab as u64 * 4);
-        for (r, w) in want.iter().enumerate() {
-            match *w {
-                RowReadback::Argmax => {}
-                RowReadback::Select { k, tail } => {
-                    let (from, len) = (selection_offset(tail.is_some()), selection_bytes(k.min(vocab), tail.is_some()));
-                    enc.copy_buffer_to_buffer(&b.top_k_out, r as u64 * row_words + from, &b.staging_top_k, at, len);
-                    at += len;
-                }
-                RowReadback::Logits => {
-                    enc.copy_buffer_to_buffer(
-                        &b.logits,
-                        r as u64 * row_logits,
-                        &b.staging_logits,
-                        logits_at,
-                        row_logits,
-                    );
-                    logits_at += row_logits;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Reads what `encode_rows` copied into `r`.
-    async fn read_rows(&self, r: RowsReadback<'_>) -> Result<()> {
-        let b = &self.buf;
-        let (n, vocab) = (r.want.len(), self.config.vocab_size);
-        let select_bytes: u64 = r
-            .want
-            .iter()
-            .map(|w| match *w {
-                RowReadback::Select { k, tail } => selection_bytes(k.min(vocab), tail.is_some()),
-                _ => 0,
-            })
-            .sum();
-        let (want, ids, top, tails) = (r.want, r.ids, r.top, r.tails);
-        self.gpu
-            .read_mapped(&b.staging_top_k, 4 * n as u64 + select_bytes, |bytes| {
-                ids[..n].copy_from_slice(bytemuck::cast_slice(&bytes[..4 * n]));
-                let mut at = 4 * n;
-                for (row, w) in want.iter().enumerate() {
-                    if let RowReadback::Select { k, tail } = *w {
-                        let (k, len) = (k.min(vocab), selection_bytes(k.min(vocab), tail.is_some()) as usize);
-                        read_selection(&bytes[at..at + len], k, tail.map(|_| &mut tails[row]), &mut top[row]);
-                        at += len;
-                    }
-                }
-            })
-            .await?;
-        let logit_rows = want.iter().filter(|w| **w == RowReadback::Logits).count();
-        if logit_rows > 0 {
-            let logits = r.logits;
-            self.gpu
-                .read_mapped(&b.staging_logits, (logit_rows * vocab * 4) as u64, |bytes| {
-                    let mut values = bytemuck::cast_slice::<u8, f32>(bytes).chunks_exact(vocab);
-                    for (row, _) in want.iter().enumerate().filter(|(_, w)| **w == RowReadback::Logits) {
-                        let read = values.next().expect("a row read for each");
-                        logits[row * vocab..][..vocab].copy_from_slice(read);
-                    }
-                })
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// Runs `tokens` at positions `start..` (one pass: at most PREFILL_CHUNK tokens) of the
-    /// conversation's sequence, writing their keys and values into the cache. Returns the argmax
-    /// when asked for it.
-    pub async fn step(&mut self, tokens: &[u32], start: usize, readback: Readback<'_>) -> Result<Option<u32>> {
-        self.step_in(self.main, tokens, start, readback).await
-    }
-
-    /// `step` in sequence `seq`.
-    pub async fn step_in(
-        &mut self,
-        seq: SeqId,
-        tokens: &[u32],
-        start: usize,
-        readback: Readback<'_>,
-    ) -> Result<Option<u32>> {
-        let n = tokens.len();
-        if n == 0 || n > PREFILL_CHUNK || start + n > self.context {
-            return Err(Error::ContextOverflow {
-                prompt_tokens: start + n,
-                max_tokens: 0,
-                context_length: self.context,
-            });
-        }
-        // A lost device (or an error left by an earlier call) fails here, before any work.
-        self.gpu.check()?;
-        let host = HostClock::now();
-        self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(tokens));
-        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
-        self.prepare(&mut enc, (start..start + n).map(|p| (seq, p)), Params::new(n, 1))?;
-        Self::encode_ops(&mut enc, if n == 1 { &self.decode } else { &self.prefill }, n);
-        let b = &self.buf;
-        let logits_bytes = self.config.vocab_size as u64 * 4;
-        let slot = self.next_slot;
-        match &readback {
-            Readback::None => {}
-            Readback::Argmax => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4),
-            Readback::Logits(_) => enc.copy_buffer_to_buffer(&b.logits, 0, &b.staging_logits, 0, logits_bytes),
-        }
-        let submission = self.gpu.submit(enc);
-        if n == 1 {
-            self.count_host_time(host);
-        }
-        match readback {
-            Readback::None => self.gpu.check().map(|_| None),
-            Readback::Argmax => {
-                let flight = InFlight { slot, submission, position: start + n };
-                self.read_greedy(flight).await.map(Some)
-            }
-            Readback::Logits(out) => {
-                self.gpu
-                    .read_mapped(&b.staging_logits, logits_bytes, |bytes| {
-                        out.copy_from_slice(bytemuck::cast_slice(bytes))
-                    })
-                    .await?;
-                Ok(None)
-            }
-        }
     }
 }

@@ -778,3 +778,62 @@ fn a_batch_of_every_kind_of_request_gives_each_what_it_gives_alone() {
         assert_eq!(together[5].2.len(), 3, "{backend:?}: three hypotheses");
     }
 }
+
+/// A decode step of more than 32 rows (`GpuOptions::max_batch`, here 72) runs the wide pass
+/// (tiled matrix products for the projections and the LM head, each row's own attention): 72
+/// requests at once (one-token prompts: each is a row of the first decode step, and the tiny
+/// model's 2048-token pool holds a block of each), one decode step of all 72 rows, each giving the CPU reference's greedy tokens, and a sampled
+/// request among them drawing what it draws alone.
+#[test]
+fn seventy_two_rows_a_step_give_the_reference_tokens() {
+    use webgpu_llm::batcher::{BatchEvent, Batcher};
+    const ROWS: usize = 72;
+    let opts = LoadOptions {
+        backend: BackendKind::Gpu,
+        context_length: Some(2048),
+        gpu: GpuOptions { max_batch: Some(ROWS), kv_tokens: Some(4096), ..GpuOptions::default() },
+    };
+    let mut e = pollster::block_on(Engine::load(tiny::chat(), opts, &mut |_, _| {})).unwrap();
+    assert_eq!(e.gpu_model().unwrap().max_batch(), ROWS);
+    // The pool holds 4096 tokens for all sequences; each still at most the 2048 of the context.
+    assert_eq!((e.gpu_model().unwrap().pool().blocks(), e.context_length()), (256, 2048));
+    // Eight one-token prompts, and the reference's 8 tokens after each.
+    let short: Vec<Vec<u32>> = (0..8).map(|i| vec![100 + 37 * i as u32]).collect();
+    let reference: Vec<Vec<u32>> = short.iter().map(|p| tiny::greedy(tiny::chat(), p, 8).0).collect();
+    let sampled = GenerateOptions {
+        sampling: SamplingParams { seed: 11, temperature: 0.9, top_p: 0.9, ..SamplingParams::default() },
+        ..greedy(8)
+    };
+    let run = |e: &mut Engine, requests: &[(usize, &GenerateOptions)]| -> (Vec<Vec<u32>>, usize) {
+        let mut b = Batcher::new(e, usize::MAX);
+        let ids: Vec<_> = requests
+            .iter()
+            .map(|(i, o)| b.enqueue(Batcher::prepare(e, &Prompt::Tokens(short[*i].clone()), o).unwrap()))
+            .collect();
+        let mut got = vec![Vec::new(); requests.len()];
+        let mut widest = 0;
+        while !b.is_empty() {
+            let rows = pollster::block_on(b.step(e, &mut |_| true, &mut |id, ev| {
+                match ev {
+                    BatchEvent::Token(t) => got[ids.iter().position(|&i| i == id).unwrap()].push(t.id),
+                    BatchEvent::Done(_) => {}
+                    other => panic!("{other:?}"),
+                }
+                true
+            }))
+            .unwrap();
+            widest = widest.max(rows);
+        }
+        (got, widest)
+    };
+    let (alone, _) = run(&mut e, &[(3, &sampled)]);
+    let g = greedy(8);
+    let requests: Vec<(usize, &GenerateOptions)> =
+        (0..ROWS).map(|i| if i == ROWS - 1 { (3, &sampled) } else { (i % 8, &g) }).collect();
+    let (got, widest) = run(&mut e, &requests);
+    assert_eq!(widest, ROWS, "every request a row of one decode step");
+    for (i, g) in got[..ROWS - 1].iter().enumerate() {
+        assert_eq!(g, &reference[i % 8], "request {i}");
+    }
+    assert_eq!(got[ROWS - 1], alone[0], "the sampled request in the wide batch vs alone");
+}

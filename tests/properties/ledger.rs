@@ -153,9 +153,18 @@ fn logits(model: &mut GpuModel, prompt: &[u32]) -> Vec<f32> {
 /// The adapter's own path, the forced f32 path (an f32 KV cache) and the GPU-style kernels
 /// (norms fused into the matrix products; lavapipe's own are the CPU-style ones).
 const PATHS: [(GpuOptions, Option<KernelStyle>); 3] = [
-    (GpuOptions { force_f32: false, packed_kv: false, request_deadline_ms: None }, None),
-    (GpuOptions { force_f32: true, packed_kv: false, request_deadline_ms: None }, None),
-    (GpuOptions { force_f32: false, packed_kv: false, request_deadline_ms: None }, Some(KernelStyle::Gpu)),
+    (
+        GpuOptions { force_f32: false, packed_kv: false, request_deadline_ms: None, max_batch: None, kv_tokens: None },
+        None,
+    ),
+    (
+        GpuOptions { force_f32: true, packed_kv: false, request_deadline_ms: None, max_batch: None, kv_tokens: None },
+        None,
+    ),
+    (
+        GpuOptions { force_f32: false, packed_kv: false, request_deadline_ms: None, max_batch: None, kv_tokens: None },
+        Some(KernelStyle::Gpu),
+    ),
 ];
 
 /// Bytes of one key or value element in the cache, by its storage.

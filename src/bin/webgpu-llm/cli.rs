@@ -311,7 +311,7 @@ async fn generate(args: GenerateArgs) -> Result<(), Error> {
             expected: "one --prompt: beam search runs one prompt's beams as its batch".into(),
         });
     }
-    let mut engine = load(&args.model).await?;
+    let mut engine = load(&args.model, None).await?;
     if let Some(spec) = &args.speculate {
         attach_draft(&mut engine, spec, &args.model).await?;
     }
@@ -484,13 +484,15 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
         }
         None => {}
     }
+    // --batch B (and a joining request) needs B rows a decode step.
+    let rows = args.batch.iter().max().map(|&b| b + args.join.map_or(0, |_| 1));
     let mut engine = match &args.synthetic {
         Some(name) => {
             let shape = webgpu_llm::synthetic::Shape::named(name)?;
             eprintln!("making a random-weight Q4_0 model with Llama's {} shape", name.to_uppercase());
-            load_from(&webgpu_llm::synthetic::SyntheticSource::new(shape), &args.model).await?
+            load_from(&webgpu_llm::synthetic::SyntheticSource::new(shape), &args.model, rows).await?
         }
-        None => load(&args.model).await?,
+        None => load(&args.model, rows).await?,
     };
     let context = engine.context_length();
     if needed > context {
@@ -567,8 +569,9 @@ async fn attach_draft(engine: &mut Engine, spec: &str, model: &ModelArgs) -> Res
         model: Some(PathBuf::from(path)),
         backend: Some(if engine.gpu_model().is_some() { Backend::Gpu } else { Backend::Cpu }),
         context_length: model.context_length,
+        kv_pool_tokens: model.kv_pool_tokens,
     };
-    let draft = load(&args).await?;
+    let draft = load(&args, None).await?;
     engine.set_draft_model(draft)
 }
 

@@ -24,6 +24,10 @@ pub(crate) struct ModelArgs {
     /// context, 4096)]
     #[arg(long, value_parser = at_least_one)]
     pub(crate) context_length: Option<usize>,
+    /// Tokens the KV pool holds, every sequence together (a server's streams; the prefix
+    /// cache keeps what they leave in it) [default: the context length]
+    #[arg(long, value_parser = at_least_one)]
+    pub(crate) kv_pool_tokens: Option<usize>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -76,22 +80,28 @@ fn split_parts(path: &std::path::Path) -> Vec<PathBuf> {
     }
 }
 
-/// Loads the model; without --backend, the GPU when an adapter exists, else the CPU.
-pub(crate) async fn load(args: &ModelArgs) -> Result<Engine, Error> {
+/// Loads the model; without --backend, the GPU when an adapter exists, else the CPU. `rows`:
+/// the decode rows a step should take at most (`GpuOptions::max_batch`; None: the default).
+pub(crate) async fn load(args: &ModelArgs, rows: Option<usize>) -> Result<Engine, Error> {
     let path = model_path(args.model.clone());
     eprintln!("loading {}", path.display());
     // Read in ranges: the header, then each tensor in pieces into GPU memory.
     let file = SplitSource::new(split_parts(&path).iter().map(|p| FileSource::open(p)).collect::<Result<_, _>>()?);
-    load_from(&file, args).await
+    load_from(&file, args, rows).await
 }
 
-pub(crate) async fn load_from(file: &(impl ByteSource + ?Sized), args: &ModelArgs) -> Result<Engine, Error> {
+pub(crate) async fn load_from(
+    file: &(impl ByteSource + ?Sized),
+    args: &ModelArgs,
+    rows: Option<usize>,
+) -> Result<Engine, Error> {
     let start = std::time::Instant::now();
     let mut progress = |done: usize, total: usize| {
         PROGRESS_OPEN.store(true, Ordering::SeqCst);
         eprint!("\rloading weights: {}%", done * 100 / total.max(1));
     };
-    let options = |backend| LoadOptions { backend, context_length: args.context_length, gpu: GpuOptions::from_env() };
+    let gpu = GpuOptions { max_batch: rows, kv_tokens: args.kv_pool_tokens, ..GpuOptions::from_env() };
+    let options = |backend| LoadOptions { backend, context_length: args.context_length, gpu };
     let engine = match args.backend {
         Some(Backend::Cpu) => Engine::load_from(file, options(BackendKind::Cpu), &mut progress).await?,
         Some(Backend::Gpu) => Engine::load_from(file, options(BackendKind::Gpu), &mut progress).await?,

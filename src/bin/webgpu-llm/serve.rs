@@ -42,7 +42,9 @@ pub struct ServeArgs {
     host: String,
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Requests decoded together at most (the rows of a decode step; capped by the GPU's).
+    /// Requests decoded together at most (the rows of a decode step, up to 256; capped by what
+    /// the GPU's largest binding holds). Past 32 rows a decode step's projections are tiled
+    /// matrix products.
     #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     max_batch: usize,
     /// Requests waiting for a place in the batch at most; past that, 429 with Retry-After.
@@ -78,7 +80,7 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
         .and_then(|s| s.to_str())
         .unwrap_or("SmolLM2-135M-Instruct.Q4_1")
         .to_string();
-    let engine = pollster::block_on(load(&args.model))?;
+    let engine = pollster::block_on(load(&args.model, Some(args.max_batch)))?;
     let max_batch = args.max_batch;
     let metrics = Arc::new(Metrics::default());
     let (commands, rx) = mpsc::unbounded_channel();

@@ -1,6 +1,6 @@
 //! Wrapper of shaders/argmax.wgsl (greedy decoding on the GPU).
 
-use super::{reduce_width, Dispatch, Groups, Traffic, MAX_BATCH};
+use super::{reduce_width, Dispatch, Groups, Traffic};
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::Gpu;
 
@@ -12,6 +12,7 @@ pub fn argmax(
     n: usize,
     logits: &wgpu::Buffer,
     out: &wgpu::Buffer,
+    max_rows: usize,
 ) -> Dispatch {
     let pipeline = cache.get(
         gpu,
@@ -23,5 +24,5 @@ pub fn argmax(
     );
     let bind_group = gpu.bind_group("argmax", &pipeline, &[logits, out, params]);
     let traffic = Traffic { activations: n as u64 * 4 + 4, ..Default::default() };
-    Dispatch { label: "argmax", pipeline, bind_group, groups: Groups::fixed(1, MAX_BATCH as u32), traffic }
+    Dispatch { label: "argmax", pipeline, bind_group, groups: Groups::fixed(1, max_rows as u32), traffic }
 }

@@ -49,8 +49,13 @@ impl Params {
 /// Tokens per KV-cache block (page): a sequence's cache is a list of blocks of the pool
 /// (`crate::kv_pool`), its block table in the batch buffer.
 pub const KV_BLOCK: usize = 16;
-/// Sequences one decode step runs at most (decode attention's chunk records are sized for them).
+/// Rows a decode step takes by default (`GpuOptions::max_batch`; a server asks for more, up to
+/// MAX_ROWS): up to WIDE_ROWS rows the matrix-vector kernels read each weight once for every
+/// MB rows, past them a decode step's projections are the prefill's tiled matrix products.
 pub const MAX_BATCH: usize = 32;
+/// Rows past which a decode step's projections and LM head are tiled matrix products (each
+/// weight read once per 64 rows) rather than batched matrix-vector products (once per 8).
+pub const WIDE_ROWS: usize = 32;
 /// Rows a pass holds at most: a prefill chunk or a decode batch.
 pub const MAX_ROWS: usize = 256;
 

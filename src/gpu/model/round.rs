@@ -1,0 +1,442 @@
+//! The runtime's submit path: a batcher round (`submit_round`) as one submission — each pass's
+//! rows reserved in the pool (copy-on-write copies encoded first), its inputs uploaded into a
+//! region of their own and copied into place between passes, the prefill chunks then the
+//! decode step — and what each row reads back (`RowReadback`: the argmax, a selection on the
+//! GPU, or the whole row), read by `read_round`.
+
+use super::*;
+use crate::sampling::{Sampler, Tail};
+
+/// What one row of a batched decode step reads back beside its argmax.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowReadback {
+    /// The argmax alone (4 bytes: greedy decoding).
+    Argmax,
+    /// The `k` largest logits (at most `kernels::MAX_TOP_K`), 8 bytes each; with a temperature,
+    /// also what a top-p/min-p sampler needs of the rest (8 bytes; see `RowReadback::Select`).
+    Select { k: usize, tail: Option<f32> },
+    /// The whole row of logits (a sampler with penalties, candidates or log-probabilities).
+    Logits,
+}
+
+impl RowReadback {
+    /// What choosing a token with `sampler` needs read back of its row: the argmax (greedy), a
+    /// selection on the GPU (top-k alone, up to `MAX_TOP_K`; top-p/min-p without top-k: the
+    /// `NUCLEUS_K` largest and the tail), else the whole row (penalties, a larger top-k, and
+    /// every sampled row off the GPU).
+    pub fn for_sampler(sampler: &Sampler, on_gpu: bool) -> Self {
+        if !sampler.needs_logits() {
+            Self::Argmax
+        } else if !on_gpu {
+            Self::Logits
+        } else if let Some(k) = sampler.top_k_only().filter(|&k| k <= kernels::MAX_TOP_K) {
+            Self::Select { k, tail: None }
+        } else if sampler.nucleus_only() {
+            Self::Select { k: kernels::NUCLEUS_K, tail: Some(sampler.params().temperature) }
+        } else {
+            Self::Logits
+        }
+    }
+
+    /// The token `sampler` draws from what its row read back: the argmax, the selection (`top`,
+    /// `tail`) or the logits (which it changes); None when a top-p/min-p selection cannot place
+    /// the cut (then read the row's logits and draw from them).
+    pub fn choose(
+        self,
+        sampler: &mut Sampler,
+        argmax: u32,
+        top: &[(u32, f32)],
+        tail: Tail,
+        logits: &mut [f32],
+    ) -> Option<u32> {
+        match self {
+            Self::Argmax => Some(argmax),
+            Self::Select { tail: None, .. } => Some(sampler.sample_top_k(top)),
+            Self::Select { tail: Some(_), .. } => {
+                let vocab = sampler.vocab_size();
+                sampler.sample_nucleus(top, vocab, tail)
+            }
+            Self::Logits => Some(sampler.sample(logits)),
+        }
+    }
+}
+
+/// What a batcher round reads back (`GpuModel::read_round`): every row's argmax into `ids` (u32::MAX flags non-finite logits, and
+/// is not an error here: that row's request fails, not the step); a `Select` row's pairs (in no
+/// order) into `top[row]` and its tail into `tails[row]`; a `Logits` row's logits into
+/// `logits[row * vocab..]`. The slices have a row's room for each of the step's rows.
+pub struct RowsReadback<'a> {
+    pub want: &'a [RowReadback],
+    pub ids: &'a mut [u32],
+    pub top: &'a mut [Vec<(u32, f32)>],
+    pub tails: &'a mut [Tail],
+    pub logits: &'a mut [f32],
+}
+
+/// Bytes of a row's selection read back: the tail's two words (with a temperature), then the
+/// pairs (`TOP_K_WORDS`' count word is not read: it is k, or the vocabulary when smaller).
+pub(super) fn selection_bytes(k: usize, tail: bool) -> u64 {
+    4 * (2 * tail as u64 + 2 * k as u64)
+}
+
+/// The selection words' first word read back (see `selection_bytes`).
+pub(super) fn selection_offset(tail: bool) -> u64 {
+    4 * if tail { 1 } else { 3 }
+}
+
+/// The `k` pairs and (with a tail) the tail from a row's selection bytes as read back.
+pub(super) fn read_selection(bytes: &[u8], k: usize, tail: Option<&mut Tail>, out: &mut Vec<(u32, f32)>) {
+    let words: &[u32] = bytemuck::cast_slice(bytes);
+    let pairs = match tail {
+        Some(t) => {
+            *t = Tail { sum: f32::from_bits(words[0]), max_abs: f32::from_bits(words[1]) };
+            &words[2..]
+        }
+        None => words,
+    };
+    out.clear();
+    out.extend(pairs[..2 * k].chunks_exact(2).map(|p| (p[0], f32::from_bits(p[1]))));
+}
+
+/// A batcher round submitted and not yet read (`GpuModel::submit_round`).
+pub struct RoundFlight {
+    submission: wgpu::SubmissionIndex,
+    /// The staging slot of a round that reads its rows' argmax alone.
+    slot: Option<usize>,
+    n: usize,
+}
+
+impl GpuModel {
+    /// Readies a pass's rows, (sequence, position) each: reserves the positions in the pool
+    /// (copying, in `enc`, a block shared with another sequence before it is written), uploads
+    /// the block tables that changed, the rows' positions and tables, and `params` when they
+    /// changed. Allocates nothing when no block is added (every decode step).
+    pub(super) fn prepare(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        rows: impl Iterator<Item = (SeqId, usize)> + Clone,
+        params: Params,
+    ) -> Result<()> {
+        self.reserve(enc, rows.clone())?;
+        let queue = &self.gpu.queue;
+        let mut single = rows.clone();
+        match (single.next(), single.next()) {
+            (Some((seq, pos)), None) if seq == self.main => {
+                enc.copy_buffer_to_buffer(&self.buf.main_rows, pos as u64 * 8, &self.buf.batch, 0, 8);
+            }
+            _ => {
+                self.row_words.clear();
+                for (seq, pos) in rows {
+                    self.row_words.extend([pos as u32, self.layout.table(seq.0) as u32]);
+                }
+                queue.write_buffer(&self.buf.batch, 0, bytemuck::cast_slice(&self.row_words));
+            }
+        }
+        if params != self.params_now {
+            queue.write_buffer(&self.buf.params, 0, bytemuck::bytes_of(&params));
+            self.params_now = params;
+        }
+        Ok(())
+    }
+
+    /// The pool's side of `prepare`: reserves the rows' positions, copies (in `enc`) shared
+    /// blocks before they are written, and uploads the block tables that changed.
+    pub(super) fn reserve(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        rows: impl Iterator<Item = (SeqId, usize)> + Clone,
+    ) -> Result<()> {
+        self.copies.clear();
+        if let Some((_, pos)) = rows.clone().find(|&(_, pos)| pos >= self.context) {
+            return Err(Error::ContextOverflow { prompt_tokens: pos + 1, max_tokens: 0, context_length: self.context });
+        }
+        for (seq, pos) in rows.clone() {
+            match self.pool.reserve(seq, pos + 1, &mut self.copies) {
+                Ok(changed) => self.dirty[seq.0] |= changed,
+                Err(e) => {
+                    // Tables of earlier rows may already point at copy-on-write blocks: copy
+                    // them now, or those sequences would read blocks never written.
+                    if !self.copies.is_empty() {
+                        let mut own = self.gpu.device.create_command_encoder(&Default::default());
+                        self.copy_blocks(&mut own)?;
+                        self.gpu.submit(own);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        if !self.copies.is_empty() {
+            self.copy_blocks(enc)?;
+        }
+        let queue = &self.gpu.queue;
+        for (seq, dirty) in self.dirty.iter_mut().enumerate() {
+            let table = self.pool.table(SeqId(seq));
+            if std::mem::take(dirty) && !table.is_empty() {
+                let at = self.layout.table(seq) as u64 * 4;
+                queue.write_buffer(&self.buf.batch, at, bytemuck::cast_slice(table));
+            }
+        }
+        Ok(())
+    }
+
+    /// One pass of a round (`submit_round`), pass `k` of it: its tokens, its rows' (position,
+    /// table) words and its params go into the k-th region of the uploads buffer and are copied
+    /// into place in `enc` just before the pass, so that every pass of the round sees its own.
+    pub(super) fn upload_pass(&mut self, enc: &mut wgpu::CommandEncoder, k: usize, tokens: &[u32], params: Params) {
+        let b = &self.buf;
+        let region = (k * UPLOAD_WORDS * 4) as u64;
+        let (rows_at, params_at) = (region + 4 * MAX_ROWS as u64, region + 12 * MAX_ROWS as u64);
+        let queue = &self.gpu.queue;
+        queue.write_buffer(&b.uploads, region, bytemuck::cast_slice(tokens));
+        queue.write_buffer(&b.uploads, rows_at, bytemuck::cast_slice(&self.row_words));
+        queue.write_buffer(&b.uploads, params_at, bytemuck::bytes_of(&params));
+        enc.copy_buffer_to_buffer(&b.uploads, region, &b.tokens, 0, 4 * tokens.len() as u64);
+        enc.copy_buffer_to_buffer(&b.uploads, rows_at, &b.batch, 0, 4 * self.row_words.len() as u64);
+        enc.copy_buffer_to_buffer(&b.uploads, params_at, &b.params, 0, std::mem::size_of::<Params>() as u64);
+        // What the params buffer holds after the round is the last pass's: written anew by the
+        // next single pass.
+        self.params_now = Params::default();
+    }
+
+    /// A round of the batcher as one submission, not waited for (read it with `read_round`,
+    /// the same `want`): each of `prefills` (sequence, tokens, first position; at most
+    /// PREFILL_CHUNK tokens) as a prefill pass that reads nothing back, then the decode `rows`
+    /// as one pass whose rows read back what `want` says. Every pass's inputs are uploaded
+    /// into regions of their own and copied into place between the passes (`upload_pass`), so
+    /// the GPU runs them back to back and the host waits once. `chained`: the decode rows' tokens are the argmax of the same rows of the round
+    /// submitted before (kept on the GPU), not `rows[i].1`, so that greedy round n + 1 can be
+    /// submitted before round n's ids are read. A round whose rows all read their argmax alone
+    /// reads it from one of two staging slots, in turn, so that two can be in flight.
+    pub fn submit_round(
+        &mut self,
+        prefills: &[(SeqId, &[u32], usize)],
+        rows: &[(SeqId, u32, usize)],
+        want: &[RowReadback],
+        chained: bool,
+    ) -> Result<RoundFlight> {
+        let n = rows.len();
+        if n > self.max_batch || prefills.len() + 1 > ROUND_PASSES || want.len() != n {
+            return Err(Error::InvalidOption {
+                name: "round",
+                value: format!("{} prefill passes and {n} decode rows", prefills.len()),
+                expected: format!(
+                    "at most {} prefill passes and {} decode rows a round on this GPU, a readback a row",
+                    ROUND_PASSES - 1,
+                    self.max_batch
+                ),
+            });
+        }
+        self.gpu.check()?;
+        let host = HostClock::now();
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("round") });
+        for (k, &(seq, tokens, start)) in prefills.iter().enumerate() {
+            let len = tokens.len();
+            if len == 0 || len > PREFILL_CHUNK || start + len > self.context {
+                return Err(Error::ContextOverflow {
+                    prompt_tokens: start + len,
+                    max_tokens: 0,
+                    context_length: self.context,
+                });
+            }
+            self.reserve(&mut enc, (start..start + len).map(|p| (seq, p)))?;
+            let table = self.layout.table(seq.0) as u32;
+            self.row_words.clear();
+            self.row_words.extend((start..start + len).flat_map(|p| [p as u32, table]));
+            self.upload_pass(&mut enc, k, tokens, Params::new(len, 1));
+            Self::encode_ops(&mut enc, if len == 1 { &self.decode } else { &self.prefill }, len);
+        }
+        let argmax_only = n > 0 && want.iter().all(|w| *w == RowReadback::Argmax);
+        let slot = argmax_only.then(|| {
+            let slot = self.next_slot;
+            self.next_slot = 1 - slot;
+            slot
+        });
+        if n > 0 {
+            self.reserve(&mut enc, rows.iter().map(|r| (r.0, r.2)))?;
+            self.row_words.clear();
+            for &(seq, _, pos) in rows {
+                self.row_words.extend([pos as u32, self.layout.table(seq.0) as u32]);
+            }
+            self.round_tokens.clear();
+            self.round_tokens.extend(rows.iter().map(|r| r.1));
+            let tokens = std::mem::take(&mut self.round_tokens);
+            self.upload_pass(&mut enc, prefills.len(), &tokens, Params::new(n, n));
+            self.round_tokens = tokens;
+            let b = &self.buf;
+            if chained {
+                enc.copy_buffer_to_buffer(&b.chain, 0, &b.tokens, 0, 4 * n as u64);
+            }
+            if n > 1 && n <= kernels::WIDE_ROWS && self.decode_batch.is_none() {
+                self.decode_batch = Some(self.record(Pass::Decode { mb: BATCH_MB, layers: self.layers.len() }));
+            }
+            if n > kernels::WIDE_ROWS && self.decode_wide.is_none() {
+                self.decode_wide = Some(self.record(Pass::WideDecode));
+            }
+            let ops = match n {
+                1 => &self.decode,
+                n if n <= kernels::WIDE_ROWS => self.decode_batch.as_ref().expect("recorded above"),
+                _ => self.decode_wide.as_ref().expect("recorded above"),
+            };
+            Self::encode_ops(&mut enc, ops, n);
+            let b = &self.buf;
+            // The next round's tokens when it is chained to this one.
+            enc.copy_buffer_to_buffer(&b.argmax, 0, &b.chain, 0, 4 * n as u64);
+            match slot {
+                Some(slot) => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4 * n as u64),
+                None => self.encode_rows(&mut enc, want)?,
+            }
+        }
+        let submission = self.gpu.submit(enc);
+        self.count_host_time(host);
+        Ok(RoundFlight { submission, slot, n })
+    }
+
+    /// What a round submitted by `submit_round` reads back, waiting for it.
+    pub async fn read_round(&self, flight: RoundFlight, readback: RowsReadback<'_>) -> Result<()> {
+        match (flight.n, flight.slot) {
+            (0, _) => self.gpu.check(),
+            (n, Some(slot)) => {
+                let ids = readback.ids;
+                let staging = &self.buf.staging_argmax[slot];
+                self.gpu
+                    .read_mapped_after(staging, 4 * n as u64, Some(flight.submission), |bytes| {
+                        ids[..n].copy_from_slice(bytemuck::cast_slice(bytes))
+                    })
+                    .await
+            }
+            (_, None) => self.read_rows(readback).await,
+        }
+    }
+
+    /// The pool's copy-on-write copies (`self.copies`), every layer's K and V block, through a
+    /// scratch block (WebGPU copies nothing within one buffer).
+    pub(super) fn copy_blocks(&mut self, enc: &mut wgpu::CommandEncoder) -> Result<()> {
+        let bytes = (KV_BLOCK * self.config.kv_dim()) as u64 * self.gpu.kv_bytes();
+        if self.block_scratch.is_none() {
+            self.block_scratch = Some(self.gpu.storage("block_scratch", bytes)?);
+        }
+        let scratch = self.block_scratch.as_ref().expect("made above");
+        for &(from, to) in &self.copies {
+            for cache in self.buf.k_cache.iter().chain(&self.buf.v_cache) {
+                enc.copy_buffer_to_buffer(cache, from as u64 * bytes, scratch, 0, bytes);
+                enc.copy_buffer_to_buffer(scratch, 0, cache, to as u64 * bytes, bytes);
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes `ops` for a pass of `n` rows.
+    pub(super) fn encode_ops(enc: &mut wgpu::CommandEncoder, ops: &[Dispatch], n: usize) {
+        let mut pass =
+            enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
+        for op in ops {
+            op.encode(&mut pass, n as u32);
+        }
+    }
+
+    pub(super) fn count_host_time(&self, since: HostClock) {
+        self.gpu.counters.host_ns.fetch_add(since.elapsed_ns(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Row `row`'s logits of the last step, still in GPU memory until the next step: for a
+    /// sampler that the selection on the GPU could not serve (`Sampler::sample_nucleus` said
+    /// None). A single sequence's step has its logits in row 0.
+    pub async fn read_logits(&self, row: usize, out: &mut [f32]) -> Result<()> {
+        let (b, bytes) = (&self.buf, self.config.vocab_size as u64 * 4);
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&b.logits, row as u64 * bytes, &b.staging_logits, 0, bytes);
+        self.gpu.submit(enc);
+        self.gpu.read_mapped(&b.staging_logits, bytes, |v| out.copy_from_slice(bytemuck::cast_slice(v))).await
+    }
+
+    /// A round's readback work after its decode pass (rows that read more than their argmax): the selection for the rows that
+    /// want one (their k and temperatures written first), then the copies of what each row
+    /// reads, one after another in the staging buffers (so that only those bytes are mapped).
+    pub(super) fn encode_rows(&mut self, enc: &mut wgpu::CommandEncoder, want: &[RowReadback]) -> Result<()> {
+        let n = want.len();
+        let b = &self.buf;
+        let vocab = self.config.vocab_size;
+        let selects = want.iter().any(|w| matches!(w, RowReadback::Select { .. }));
+        if selects {
+            self.row_words.clear();
+            for w in want {
+                self.row_words.extend(match *w {
+                    RowReadback::Select { k, tail } => {
+                        let t = tail.unwrap_or(0.0);
+                        debug_assert!(tail.is_none() || t > 0.0, "a tail needs a temperature");
+                        [k.clamp(1, kernels::MAX_TOP_K.min(vocab)) as u32, t.to_bits()]
+                    }
+                    _ => [0, 0],
+                });
+            }
+            self.gpu.queue.write_buffer(&b.top_k_want, 0, bytemuck::cast_slice(&self.row_words));
+            Self::encode_ops(enc, self.select.as_slice(), n);
+        }
+        enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_top_k, 0, 4 * n as u64);
+        let (mut at, mut logits_at) = (4 * n as u64, 0u64);
+        let (row_words, row_logits) = (kernels::TOP_K_WORDS as u64 * 4, vocab as u64 * 4);
+        for (r, w) in want.iter().enumerate() {
+            match *w {
+                RowReadback::Argmax => {}
+                RowReadback::Select { k, tail } => {
+                    let (from, len) = (selection_offset(tail.is_some()), selection_bytes(k.min(vocab), tail.is_some()));
+                    enc.copy_buffer_to_buffer(&b.top_k_out, r as u64 * row_words + from, &b.staging_top_k, at, len);
+                    at += len;
+                }
+                RowReadback::Logits => {
+                    enc.copy_buffer_to_buffer(
+                        &b.logits,
+                        r as u64 * row_logits,
+                        &b.staging_logits,
+                        logits_at,
+                        row_logits,
+                    );
+                    logits_at += row_logits;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what `encode_rows` copied into `r`.
+    pub(super) async fn read_rows(&self, r: RowsReadback<'_>) -> Result<()> {
+        let b = &self.buf;
+        let (n, vocab) = (r.want.len(), self.config.vocab_size);
+        let select_bytes: u64 = r
+            .want
+            .iter()
+            .map(|w| match *w {
+                RowReadback::Select { k, tail } => selection_bytes(k.min(vocab), tail.is_some()),
+                _ => 0,
+            })
+            .sum();
+        let (want, ids, top, tails) = (r.want, r.ids, r.top, r.tails);
+        self.gpu
+            .read_mapped(&b.staging_top_k, 4 * n as u64 + select_bytes, |bytes| {
+                ids[..n].copy_from_slice(bytemuck::cast_slice(&bytes[..4 * n]));
+                let mut at = 4 * n;
+                for (row, w) in want.iter().enumerate() {
+                    if let RowReadback::Select { k, tail } = *w {
+                        let (k, len) = (k.min(vocab), selection_bytes(k.min(vocab), tail.is_some()) as usize);
+                        read_selection(&bytes[at..at + len], k, tail.map(|_| &mut tails[row]), &mut top[row]);
+                        at += len;
+                    }
+                }
+            })
+            .await?;
+        let logit_rows = want.iter().filter(|w| **w == RowReadback::Logits).count();
+        if logit_rows > 0 {
+            let logits = r.logits;
+            self.gpu
+                .read_mapped(&b.staging_logits, (logit_rows * vocab * 4) as u64, |bytes| {
+                    let mut values = bytemuck::cast_slice::<u8, f32>(bytes).chunks_exact(vocab);
+                    for (row, _) in want.iter().enumerate().filter(|(_, w)| **w == RowReadback::Logits) {
+                        let read = values.next().expect("a row read for each");
+                        logits[row * vocab..][..vocab].copy_from_slice(read);
+                    }
+                })
+                .await?;
+        }
+        Ok(())
+    }
+}
