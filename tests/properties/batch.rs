@@ -499,14 +499,16 @@ fn requests_that_outgrow_the_pool_are_preempted_and_recomputed_with_the_same_tok
     assert_eq!(e.gpu_model().unwrap().pool().free_blocks(), blocks, "every block back in the pool");
 }
 
-/// A beam search runs in the batch: its beams are rows of the same steps as four greedy
-/// streams, which get a token every round while it runs (and each gives what it gives alone);
-/// the search gives what it gives alone (`Engine::beam_search`). The streams' round times with
-/// and without it are printed.
+/// A beam search and a speculating request (prompt lookup) run in the batch: the beams and the
+/// drafts are rows of the same steps as four greedy streams, which get a token every round while
+/// they run (and each gives what it gives alone); the search gives what it gives alone
+/// (`Engine::beam_search`), the speculating request the reference's tokens. The streams' round
+/// times with and without them are printed.
 #[test]
 fn a_beam_search_runs_beside_streams_that_keep_getting_a_token_every_round() {
     use webgpu_llm::batcher::{BatchEvent, Batcher};
     use webgpu_llm::beam::{BeamOptions, EarlyStopping};
+    use webgpu_llm::speculate::{Drafter, Speculation};
     for backend in BACKENDS {
         let mut e = engine(backend, 1024);
         let options = BeamOptions {
@@ -524,6 +526,13 @@ fn a_beam_search_runs_beside_streams_that_keep_getting_a_token_every_round() {
             let streams: Vec<_> =
                 (0..4).map(|i| b.enqueue(Batcher::prepare(&e, &prompt(i + 2), &greedy(STEPS)).unwrap())).collect();
             let search = with_beams.then(|| b.enqueue(Batcher::prepare_beams(&e, &prompt(1), &options).unwrap()));
+            // And a speculating request (prompt lookup, 4 drafts a step) beside them.
+            let lookup = Speculation { drafter: Drafter::Lookup, draft_tokens: 4 };
+            let speculating = with_beams.then(|| {
+                let o = GenerateOptions { speculate: Some(lookup), ..greedy(STEPS) };
+                b.enqueue(Batcher::prepare(&e, &prompt(0), &o).unwrap())
+            });
+            let mut spec_ids = Vec::new();
             let mut ids = vec![Vec::new(); 4];
             let mut found = None;
             for round in 0..STEPS {
@@ -531,6 +540,7 @@ fn a_beam_search_runs_beside_streams_that_keep_getting_a_token_every_round() {
                 let start = std::time::Instant::now();
                 pollster::block_on(b.step(&mut e, &mut |_| true, &mut |id, ev| {
                     match ev {
+                        BatchEvent::Token(t) if Some(id) == speculating => spec_ids.push(t.id),
                         BatchEvent::Token(t) => ids[streams.iter().position(|&s| s == id).unwrap()].push(t.id),
                         BatchEvent::Beams(beams) => {
                             assert_eq!(Some(id), search);
@@ -553,6 +563,8 @@ fn a_beam_search_runs_beside_streams_that_keep_getting_a_token_every_round() {
                 assert_eq!(got, &want(i + 2, STEPS), "{backend:?}: stream {i}");
             }
             if with_beams {
+                assert_eq!(spec_ids, want(0, spec_ids.len()), "{backend:?}: the speculating request");
+                assert!(spec_ids.len() >= STEPS, "{backend:?}: speculation kept pace: {} tokens", spec_ids.len());
                 let found = found.expect("the search ended within the streams' rounds");
                 for (k, ((h, text), (a, a_text))) in found.iter().zip(&alone).enumerate() {
                     assert_eq!((&h.ids, text), (&a.ids, a_text), "{backend:?}: beam {k}");
@@ -566,7 +578,7 @@ fn a_beam_search_runs_beside_streams_that_keep_getting_a_token_every_round() {
         };
         let (without, with) = (median(&mut round_ms[0]), median(&mut round_ms[1]));
         println!(
-            "{backend:?}: the four streams' round time p50 {without:.2} ms alone, {with:.2} ms beside a 3-beam search"
+            "{backend:?}: the four streams' round time p50 {without:.2} ms alone, {with:.2} ms beside a 3-beam search and a speculating request"
         );
     }
 }
