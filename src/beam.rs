@@ -41,6 +41,8 @@ pub struct BeamOptions {
 
 /// The most beams a search keeps: each is a KV-cache sequence and a row of every decode step.
 pub const MAX_BEAMS: usize = 32;
+/// The largest `length_penalty` magnitude (scores stay finite and ordered).
+pub const MAX_LENGTH_PENALTY: f64 = 50.0;
 
 impl BeamOptions {
     pub fn validate(&self) -> Result<()> {
@@ -58,11 +60,15 @@ impl BeamOptions {
                 expected: "beam search needs at least 1 new token".into(),
             });
         }
-        if !self.length_penalty.is_finite() {
+        // length^penalty stays a finite f64 for any length a context holds (2^17 tokens) up to
+        // |penalty| 50; past it scores would be infinite or zero, and their order meaningless.
+        if !self.length_penalty.is_finite() || self.length_penalty.abs() > MAX_LENGTH_PENALTY {
             return Err(Error::InvalidOption {
                 name: "length penalty",
                 value: self.length_penalty.to_string(),
-                expected: "a finite number (1.0: score = sum of log-probabilities / length)".into(),
+                expected: format!(
+                    "a number from -{MAX_LENGTH_PENALTY} to {MAX_LENGTH_PENALTY} (1.0: score = sum of log-probabilities / length)"
+                ),
             });
         }
         Ok(())

@@ -553,20 +553,22 @@ impl Answer {
     }
 
     /// A beam search's answer (its N best continuations as the choices, each with its `ids`
-    /// and `score`, the engine's extension): the whole body, or its stream chunks.
-    pub fn beams(&mut self, beams: &[(Vec<u32>, String, f64)], stream: bool) -> Vec<Value> {
+    /// and `score`, the engine's extension; `stopped`: it ended on a stop token, so its
+    /// `finish_reason` is "stop", else "length"): the whole body, or its stream chunks.
+    pub fn beams(&mut self, beams: &[(Vec<u32>, String, f64, bool)], stream: bool) -> Vec<Value> {
         self.completion_tokens = beams.iter().map(|b| b.0.len()).sum();
-        let choice = |index: usize, (ids, text, score): &(Vec<u32>, String, f64)| {
+        let choice = |index: usize, (ids, text, score, stopped): &(Vec<u32>, String, f64, bool)| {
+            let finish = if *stopped { "stop" } else { "length" };
             let mut c = match (self.endpoint, stream) {
-                (_, true) => self.chunk_choice(index, Some(text), true, Some("stop"), Value::Null),
+                (_, true) => self.chunk_choice(index, Some(text), true, Some(finish), Value::Null),
                 (Endpoint::Chat, false) => json!({
                     "index": index,
                     "message": { "role": "assistant", "content": text },
                     "logprobs": null,
-                    "finish_reason": "stop",
+                    "finish_reason": finish,
                 }),
                 (Endpoint::Completions, false) => {
-                    json!({ "index": index, "text": text, "logprobs": null, "finish_reason": "stop" })
+                    json!({ "index": index, "text": text, "logprobs": null, "finish_reason": finish })
                 }
             };
             c["score"] = json!(score);

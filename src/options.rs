@@ -159,6 +159,14 @@ impl RequestOptions {
                         "no n or speculate with beams: they return the N best choices themselves",
                     ));
                 }
+                // Beam search ends hypotheses on EOS or max_tokens; stop strings are not applied.
+                if !generate.stop.is_empty() {
+                    return Err(invalid(
+                        "stop",
+                        format!("{} strings", generate.stop.len()),
+                        "no stop strings with beams (a beam search ends on EOS or max_tokens)",
+                    ));
+                }
                 let early_stopping = match &self.early_stopping {
                     None | Some(serde_json::Value::Bool(false)) => EarlyStopping::Heuristic,
                     Some(serde_json::Value::Bool(true)) => EarlyStopping::Done,
@@ -229,7 +237,13 @@ mod tests {
         assert_eq!(field(r#"{"length_penalty": 2}"#), "beams");
         assert_eq!(field(r#"{"beams": 2, "early_stopping": "soon"}"#), "early_stopping");
         assert_eq!(field(r#"{"speculate": "nonsense"}"#), "speculate");
-        let four = from(r#"{"stop": ["a", "b", "c", "d"], "beams": 3, "early_stopping": "never"}"#).resolve(0).unwrap();
-        assert_eq!((four.generate.stop.len(), four.beams.unwrap().early_stopping), (4, EarlyStopping::Never));
+        assert_eq!(field(r#"{"beams": 2, "stop": "x"}"#), "stop");
+        assert_eq!(field(r#"{"beams": 2, "speculate": "lookup"}"#), "beams");
+        assert_eq!(field(r#"{"beams": 2, "length_penalty": 1e308}"#), "length penalty");
+        assert_eq!(field(r#"{"beams": 2, "length_penalty": -51}"#), "length penalty");
+        let four = from(r#"{"stop": ["a", "b", "c", "d"]}"#).resolve(0).unwrap();
+        assert_eq!(four.generate.stop.len(), 4);
+        let never = from(r#"{"beams": 3, "early_stopping": "never"}"#).resolve(0).unwrap();
+        assert_eq!(never.beams.unwrap().early_stopping, EarlyStopping::Never);
     }
 }

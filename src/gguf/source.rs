@@ -129,10 +129,15 @@ impl FileSource {
     /// Opens a regular file; a device, pipe or directory is refused (it could be endless).
     pub fn open(path: &std::path::Path) -> Result<Self, GgufError> {
         let err = |e: std::io::Error| GgufError::Read(format!("{}: {e}", path.display()));
+        // Checked before opening: opening a FIFO waits for a writer, possibly forever.
+        let not_a_file = || GgufError::Read(format!("{} is not a regular file", path.display()));
+        if !std::fs::metadata(path).map_err(err)?.is_file() {
+            return Err(not_a_file());
+        }
         let file = std::fs::File::open(path).map_err(err)?;
         let meta = file.metadata().map_err(err)?;
         if !meta.is_file() {
-            return Err(GgufError::Read(format!("{} is not a regular file", path.display())));
+            return Err(not_a_file());
         }
         Ok(Self { file: std::sync::Mutex::new(file), len: meta.len(), path: path.display().to_string() })
     }

@@ -551,3 +551,80 @@ fn sigint_prints_what_was_generated_and_the_stats() {
     assert!((3..4000).contains(&tokens), "{tokens} tokens");
     assert!(err.contains("stop: Aborted"), "{err}");
 }
+
+/// A flag error's last line on stderr is the error itself (what a script reading the last line
+/// gets), after the usage of the command it was for, not the top-level one.
+#[test]
+fn a_flag_errors_last_line_is_the_error_after_its_commands_usage() {
+    for (args, named, command) in [
+        (&["generate", "--prompt", "x", "--context-length", "0"][..], "--context-length", "generate"),
+        (&["bench", "--batch", "lots"][..], "--batch", "bench"),
+        (&["serve", "--port", "http"][..], "--port", "serve"),
+    ] {
+        let out = cli(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        let last = err.lines().last().unwrap_or_default();
+        assert!(last.starts_with("error:") && last.contains(named), "{args:?}: last line {last:?} of {err}");
+        assert!(err.contains(&format!("Usage: webgpu-llm {command}")), "{args:?}: {err}");
+        assert!(!err.contains("Usage: webgpu-llm <COMMAND>"), "{args:?}: the top-level usage: {err}");
+    }
+}
+
+/// `--prompt-file FILE` (and `-`, standard input) takes a prompt longer than a command line
+/// holds (here 200 KiB, past Linux's 128 KiB argument limit): the context-overflow error names
+/// its token count, which only reading all of it gives; a short file gives the same text as
+/// `--prompt`; a missing file fails before the model loads.
+#[test]
+fn prompt_files_and_standard_input_carry_prompts_past_the_command_line() {
+    let model = arch("llama3");
+    let dir = std::env::temp_dir().join(format!("webgpu-llm-prompt-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let short = dir.join("short.txt");
+    std::fs::write(&short, "Once upon a time").unwrap();
+    let flags = ["--max-tokens", "6", "--temperature", "0", "--backend", "cpu"];
+    let by_flag = cli_on(&model, &[&["generate", "--prompt", "Once upon a time"][..], &flags].concat());
+    let by_file = cli_on(&model, &[&["generate", "--prompt-file", short.to_str().unwrap()][..], &flags].concat());
+    assert!(by_flag.status.success(), "{}", String::from_utf8_lossy(&by_flag.stderr));
+    assert_eq!(by_file.stdout, by_flag.stdout, "{}", String::from_utf8_lossy(&by_file.stderr));
+    // Standard input.
+    let mut child = exe()
+        .args(["generate", "--prompt-file", "-", "--model"])
+        .arg(&model)
+        .args(flags)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"Once upon a time").unwrap();
+    let by_stdin = child.wait_with_output().unwrap();
+    assert_eq!(by_stdin.stdout, by_flag.stdout, "{}", String::from_utf8_lossy(&by_stdin.stderr));
+    // 200 KiB of words: read whole (the overflow counts its tokens), never an argv error.
+    let long = dir.join("long.txt");
+    std::fs::write(&long, "word ".repeat(40 << 10)).unwrap();
+    let out = cli_on(&model, &["generate", "--prompt-file", long.to_str().unwrap(), "--backend", "cpu"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("context") && err.contains("prompt"), "{err}");
+    let missing = cli_on(&model, &["generate", "--prompt-file", dir.join("none.txt").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success() && err.contains("none.txt") && !err.contains("loading"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A model path that is a FIFO is refused at once ("not a regular file"), not waited on.
+#[cfg(unix)]
+#[test]
+fn a_fifo_as_the_model_is_refused_at_once() {
+    let fifo = std::env::temp_dir().join(format!("webgpu-llm-fifo-{}", std::process::id()));
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path and a mode.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let start = std::time::Instant::now();
+    let out = cli_on(&fifo, &["generate", "--prompt", "x"]);
+    let _ = std::fs::remove_file(&fifo);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("not a regular file"), "{err}");
+    assert!(start.elapsed().as_secs() < 10, "took {:?}", start.elapsed());
+}

@@ -516,6 +516,16 @@ class ServerTest(unittest.TestCase):
             self.assertLess(time.time(), deadline, "the stalled request was not ended after the pause timeout")
             time.sleep(0.1)
         self.assertEqual(self.server.metrics()["webgpu_llm_paused_streams"], 0)
+        # Its stream ends with an error event that says why (code stream_ended), then [DONE].
+        stalled.settimeout(30)
+        seen = b""
+        while b"data: [DONE]" not in seen:
+            chunk = stalled.recv(65536)
+            if not chunk:
+                break
+            seen += chunk
+        self.assertIn(b'"code":"stream_ended"', seen)
+        self.assertIn(b"data: [DONE]", seen)
         stalled.close()
 
     def test_5b_a_beam_search_runs_in_the_batch_beside_streams(self):
@@ -619,6 +629,63 @@ class ServerTest(unittest.TestCase):
         status, _, body = post(url + "/v1/chat/completions",
                                {"messages": hi, "max_tokens": 1, "stream": None, "tools": None, "user": "u"})
         self.assertEqual(status, 200, body)
+        # Beam search: stop strings are refused (they are not applied to beams), a length
+        # penalty whose scores would not be finite is refused, and a hypothesis that ran out of
+        # tokens says "length".
+        beam = {"prompt": "Once upon a time", "beams": 2, "max_tokens": 3, "ignore_eos": True}
+        status, _, body = post(url + "/v1/completions", {**beam, "stop": "x"})
+        self.assertEqual((status, body["error"]["param"]), (400, "stop"), body)
+        for penalty in [1e308, -1e308, 51]:
+            status, _, body = post(url + "/v1/completions", {**beam, "length_penalty": penalty})
+            self.assertEqual((status, body["error"]["param"]), (400, "length penalty"), body)
+        status, _, body = post(url + "/v1/completions", beam)
+        self.assertEqual(status, 200, body)
+        self.assertEqual([c["finish_reason"] for c in body["choices"]], ["length", "length"])
+        # A method a route does not take: 405 with an OpenAI error body, counted in /metrics.
+        before = self.server.metrics().get('webgpu_llm_requests_total{endpoint="other",status="405"}', 0)
+        req = urllib.request.Request(url + "/v1/chat/completions", method="GET")
+        with self.assertRaises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(req, timeout=30)
+        self.assertEqual(caught.exception.code, 405)
+        self.assertEqual(json.loads(caught.exception.read())["error"]["code"], "method_not_allowed")
+        after = self.server.metrics()['webgpu_llm_requests_total{endpoint="other",status="405"}']
+        self.assertEqual(after, before + 1)
+
+
+class ProcessTest(unittest.TestCase):
+    def test_a_taken_port_is_refused_before_loading_with_exit_code_2(self):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            start = time.time()
+            out = subprocess.run([str(BINARY), "serve", "--model", str(MODEL_FILE), "--port", str(port)],
+                                 capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("--host/--port", out.stderr.splitlines()[-1])
+        self.assertNotIn("loading", out.stderr)
+        self.assertLess(time.time() - start, 10)
+
+    def test_shutdown_is_bounded_and_a_second_signal_exits_at_once(self):
+        """A client holding a half-sent request keeps a graceful shutdown waiting: a second
+        SIGTERM ends it at once, and --shutdown-timeout bounds it without one."""
+        for timeout, second in [("60", True), ("2", False)]:
+            server = Server("--shutdown-timeout", timeout)
+            try:
+                held = socket.create_connection(("127.0.0.1", server.port))
+                held.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+                time.sleep(0.3)
+                server.proc.send_signal(signal.SIGTERM)
+                start = time.time()
+                if second:
+                    time.sleep(1.5)
+                    self.assertIsNone(server.proc.poll(), "the shutdown waits for the held connection")
+                    server.proc.send_signal(signal.SIGTERM)
+                server.proc.wait(timeout=20)
+                self.assertLess(time.time() - start, 10 if second else 15)
+                held.close()
+            finally:
+                server.stop()
 
 
 class CapacityTest(unittest.TestCase):

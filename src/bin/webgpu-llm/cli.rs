@@ -149,8 +149,12 @@ struct GenerateArgs {
     model: ModelArgs,
     /// The prompt text. Given more than once, the prompts run as one batch (every decode step
     /// takes all of them); --json lines then carry "seq" (the prompt's index, from 0).
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present = "prompt_file")]
     prompt: Vec<String>,
+    /// A file whose whole text is a prompt ("-": standard input), for prompts past what a
+    /// command line holds; with --prompt, after them.
+    #[arg(long, value_name = "FILE")]
+    prompt_file: Vec<PathBuf>,
     /// Wrap the prompt as one user message in the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -236,11 +240,28 @@ static GENERATING: AtomicBool = AtomicBool::new(false);
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
             let _ = e.print();
-            if e.use_stderr() && !e.to_string().contains("Usage:") {
-                eprintln!("\n{}", Cli::command().render_usage());
-            }
+            return ExitCode::from(e.exit_code() as u8);
+        }
+        Err(e) => {
+            // The usage of the command it was for, then the error as the last line (what a
+            // script reading the last line of stderr gets).
+            let text = e.render().to_string();
+            let error: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .filter(|l| !l.trim().is_empty())
+                .collect();
+            let mut command = Cli::command();
+            command.build();
+            let name = std::env::args().nth(1).unwrap_or_default();
+            let usage = match command.find_subcommand_mut(&name) {
+                Some(sub) => sub.render_usage(),
+                None => command.render_usage(),
+            };
+            eprintln!("{usage}\n\n{}", error.join("\n"));
             return ExitCode::from(e.exit_code() as u8);
         }
     };
@@ -290,7 +311,24 @@ fn write_synthetic(args: &SyntheticArgs) -> Result<(), Error> {
     Ok(())
 }
 
-async fn generate(args: GenerateArgs) -> Result<(), Error> {
+/// A prompt file's text ("-": standard input), refused when it is not UTF-8.
+fn read_prompt_file(path: &std::path::Path) -> Result<String, Error> {
+    let io = |source| Error::Io { path: path.display().to_string(), source };
+    let bytes = if path.as_os_str() == "-" {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).map_err(io)?;
+        bytes
+    } else {
+        std::fs::read(path).map_err(io)?
+    };
+    String::from_utf8(bytes).map_err(|e| Error::InvalidOption {
+        name: "--prompt-file",
+        value: path.display().to_string(),
+        expected: format!("a UTF-8 text file (byte {} is not UTF-8)", e.utf8_error().valid_up_to()),
+    })
+}
+
+async fn generate(mut args: GenerateArgs) -> Result<(), Error> {
     let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     // Flags first: a typo should not cost a model load.
     let Resolved { generate: options, beams: beam_options, .. } = args.request().resolve(clock)?;
@@ -304,19 +342,23 @@ async fn generate(args: GenerateArgs) -> Result<(), Error> {
             });
         }
     }
-    if args.prompt.len() > 1 && beam_options.is_some() {
+    // Prompt files before the model loads: a missing file costs no load.
+    let mut texts = std::mem::take(&mut args.prompt);
+    for path in &args.prompt_file {
+        texts.push(read_prompt_file(path)?);
+    }
+    if texts.len() > 1 && beam_options.is_some() {
         return Err(Error::InvalidOption {
             name: "--beams",
-            value: format!("with {} prompts", args.prompt.len()),
-            expected: "one --prompt: beam search runs one prompt's beams as its batch".into(),
+            value: format!("with {} prompts", texts.len()),
+            expected: "one prompt: beam search runs one prompt's beams as its batch".into(),
         });
     }
     let mut engine = load(&args.model, None).await?;
     if let Some(spec) = &args.speculate {
         attach_draft(&mut engine, spec, &args.model).await?;
     }
-    let prompts: Vec<Prompt> = args
-        .prompt
+    let prompts: Vec<Prompt> = texts
         .into_iter()
         .map(|text| {
             if args.chat {

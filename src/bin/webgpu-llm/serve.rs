@@ -69,6 +69,10 @@ pub struct ServeArgs {
     /// The largest request body, in bytes (413 past it).
     #[arg(long, default_value_t = 1 << 20, value_parser = at_least_one)]
     max_body: usize,
+    /// Seconds a graceful shutdown (SIGTERM, Ctrl-C) may take: streams end with an error event
+    /// and connections close; past it, or at a second signal, the server exits at once.
+    #[arg(long, default_value_t = 30, value_parser = at_least_one)]
+    shutdown_timeout: usize,
 }
 
 pub fn main(args: ServeArgs) -> Result<(), Error> {
@@ -80,6 +84,17 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
         .and_then(|s| s.to_str())
         .unwrap_or("SmolLM2-135M-Instruct.Q4_1")
         .to_string();
+    // The address first: a port taken or a host that is not this machine's is the flags'
+    // error (exit code 2), said before the model loads.
+    let addr = format!("{}:{}", args.host, args.port);
+    let std_listener =
+        std::net::TcpListener::bind(&addr).and_then(|l| l.set_nonblocking(true).map(|()| l)).map_err(|e| {
+            Error::InvalidOption {
+                name: "--host/--port",
+                value: addr.clone(),
+                expected: format!("an address this machine can listen on ({e})"),
+            }
+        })?;
     let engine = pollster::block_on(load(&args.model, Some(args.max_batch)))?;
     let max_batch = args.max_batch;
     let metrics = Arc::new(Metrics::default());
@@ -107,12 +122,12 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
         .enable_all()
         .build()
         .map_err(|e| Error::Io { path: "tokio runtime".into(), source: e })?;
-    let addr = format!("{}:{}", args.host, args.port);
     let result = runtime.block_on(async move {
         let listener =
-            tokio::net::TcpListener::bind(&addr).await.map_err(|e| Error::Io { path: addr.clone(), source: e })?;
+            tokio::net::TcpListener::from_std(std_listener).map_err(|e| Error::Io { path: addr.clone(), source: e })?;
         let local = listener.local_addr().map_or(addr.clone(), |a| a.to_string());
         let send_buffer = args.send_buffer;
+        let shutdown_timeout = Duration::from_secs(args.shutdown_timeout as u64);
         let listener = listener.tap_io(move |tcp| {
             // Tokens go out as they come, not held for a fuller packet.
             let _ = tcp.set_nodelay(true);
@@ -125,14 +140,29 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
             .route("/health", get(health))
             .route("/metrics", get(metrics_text))
             .fallback(not_found)
+            .method_not_allowed_fallback(method_not_allowed)
             .layer(DefaultBodyLimit::max(args.max_body))
             .with_state(state);
         eprintln!("serving on http://{local} (OpenAI-compatible: POST /v1/chat/completions, /v1/completions)");
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 shutdown_signal().await;
-                eprintln!("shutting down: ending streams");
+                eprintln!("shutting down: ending streams (a second signal exits at once)");
                 let _ = commands.send(Command::Shutdown);
+                // A client holding a connection open (a half-sent request) must not keep the
+                // server up: the shutdown is bounded, and a second signal ends it now.
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = shutdown_signal() => {
+                            eprintln!("second signal: exiting now");
+                            std::process::exit(130);
+                        }
+                        _ = tokio::time::sleep(shutdown_timeout) => {
+                            eprintln!("shutdown took longer than --shutdown-timeout: exiting now");
+                            std::process::exit(1);
+                        }
+                    }
+                });
             })
             .await
             .map_err(|e| Error::Io { path: addr, source: e })
@@ -225,7 +255,8 @@ enum Out {
         index: usize,
         stats: Stats,
     },
-    Beams(Vec<(Vec<u32>, String, f64)>),
+    /// A beam search's hypotheses: ids, text, score, ended on a stop token.
+    Beams(Vec<(Vec<u32>, String, f64, bool)>),
     Error(ApiError),
 }
 
@@ -291,6 +322,8 @@ fn engine_loop(
     let mut shutting_down = false;
     // Requests whose readers are behind: left out of the next decode step.
     let mut paused: Vec<RequestId> = Vec::new();
+    // A beam hypothesis that ends on one of these finished ("stop"), else it ran out ("length").
+    let stop_ids = engine.tokenizer.stop_ids.clone();
     loop {
         let idle = batcher.is_empty() && streams.is_empty();
         if idle {
@@ -387,7 +420,13 @@ fn engine_loop(
                         s.beams || s.push(Out::Done { index: s.index, stats })
                     }
                     BatchEvent::Beams(found) => {
-                        let beams = found.into_iter().map(|(h, text)| (h.ids, text, h.score)).collect();
+                        let beams = found
+                            .into_iter()
+                            .map(|(h, text)| {
+                                let stopped = h.ids.last().is_some_and(|id| stop_ids.contains(id));
+                                (h.ids, text, h.score, stopped)
+                            })
+                            .collect();
                         s.push(Out::Beams(beams))
                     }
                     BatchEvent::Failed(e) => {
@@ -727,8 +766,10 @@ fn stream_response(answer: Answer, rx: mpsc::Receiver<Out>) -> Response {
                 }
                 None => {
                     let message = "the stream was ended by the server (its reader was paused past --pause-timeout, or the engine stopped)";
-                    let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message);
+                    let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+                        .with_code("stream_ended");
                     st.queue.push_back(data(e.body()));
+                    st.queue.push_back(Event::default().data("[DONE]"));
                     st.ended = true;
                 }
             }
@@ -781,6 +822,18 @@ async fn not_found(State(state): State<Shared>, uri: axum::http::Uri) -> Respons
     let e = ApiError {
         code: Some("not_found".into()),
         ..ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("no route {}", uri.path()))
+    };
+    finish(&state, "other", Err(e))
+}
+
+async fn method_not_allowed(State(state): State<Shared>, method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let e = ApiError {
+        code: Some("method_not_allowed".into()),
+        ..ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            format!("{method} is not allowed on {}", uri.path()),
+        )
     };
     finish(&state, "other", Err(e))
 }
