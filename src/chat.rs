@@ -134,7 +134,15 @@ pub struct ChatTemplate {
     bos_token: String,
     eos_token: String,
     family: Option<ChatFamily>,
+    /// The roles a message may have: system, user, assistant, and any other the template's
+    /// source names in quotes (tool, developer, ipython, ...).
+    roles: Vec<String>,
 }
+
+/// The roles every template takes.
+const BASE_ROLES: [&str; 3] = ["system", "user", "assistant"];
+/// Roles a template may take, when its source names them.
+const OTHER_ROLES: [&str; 6] = ["tool", "developer", "ipython", "function", "model", "tool_response"];
 
 const TEMPLATE_NAME: &str = "chat";
 
@@ -181,7 +189,81 @@ impl ChatTemplate {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
         });
         env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(template_error)?;
-        Ok(Self { env, bos_token, eos_token, family: None })
+        let named = |r: &str| source.contains(&format!("'{r}'")) || source.contains(&format!("\"{r}\""));
+        let others = OTHER_ROLES.into_iter().filter(|r| named(r));
+        let roles = BASE_ROLES.into_iter().chain(others).map(String::from).collect();
+        Ok(Self { env, bos_token, eos_token, family: None, roles })
+    }
+
+    /// The prompt text for `messages` (`render`) with the byte ranges that came from the
+    /// messages' text and hold a special token's spelling (`special_spans(text)` finds them):
+    /// those are to be tokenized as text, never as control tokens, so a message cannot open a
+    /// turn of its own. A role the template does not take is refused.
+    pub fn render_guarded(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        special_spans: &dyn Fn(&str) -> Result<Vec<std::ops::Range<usize>>>,
+    ) -> Result<(String, Vec<std::ops::Range<usize>>)> {
+        if let Some(m) = messages.iter().find(|m| !self.roles.iter().any(|r| *r == m.role)) {
+            return Err(Error::InvalidOption {
+                name: "role",
+                value: m.role.chars().take(64).collect(),
+                expected: format!("one of the roles this model's chat template takes: {}", self.roles.join(", ")),
+            });
+        }
+        let spans: Vec<Vec<std::ops::Range<usize>>> =
+            messages.iter().map(|m| special_spans(&m.content)).collect::<Result<_>>()?;
+        if spans.iter().all(Vec::is_empty) {
+            return Ok((self.render(messages, add_generation_prompt)?, Vec::new()));
+        }
+        // Each such spelling is wrapped in markers no message holds, found again in the
+        // rendered text and taken out, their places kept.
+        let mut nonce = 0u64;
+        let (open, close) = loop {
+            let (open, close) = (format!("\u{E000}{nonce:x}\u{E001}"), format!("\u{E002}{nonce:x}\u{E003}"));
+            if !messages.iter().any(|m| m.content.contains(&open) || m.content.contains(&close)) {
+                break (open, close);
+            }
+            nonce += 1;
+        };
+        let wrapped: Vec<Message> = messages
+            .iter()
+            .zip(&spans)
+            .map(|(m, spans)| {
+                let mut content = String::with_capacity(m.content.len() + spans.len() * (open.len() + close.len()));
+                let mut at = 0;
+                for r in spans {
+                    content.push_str(&m.content[at..r.start]);
+                    content.push_str(&open);
+                    content.push_str(&m.content[r.clone()]);
+                    content.push_str(&close);
+                    at = r.end;
+                }
+                content.push_str(&m.content[at..]);
+                Message::new(m.role.clone(), content)
+            })
+            .collect();
+        let marked = self.render(&wrapped, add_generation_prompt)?;
+        let (mut text, mut plain) = (String::with_capacity(marked.len()), Vec::new());
+        let mut rest = marked.as_str();
+        while let Some(i) = rest.find(&open) {
+            text.push_str(&rest[..i]);
+            rest = &rest[i + open.len()..];
+            let Some(j) = rest.find(&close) else { break };
+            plain.push(text.len()..text.len() + j);
+            text.push_str(&rest[..j]);
+            rest = &rest[j + close.len()..];
+        }
+        text.push_str(rest);
+        if text.contains(&open) || text.contains(&close) || plain.len() != spans.iter().map(Vec::len).sum::<usize>() {
+            return Err(Error::ChatTemplate(
+                "the chat template changed a message's text around a special token's spelling; \
+                 such a message cannot be rendered safely with it"
+                    .into(),
+            ));
+        }
+        Ok((text, plain))
     }
 
     /// The prompt text for `messages`; with `add_generation_prompt` it ends where the assistant's

@@ -308,18 +308,23 @@ impl Engine {
 
     /// Tokens of a prompt as the model will see them.
     pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
-        let text = match prompt {
+        let (text, plain) = match prompt {
             Prompt::Tokens(ids) => return Ok(ids.clone()),
-            Prompt::Text(text) => text.clone(),
+            Prompt::Text(text) => (text.clone(), Vec::new()),
+            // The template's markup is tokenized with its special tokens; what the messages
+            // hold never is (a message cannot open a turn).
             Prompt::Chat(messages) => {
-                self.chat_template.as_ref().ok_or(Error::NoChatTemplate)?.render(messages, true)?
+                self.chat_template
+                    .as_ref()
+                    .ok_or(Error::NoChatTemplate)?
+                    .render_guarded(messages, true, &|t| self.tokenizer.special_spans(t))?
             }
         };
         let mut ids = Vec::new();
         if self.tokenizer.add_bos && matches!(prompt, Prompt::Text(_)) {
             ids.extend(self.tokenizer.bos_id);
         }
-        ids.extend(self.tokenizer.encode(&text)?);
+        ids.extend(self.tokenizer.encode_guarded(&text, &plain)?);
         Ok(ids)
     }
 

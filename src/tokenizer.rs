@@ -49,6 +49,11 @@ const TEKKEN_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// `inner` with special tokens' spellings taken as text (made the first time a message
+    /// holds one: `encode_guarded`).
+    plain: std::sync::OnceLock<tokenizers::Tokenizer>,
+    /// The ids of special (control, unknown) tokens.
+    special: std::collections::HashSet<u32>,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
     /// Tokens that end a generation: EOS, EOT and EOM as declared, plus the end-of-turn tokens
@@ -87,6 +92,7 @@ impl Tokenizer {
             .map(|(t, &ty)| AddedToken::from(t.to_string(), ty != TOKEN_TYPE_USER_DEFINED).normalized(false))
             .collect();
         inner.add_special_tokens(&specials);
+        let special = specials.iter().filter(|t| t.special).filter_map(|t| inner.token_to_id(&t.content)).collect();
 
         let id = |key: &str| token_id(gguf, key, tokens.len());
         let bos_id = id("tokenizer.ggml.bos_token_id")?;
@@ -100,7 +106,16 @@ impl Tokenizer {
             }
         }
         let add_bos = flag(gguf, "tokenizer.ggml.add_bos_token", false)?;
-        Ok(Self { inner, bos_id, eos_id, stop_ids, add_bos, vocab_size: tokens.len() })
+        Ok(Self {
+            inner,
+            plain: std::sync::OnceLock::new(),
+            special,
+            bos_id,
+            eos_id,
+            stop_ids,
+            add_bos,
+            vocab_size: tokens.len(),
+        })
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -138,6 +153,46 @@ impl Tokenizer {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let enc = self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// The byte ranges of `text` that `encode` makes special (control) tokens: spellings such as
+    /// `<|im_start|>` written in it.
+    pub fn special_spans(&self, text: &str) -> Result<Vec<std::ops::Range<usize>>> {
+        let enc = self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(enc
+            .get_ids()
+            .iter()
+            .zip(enc.get_offsets())
+            .filter(|(id, _)| self.special.contains(id))
+            .map(|(_, &(start, end))| start..end)
+            .collect())
+    }
+
+    /// `encode`, but the byte ranges in `plain` are text: a special token's spelling there is
+    /// its characters' tokens, never the special token (messages' text in a chat prompt).
+    pub fn encode_guarded(&self, text: &str, plain: &[std::ops::Range<usize>]) -> Result<Vec<u32>> {
+        if plain.is_empty() {
+            return self.encode(text);
+        }
+        let as_text = self.plain.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        let mut ids = Vec::new();
+        let mut at = 0;
+        for r in plain {
+            if at < r.start {
+                ids.extend(self.encode(&text[at..r.start])?);
+            }
+            let enc = as_text.encode(&text[r.clone()], false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+            ids.extend_from_slice(enc.get_ids());
+            at = r.end;
+        }
+        if at < text.len() {
+            ids.extend(self.encode(&text[at..])?);
+        }
+        Ok(ids)
     }
 
     /// Text of `ids`, special tokens kept.
