@@ -280,6 +280,12 @@ impl Batcher {
         }
     }
 
+    /// The waiting requests' ids, oldest first (preempted ones, which ran before, are not
+    /// among them).
+    pub fn waiting_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.waiting.iter().map(|w| w.0)
+    }
+
     /// Requests running (admitted, not ended).
     pub fn len(&self) -> usize {
         self.requests.len()

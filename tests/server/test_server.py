@@ -739,5 +739,41 @@ class CapacityTest(unittest.TestCase):
             server.stop()
 
 
+    def test_a_request_that_waits_past_the_queue_timeout_gets_503(self):
+        """A request waiting for a place in the batch longer than --queue-timeout leaves the
+        queue with 503 (code queue_timeout) while the one ahead of it runs on; the places at the
+        door are given back (the next request is taken)."""
+        server = Server("--max-batch", "1", "--max-queue", "1", "--queue-timeout", "1")
+        try:
+            long = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True,
+                    "temperature": 0}
+            running = socket.create_connection(("127.0.0.1", server.port))
+            data = json.dumps(long).encode()
+            running.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+            deadline = time.time() + 60
+            while server.metrics()["webgpu_llm_running_requests"] != 1:
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.01)
+            start = time.time()
+            status, headers, body = post(server.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+            waited = time.time() - start
+            self.assertEqual((status, body["error"]["code"]), (503, "queue_timeout"), body)
+            self.assertGreaterEqual(waited, 0.9)
+            self.assertLess(waited, 30)
+            self.assertEqual(server.metrics()["webgpu_llm_running_requests"], 1, "the running one goes on")
+            running.close()
+            # Its place and the running one's are given back: a request is taken again.
+            deadline = time.time() + 60
+            while True:
+                status, _, body = post(server.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+                if status == 200:
+                    break
+                self.assertLess(time.time(), deadline, body)
+                time.sleep(0.1)
+        finally:
+            server.stop()
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -47,9 +47,14 @@ pub struct ServeArgs {
     /// matrix products.
     #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     max_batch: usize,
-    /// Requests waiting for a place in the batch at most; past that, 429 with Retry-After.
+    /// Requests waiting for a place in the batch at most; past that, 429 with Retry-After, at
+    /// the door (before the request is read further or tokenized).
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
+    /// Seconds a request may wait for a place in the batch; past that it is answered 503
+    /// (code queue_timeout) and leaves the queue.
+    #[arg(long, default_value_t = 60, value_parser = at_least_one)]
+    queue_timeout: usize,
     /// Prompt tokens prefilled per round (between two decode steps of the running requests):
     /// bounds what a newcomer's prompt adds to the others' inter-token latency.
     #[arg(long, default_value_t = 128, value_parser = at_least_one)]
@@ -98,12 +103,18 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
     let engine = pollster::block_on(load(&args.model, Some(args.max_batch)))?;
     let max_batch = args.max_batch;
     let metrics = Arc::new(Metrics::default());
-    let (commands, rx) = mpsc::unbounded_channel();
+    // Every request the door lets in holds a place until it ends: the channel to the engine
+    // thread never holds more than the batch and the queue.
+    let capacity = max_batch + args.max_queue;
+    let (commands, rx) = mpsc::channel(capacity + 1);
+    let inflight = Arc::new(AtomicUsize::new(0));
     let config = EngineConfig {
         max_batch,
         pause_timeout: Duration::from_secs(args.pause_timeout as u64),
+        queue_timeout: Duration::from_secs(args.queue_timeout as u64),
         max_queue: args.max_queue,
         prefill_chunk: args.prefill_chunk,
+        inflight: inflight.clone(),
     };
     let thread_metrics = metrics.clone();
     let engine_thread = std::thread::Builder::new()
@@ -113,6 +124,8 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
     let state = Arc::new(AppState {
         model_id,
         commands: commands.clone(),
+        inflight,
+        capacity,
         metrics,
         next_id: AtomicU64::new(1),
         stream_buffer: args.stream_buffer,
@@ -148,7 +161,7 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
             .with_graceful_shutdown(async move {
                 shutdown_signal().await;
                 eprintln!("shutting down: ending streams (a second signal exits at once)");
-                let _ = commands.send(Command::Shutdown);
+                let _ = commands.send(Command::Shutdown).await;
                 // A client holding a connection open (a half-sent request) must not keep the
                 // server up: the shutdown is bounded, and a second signal ends it now.
                 tokio::spawn(async move {
@@ -219,8 +232,12 @@ async fn shutdown_signal() {
 struct EngineConfig {
     max_batch: usize,
     pause_timeout: Duration,
+    queue_timeout: Duration,
     max_queue: usize,
     prefill_chunk: usize,
+    /// Streams the door has let in and that have not ended (`AppState::inflight`): the engine
+    /// thread gives a place back when a stream ends or a request is refused.
+    inflight: Arc<AtomicUsize>,
 }
 
 enum Command {
@@ -312,7 +329,7 @@ impl Stream {
 
 fn engine_loop(
     mut engine: Engine,
-    mut commands: mpsc::UnboundedReceiver<Command>,
+    mut commands: mpsc::Receiver<Command>,
     config: EngineConfig,
     metrics: &Metrics,
 ) {
@@ -338,6 +355,8 @@ fn engine_loop(
         while let Ok(c) = commands.try_recv() {
             handle(c, &mut engine, &mut batcher, &mut streams, &config, &mut shutting_down);
         }
+        // Streams that end below give their places back at the door.
+        let held = streams.len();
         if shutting_down {
             for id in batcher.clear(&mut engine) {
                 if let Some(s) = streams.get_mut(&id) {
@@ -348,6 +367,19 @@ fn engine_loop(
             // Readers that are behind get what fits; the rest is dropped with the thread.
             streams.values_mut().for_each(Stream::flush);
             return;
+        }
+        // Requests that waited past --queue-timeout for a place in the batch leave the queue
+        // with 503 (oldest first: the queue is in order).
+        let expired: Vec<RequestId> = batcher
+            .waiting_ids()
+            .take_while(|id| streams.get(id).is_some_and(|s| s.received.elapsed() >= config.queue_timeout))
+            .collect();
+        for id in expired {
+            batcher.cancel(&mut engine, id);
+            if let Some(s) = streams.get_mut(&id) {
+                s.push(Out::Error(ApiError::queue_timeout(config.queue_timeout)));
+                s.done = true;
+            }
         }
         // Readers gone: their requests end now (blocks free for this round's admissions).
         streams.retain(|&id, s| {
@@ -376,6 +408,7 @@ fn engine_loop(
             }
             false
         });
+        config.inflight.fetch_sub(held - streams.len(), Ordering::Relaxed);
         paused.clear();
         paused.extend(streams.iter().filter(|(_, s)| !s.held.is_empty() && !s.done).map(|(&id, _)| id));
         metrics.paused.store(paused.len(), Ordering::Relaxed);
@@ -476,8 +509,14 @@ fn handle(
         }
         Command::Submit(job, reply) => (job, reply),
     };
+    // A refused request gives its places at the door back.
+    let places = if job.beams.is_some() { 1 } else { job.n };
+    let refuse = |reply: oneshot::Sender<Result<Accepted, ApiError>>, e: ApiError| {
+        config.inflight.fetch_sub(places, Ordering::Relaxed);
+        let _ = reply.send(Err(e));
+    };
     if *shutting_down {
-        let _ = reply.send(Err(ApiError::shutting_down()));
+        refuse(reply, ApiError::shutting_down());
         return;
     }
     let stream = |index| Stream {
@@ -494,7 +533,7 @@ fn handle(
     // Capacity first (no work for a request that is refused): the batch's rows and the queue.
     let (running, waiting) = (batcher.len(), batcher.waiting());
     if running + waiting + job.n > batcher.max_rows() + config.max_queue {
-        let _ = reply.send(Err(ApiError::busy(waiting, running)));
+        refuse(reply, ApiError::busy(waiting, running));
         return;
     }
     // Beam search runs in the batch: its beams are rows of the decode steps beside the others.
@@ -510,7 +549,7 @@ fn handle(
                 let _ = reply.send(Ok(Accepted { prompt_tokens }));
             }
             Err(e) => {
-                let _ = reply.send(Err(ApiError::from_engine(&e, param)));
+                refuse(reply, ApiError::from_engine(&e, param));
             }
         }
         return;
@@ -519,7 +558,7 @@ fn handle(
     let first = match Batcher::prepare(engine, &job.prompt, &job.options) {
         Ok(p) => p,
         Err(e) => {
-            let _ = reply.send(Err(ApiError::from_engine(&e, param)));
+            refuse(reply, ApiError::from_engine(&e, param));
             return;
         }
     };
@@ -528,7 +567,7 @@ fn handle(
         match first.with_seed(job.options.sampling.seed.wrapping_add(i as u64)) {
             Ok(p) => prepared.push(p),
             Err(e) => {
-                let _ = reply.send(Err(ApiError::from_engine(&e, param)));
+                refuse(reply, ApiError::from_engine(&e, param));
                 return;
             }
         }
@@ -546,7 +585,11 @@ fn handle(
 
 struct AppState {
     model_id: String,
-    commands: mpsc::UnboundedSender<Command>,
+    commands: mpsc::Sender<Command>,
+    /// Streams let in and not ended (a request's choices each; the engine thread gives places
+    /// back), and the most there may be: the batch's rows and the queue.
+    inflight: Arc<AtomicUsize>,
+    capacity: usize,
     metrics: Arc<Metrics>,
     next_id: AtomicU64,
     /// Events a stream's channel holds (`--stream-buffer`).
@@ -599,6 +642,22 @@ impl ApiError {
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
                 format!("the server is at capacity ({running} requests running, {waiting} waiting); retry later"),
+            )
+        }
+    }
+
+    /// A request that waited longer than `--queue-timeout` for a place in the batch.
+    fn queue_timeout(waited: Duration) -> Self {
+        Self {
+            code: Some("queue_timeout".into()),
+            retry_after: Some(1),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                format!(
+                    "the request waited {} s (--queue-timeout) for a place in the batch; retry later",
+                    waited.as_secs()
+                ),
             )
         }
     }
@@ -711,7 +770,21 @@ async fn run(state: &Shared, request: Request) -> Result<Response, ApiError> {
         events: tx,
         received: Instant::now(),
     };
-    state.commands.send(Command::Submit(Box::new(job), reply)).map_err(|_| ApiError::shutting_down())?;
+    // Admission at the door: a place for each stream, or 429 now (nothing queued, nothing held).
+    let places = if request.beams.is_some() { 1 } else { request.n };
+    let give_back = || state.inflight.fetch_sub(places, Ordering::Relaxed);
+    if state.inflight.fetch_add(places, Ordering::Relaxed) + places > state.capacity {
+        give_back();
+        let running = state.metrics.running.load(Ordering::Relaxed);
+        return Err(ApiError::busy(state.metrics.queue_depth.load(Ordering::Relaxed), running));
+    }
+    if let Err(e) = state.commands.try_send(Command::Submit(Box::new(job), reply)) {
+        give_back();
+        return Err(match e {
+            mpsc::error::TrySendError::Full(_) => ApiError::busy(state.capacity, 0),
+            mpsc::error::TrySendError::Closed(_) => ApiError::shutting_down(),
+        });
+    }
     let accepted = accepted.await.map_err(|_| ApiError::shutting_down())??;
     let number = state.next_id.fetch_add(1, Ordering::Relaxed);
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
