@@ -688,6 +688,61 @@ class ProcessTest(unittest.TestCase):
                 server.stop()
 
 
+class ConnectionTest(unittest.TestCase):
+    def test_slow_and_idle_connections_are_closed_and_connections_are_capped(self):
+        """A request head that never ends (slowloris) and a keep-alive connection left idle are
+        closed after --header-timeout; a body that never ends is answered 408 after
+        --body-timeout; past --max-connections a connection is answered 503 and closed, and
+        once the idle ones are gone the server answers again."""
+        server = Server("--header-timeout", "1", "--body-timeout", "1", "--max-connections", "4")
+
+        def closed_within(sock, seconds):
+            sock.settimeout(seconds + 10)
+            start, data = time.time(), b""
+            while chunk := sock.recv(4096):
+                data += chunk
+            return time.time() - start, data
+
+        try:
+            slow = socket.create_connection(("127.0.0.1", server.port))
+            slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+            took, _ = closed_within(slow, 1)
+            slow.close()
+            self.assertLess(took, 6, "a head that never ends is closed")
+            body = socket.create_connection(("127.0.0.1", server.port))
+            body.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{")
+            body.settimeout(15)
+            self.assertIn(b" 408 ", body.recv(4096))
+            body.close()
+            idle = socket.create_connection(("127.0.0.1", server.port))
+            idle.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            took, data = closed_within(idle, 1)
+            idle.close()
+            self.assertIn(b"200 OK", data)
+            self.assertLess(took, 6, "an idle keep-alive connection is closed")
+            held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
+            time.sleep(0.2)
+            extra = socket.create_connection(("127.0.0.1", server.port))
+            _, data = closed_within(extra, 1)
+            extra.close()
+            self.assertIn(b"503", data)
+            self.assertIn(b"too_many_connections", data)
+            for h in held:
+                h.close()
+            deadline = time.time() + 20
+            while True:
+                try:
+                    urllib.request.urlopen(server.url + "/health", timeout=5).read()
+                    break
+                except (OSError, urllib.error.HTTPError):
+                    self.assertLess(time.time(), deadline)
+                    time.sleep(0.2)
+            self.assertGreaterEqual(server.metrics()['webgpu_llm_requests_total{endpoint="connection",status="503"}'], 1)
+        finally:
+            server.stop()
+
+
 class CapacityTest(unittest.TestCase):
     def test_full_server_answers_429_and_sigterm_ends_streams(self):
         server = Server("--max-batch", "1", "--max-queue", "1")

@@ -11,14 +11,11 @@
 //! connections; running and waiting requests end with an error event ("server shutting down").
 
 use crate::model_args::{at_least_one, load, ModelArgs};
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use axum::Router;
 use clap::Args;
 use serde_json::{json, Value};
@@ -74,6 +71,17 @@ pub struct ServeArgs {
     /// The largest request body, in bytes (413 past it).
     #[arg(long, default_value_t = 1 << 20, value_parser = at_least_one)]
     max_body: usize,
+    /// Connections open at most; past it a new one is answered 503 and closed [default: 4096,
+    /// or the open-file limit less 64]
+    #[arg(long, value_parser = at_least_one)]
+    max_connections: Option<usize>,
+    /// Seconds a client may take to send a request's head, and a keep-alive connection may wait
+    /// idle for its next request, before the connection is closed.
+    #[arg(long, default_value_t = 10, value_parser = at_least_one)]
+    header_timeout: usize,
+    /// Seconds a client may take to send a request's body (408 past it).
+    #[arg(long, default_value_t = 30, value_parser = at_least_one)]
+    body_timeout: usize,
     /// Seconds a graceful shutdown (SIGTERM, Ctrl-C) may take: streams end with an error event
     /// and connections close; past it, or at a second signal, the server exits at once.
     #[arg(long, default_value_t = 30, value_parser = at_least_one)]
@@ -129,6 +137,8 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
         metrics,
         next_id: AtomicU64::new(1),
         stream_buffer: args.stream_buffer,
+        max_body: args.max_body,
+        body_timeout: Duration::from_secs(args.body_timeout as u64),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -141,11 +151,6 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
         let local = listener.local_addr().map_or(addr.clone(), |a| a.to_string());
         let send_buffer = args.send_buffer;
         let shutdown_timeout = Duration::from_secs(args.shutdown_timeout as u64);
-        let listener = listener.tap_io(move |tcp| {
-            // Tokens go out as they come, not held for a fuller packet.
-            let _ = tcp.set_nodelay(true);
-            set_send_buffer(tcp, send_buffer);
-        });
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
             .route("/v1/completions", post(completions))
@@ -154,31 +159,34 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
             .route("/metrics", get(metrics_text))
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
-            .layer(DefaultBodyLimit::max(args.max_body))
-            .with_state(state);
+            .with_state(state.clone());
         eprintln!("serving on http://{local} (OpenAI-compatible: POST /v1/chat/completions, /v1/completions)");
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                shutdown_signal().await;
-                eprintln!("shutting down: ending streams (a second signal exits at once)");
-                let _ = commands.send(Command::Shutdown).await;
-                // A client holding a connection open (a half-sent request) must not keep the
-                // server up: the shutdown is bounded, and a second signal ends it now.
-                tokio::spawn(async move {
-                    tokio::select! {
-                        _ = shutdown_signal() => {
-                            eprintln!("second signal: exiting now");
-                            std::process::exit(130);
-                        }
-                        _ = tokio::time::sleep(shutdown_timeout) => {
-                            eprintln!("shutdown took longer than --shutdown-timeout: exiting now");
-                            std::process::exit(1);
-                        }
+        let limits = Limits {
+            max_connections: args.max_connections.unwrap_or_else(default_max_connections),
+            header_timeout: Duration::from_secs(args.header_timeout as u64),
+            send_buffer,
+        };
+        let shutdown = async move {
+            shutdown_signal().await;
+            eprintln!("shutting down: ending streams (a second signal exits at once)");
+            let _ = commands.send(Command::Shutdown).await;
+            // A client holding a connection open (a half-sent request) must not keep the
+            // server up: the shutdown is bounded, and a second signal ends it now.
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = shutdown_signal() => {
+                        eprintln!("second signal: exiting now");
+                        std::process::exit(130);
                     }
-                });
-            })
-            .await
-            .map_err(|e| Error::Io { path: addr, source: e })
+                    _ = tokio::time::sleep(shutdown_timeout) => {
+                        eprintln!("shutdown took longer than --shutdown-timeout: exiting now");
+                        std::process::exit(1);
+                    }
+                }
+            });
+        };
+        accept_loop(listener, app, limits, &state.metrics, shutdown).await;
+        Ok(())
     });
     let _ = engine_thread.join();
     result
@@ -204,6 +212,107 @@ fn set_send_buffer(tcp: &tokio::net::TcpStream, bytes: usize) {
 
 #[cfg(not(unix))]
 fn set_send_buffer(_tcp: &tokio::net::TcpStream, _bytes: usize) {}
+
+/// The accept loop's bounds (`--max-connections`, `--header-timeout`).
+struct Limits {
+    max_connections: usize,
+    header_timeout: Duration,
+    send_buffer: usize,
+}
+
+/// Connections at most when `--max-connections` is not given: 4096, or what the process's
+/// open-file limit leaves (less 64 for the model's files and the GPU driver's).
+fn default_max_connections() -> usize {
+    #[cfg(unix)]
+    {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes the limits into the struct it is given.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+            return (lim.rlim_cur as usize).saturating_sub(64).clamp(16, 4096);
+        }
+    }
+    4096
+}
+
+/// Serves `app` on `listener` until `shutdown` completes, then lets the open connections end
+/// (their streams get the shutdown's error event). Each connection is HTTP/1.1 with a header
+/// read timeout, which bounds a request's head (slowloris) and a keep-alive connection's wait
+/// for its next request; past `max_connections` a new connection is answered 503 and closed.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: Limits,
+    metrics: &Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (tcp, _) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                // Out of descriptors and the like: wait a moment rather than spin.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        // Tokens go out as they come, not held for a fuller packet.
+        let _ = tcp.set_nodelay(true);
+        set_send_buffer(&tcp, limits.send_buffer);
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            metrics.count("connection", 503);
+            tokio::spawn(refuse_connection(tcp));
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut closing = closing_rx.clone();
+        let header_timeout = limits.header_timeout;
+        tokio::spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+            let conn = builder.serve_connection(TokioIo::new(tcp), service);
+            let mut conn = std::pin::pin!(conn);
+            loop {
+                tokio::select! {
+                    _ = conn.as_mut() => break,
+                    changed = closing.changed() => {
+                        if changed.is_err() || *closing.borrow() {
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.as_mut().await;
+                            break;
+                        }
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+    // No new connections; the open ones end their responses (the engine sends each stream its
+    // last event) and close. --shutdown-timeout bounds the wait.
+    let _ = closing_tx.send(true);
+    let _ = permits.acquire_many(limits.max_connections as u32).await;
+}
+
+/// A connection past `--max-connections`: a 503 with an OpenAI error, then closed.
+async fn refuse_connection(mut tcp: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt as _;
+    let body = r#"{"error":{"message":"the server has as many connections open as --max-connections allows; retry later","type":"server_error","param":null,"code":"too_many_connections"}}"#;
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        tcp.write_all(head.as_bytes()).await?;
+        tcp.write_all(body.as_bytes()).await?;
+        tcp.shutdown().await
+    })
+    .await;
+}
 
 async fn shutdown_signal() {
     let ctrl_c = async {
@@ -327,12 +436,7 @@ impl Stream {
     }
 }
 
-fn engine_loop(
-    mut engine: Engine,
-    mut commands: mpsc::Receiver<Command>,
-    config: EngineConfig,
-    metrics: &Metrics,
-) {
+fn engine_loop(mut engine: Engine, mut commands: mpsc::Receiver<Command>, config: EngineConfig, metrics: &Metrics) {
     let mut batcher = Batcher::new(&engine, config.prefill_chunk);
     batcher.limit_rows(config.max_batch);
     let mut streams: HashMap<RequestId, Stream> = HashMap::new();
@@ -594,6 +698,9 @@ struct AppState {
     next_id: AtomicU64,
     /// Events a stream's channel holds (`--stream-buffer`).
     stream_buffer: usize,
+    /// `--max-body` and `--body-timeout`.
+    max_body: usize,
+    body_timeout: Duration,
 }
 
 type Shared = Arc<AppState>;
@@ -706,15 +813,24 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Parses a body for `endpoint` (`openai::parse`): 400 for what is not JSON and for a field's
-/// value or a field the engine does not take (naming it), 422 for JSON of the wrong shape, 413
-/// past the limit, 404 for another model.
-fn parse(state: &AppState, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -> Result<Request, ApiError> {
-    let body = body.map_err(|r| {
-        let status = r.status();
-        let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "request_too_large" } else { "invalid_body" };
-        ApiError::new(status, "invalid_request_error", r.body_text()).with_code(code)
-    })?;
+/// Reads and parses a body for `endpoint` (`openai::parse`): 400 for what is not JSON and for
+/// a field's value or a field the engine does not take (naming it), 422 for JSON of the wrong
+/// shape, 413 past `--max-body`, 408 past `--body-timeout`, 404 for another model.
+async fn parse(state: &AppState, endpoint: Endpoint, body: axum::body::Body) -> Result<Request, ApiError> {
+    let body = match tokio::time::timeout(state.body_timeout, axum::body::to_bytes(body, state.max_body)).await {
+        Err(_) => {
+            let message = format!("the request body took longer than {} s to arrive", state.body_timeout.as_secs());
+            return Err(
+                ApiError::new(StatusCode::REQUEST_TIMEOUT, "invalid_request_error", message).with_code("body_timeout")
+            );
+        }
+        Ok(Err(_)) => {
+            let message = format!("the request body is over the {} bytes --max-body allows", state.max_body);
+            return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", message)
+                .with_code("request_too_large"));
+        }
+        Ok(Ok(bytes)) => bytes,
+    };
     let value: Value = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("the body is not valid JSON: {e}"))
             .with_code("invalid_json")
@@ -742,13 +858,13 @@ fn parse(state: &AppState, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
     Ok(request)
 }
 
-async fn chat_completions(State(state): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
-    let result = async { run(&state, parse(&state, Endpoint::Chat, body)?).await }.await;
+async fn chat_completions(State(state): State<Shared>, body: axum::body::Body) -> Response {
+    let result = async { run(&state, parse(&state, Endpoint::Chat, body).await?).await }.await;
     finish(&state, "/v1/chat/completions", result)
 }
 
-async fn completions(State(state): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
-    let result = async { run(&state, parse(&state, Endpoint::Completions, body)?).await }.await;
+async fn completions(State(state): State<Shared>, body: axum::body::Body) -> Response {
+    let result = async { run(&state, parse(&state, Endpoint::Completions, body).await?).await }.await;
     finish(&state, "/v1/completions", result)
 }
 
