@@ -69,7 +69,6 @@ const NOT_YET: &[(&str, &str)] = &[
     ("functions", "function calls are not supported yet"),
     ("function_call", "function calls are not supported yet"),
     ("parallel_tool_calls", "tool calls are not supported yet"),
-    ("logit_bias", "logit_bias is not supported yet"),
     ("echo", "echo is not supported (the prompt is not repeated in the answer)"),
     ("suffix", "suffix (fill in the middle) is not supported"),
     ("best_of", "best_of is not supported (use n, or beams for the most likely continuations)"),
@@ -619,9 +618,7 @@ mod tests {
     #[test]
     fn fields_the_engine_does_not_take_are_refused_by_name() {
         let m = json!([{"role": "user", "content": "x"}]);
-        for field in
-            ["tools", "response_format", "tool_choice", "logit_bias", "echo", "suffix", "best_of", "frobnicate"]
-        {
+        for field in ["tools", "response_format", "tool_choice", "echo", "suffix", "best_of", "frobnicate"] {
             let mut body = json!({"messages": m, field: 1});
             assert_eq!(param(chat(body.clone())), field);
             body["messages"] = json!([{"role": "user", "content": "x", "tool_calls": []}]);

@@ -56,6 +56,9 @@ pub struct RequestOptions {
     pub frequency_penalty: Option<f32>,
     pub seed: Option<u64>,
     pub stop: Option<Stop>,
+    /// OpenAI's `logit_bias`: token id (as a string) -> a bias in [-100, 100] added to its logit.
+    #[serde(alias = "logitBias")]
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
     #[serde(alias = "ignoreEos")]
     pub ignore_eos: bool,
     /// Choices sampled from the same prompt, each with seed + i.
@@ -104,6 +107,15 @@ impl RequestOptions {
             presence_penalty: self.presence_penalty.unwrap_or(base.presence_penalty),
             frequency_penalty: self.frequency_penalty.unwrap_or(base.frequency_penalty),
             seed: self.seed.unwrap_or(base.seed),
+            logit_bias: match &self.logit_bias {
+                None => Vec::new(),
+                Some(map) => map
+                    .iter()
+                    .map(|(k, &b)| {
+                        k.parse::<u32>().map(|id| (id, b)).map_err(|_| invalid("logit_bias", k, "token ids as keys"))
+                    })
+                    .collect::<Result<_>>()?,
+            },
         };
         let stop = match &self.stop {
             None => Vec::new(),
@@ -157,6 +169,13 @@ impl RequestOptions {
                         "beams",
                         beams,
                         "no n or speculate with beams: they return the N best choices themselves",
+                    ));
+                }
+                if self.logit_bias.is_some() {
+                    return Err(invalid(
+                        "logit_bias",
+                        "given",
+                        "no logit_bias with beams (their search is deterministic)",
                     ));
                 }
                 // Beam search ends hypotheses on EOS or max_tokens; stop strings are not applied.
@@ -238,6 +257,9 @@ mod tests {
         assert_eq!(field(r#"{"beams": 2, "early_stopping": "soon"}"#), "early_stopping");
         assert_eq!(field(r#"{"speculate": "nonsense"}"#), "speculate");
         assert_eq!(field(r#"{"beams": 2, "stop": "x"}"#), "stop");
+        assert_eq!(field(r#"{"logit_bias": {"x": 1}}"#), "logit_bias");
+        assert_eq!(field(r#"{"logit_bias": {"5": 101}}"#), "logit_bias");
+        assert_eq!(field(r#"{"beams": 2, "logit_bias": {"5": 1}}"#), "logit_bias");
         assert_eq!(field(r#"{"beams": 2, "speculate": "lookup"}"#), "beams");
         assert_eq!(field(r#"{"beams": 2, "length_penalty": 1e308}"#), "length penalty");
         assert_eq!(field(r#"{"beams": 2, "length_penalty": -51}"#), "length penalty");

@@ -25,7 +25,13 @@ pub struct SamplingParams {
     /// Subtracted from a token's logit once per occurrence in the context.
     pub frequency_penalty: f32,
     pub seed: u64,
+    /// Added to the given tokens' logits, after the penalties and before anything else
+    /// (OpenAI's `logit_bias`: each in [-100, 100], at most MAX_LOGIT_BIAS tokens).
+    pub logit_bias: Vec<(u32, f32)>,
 }
+
+/// Tokens a `logit_bias` may name.
+pub const MAX_LOGIT_BIAS: usize = 1024;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -38,6 +44,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -73,6 +80,12 @@ impl SamplingParams {
         if !self.frequency_penalty.is_finite() || self.frequency_penalty.abs() > 2.0 {
             return bad("frequency_penalty", self.frequency_penalty, "must be in [-2, 2]");
         }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return bad("logit_bias", self.logit_bias.len() as f32, "at most 1024 tokens");
+        }
+        if let Some(&(_, b)) = self.logit_bias.iter().find(|(_, b)| !(b.is_finite() && b.abs() <= 100.0)) {
+            return bad("logit_bias", b, "each bias must be in [-100, 100]");
+        }
         Ok(())
     }
 
@@ -80,8 +93,13 @@ impl SamplingParams {
         self.temperature == 0.0 || self.top_k == 1
     }
 
+    /// Penalties or a logit bias: the logits change before a token is drawn (so the whole row
+    /// is needed, and the argmax of the raw logits is not greedy's token).
     pub fn has_penalties(&self) -> bool {
-        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || !self.logit_bias.is_empty()
     }
 }
 
@@ -143,6 +161,13 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams, vocab_size: usize) -> Result<Self> {
         params.validate()?;
+        if let Some(&(id, _)) = params.logit_bias.iter().find(|(id, _)| *id as usize >= vocab_size) {
+            return Err(Error::InvalidOption {
+                name: "logit_bias",
+                value: id.to_string(),
+                expected: format!("token ids below the vocabulary's {vocab_size}"),
+            });
+        }
         Ok(Self {
             rng: Rng::new(params.seed),
             params,
@@ -346,6 +371,11 @@ impl Sampler {
                 *l *= p.repetition_penalty;
             }
             *l -= p.presence_penalty + p.frequency_penalty * self.counts[id as usize] as f32;
+        }
+        for &(id, bias) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
         }
     }
 

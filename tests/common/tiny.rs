@@ -204,6 +204,13 @@ pub fn greedy(bytes: &[u8], prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
     (ids, margins)
 }
 
+/// The CPU reference's logits after `prompt` (the last position's).
+pub fn logits(bytes: &[u8], prompt: &[u32]) -> Vec<f32> {
+    let gguf = Gguf::parse(bytes).unwrap();
+    let model = CpuModel::load(&gguf, bytes).unwrap();
+    model.forward(&mut model.new_cache(), prompt, Logits::Last).unwrap()
+}
+
 /// `CHAT`'s file, made once.
 pub fn chat() -> &'static [u8] {
     static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();

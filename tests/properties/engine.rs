@@ -246,3 +246,31 @@ fn a_messages_text_never_becomes_a_control_token() {
         assert!(err.to_string().contains("system, user, assistant"), "{err}");
     }
 }
+
+/// `logit_bias` (OpenAI's semantics) on both backends: +100 on a token makes greedy decoding
+/// give it every time; -100 on the reference's greedy first token gives another first token,
+/// the CPU reference's argmax without it; a sampled request with the bias draws the forced
+/// token too (its whole row is read back: the GPU's selection cannot see the bias).
+#[test]
+fn logit_bias_forces_and_bans_tokens_on_every_path() {
+    let prompt = tiny::chat_prompt(&[("user", QUESTION)]);
+    let (reference, _) = tiny::greedy(tiny::chat(), &prompt, 1);
+    for backend in BACKENDS {
+        let mut e = engine(backend);
+        let forced = SamplingParams { logit_bias: vec![(300, 100.0)], ..SamplingParams::greedy() };
+        let o = GenerateOptions { sampling: forced, ignore_eos: true, ..greedy(5) };
+        let (ids, _, _) = run(&mut e, &Prompt::Tokens(prompt.clone()), &o);
+        assert_eq!(ids, vec![300; 5], "{backend:?}");
+        let sampled = SamplingParams { logit_bias: vec![(300, 100.0)], seed: 3, ..SamplingParams::default() };
+        let (ids, _, _) =
+            run(&mut e, &Prompt::Tokens(prompt.clone()), &GenerateOptions { sampling: sampled, ..o.clone() });
+        assert_eq!(ids, vec![300; 5], "{backend:?}: sampled");
+        let banned = SamplingParams { logit_bias: vec![(reference[0], -100.0)], ..SamplingParams::greedy() };
+        let (ids, _, _) =
+            run(&mut e, &Prompt::Tokens(prompt.clone()), &GenerateOptions { sampling: banned, ..greedy(1) });
+        assert_ne!(ids[0], reference[0], "{backend:?}");
+        let mut logits = tiny::logits(tiny::chat(), &prompt);
+        logits[reference[0] as usize] -= 100.0;
+        assert_eq!(ids[0], webgpu_llm::sampling::argmax(&logits), "{backend:?}: the argmax without it");
+    }
+}

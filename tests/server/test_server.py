@@ -619,7 +619,7 @@ class ServerTest(unittest.TestCase):
         # and null is "not given", as OpenAI's clients send it.
         hi = [{"role": "user", "content": "hi"}]
         for field, value in [("response_format", {"type": "json_object"}), ("tools", []), ("tool_choice", "auto"),
-                             ("logit_bias", {"1": 5}), ("echo", True), ("suffix", "x"), ("best_of", 2), ("frobnicate", 1)]:
+                             ("echo", True), ("suffix", "x"), ("best_of", 2), ("frobnicate", 1)]:
             status, _, body = post(url + "/v1/chat/completions", {"messages": hi, "max_tokens": 1, field: value})
             self.assertEqual((status, body["error"]["param"]), (400, field), body)
             self.assertIn(field, body["error"]["message"])
@@ -629,6 +629,21 @@ class ServerTest(unittest.TestCase):
         status, _, body = post(url + "/v1/chat/completions",
                                {"messages": hi, "max_tokens": 1, "stream": None, "tools": None, "user": "u"})
         self.assertEqual(status, 200, body)
+        # logit_bias, OpenAI's semantics: +100 on a token makes greedy decoding repeat it; -100
+        # on greedy's first token bans it; a key that is not a token id is a 400 naming it.
+        plain = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        status, _, one = post(url + "/v1/completions", {**plain, "max_tokens": 1, "logit_bias": {"100": 100}})
+        self.assertEqual(status, 200, one)
+        status, _, four = post(url + "/v1/completions", {**plain, "logit_bias": {"100": 100}})
+        self.assertEqual(four["choices"][0]["text"], one["choices"][0]["text"] * 4)
+        first = reference_result(cpu_reference("Once upon a time", 1))["ids"][0]
+        status, _, free = post(url + "/v1/completions", {**plain, "max_tokens": 1, "logprobs": 1})
+        status, _, banned = post(url + "/v1/completions", {**plain, "max_tokens": 1, "logprobs": 1,
+                                                            "logit_bias": {str(first): -100}})
+        self.assertEqual(status, 200, banned)
+        self.assertNotEqual(banned["choices"][0]["logprobs"]["tokens"][0], free["choices"][0]["logprobs"]["tokens"][0])
+        status, _, body = post(url + "/v1/completions", {**plain, "logit_bias": {"x": 1}})
+        self.assertEqual((status, body["error"]["param"]), (400, "logit_bias"), body)
         # Beam search: stop strings are refused (they are not applied to beams), a length
         # penalty whose scores would not be finite is refused, and a hypothesis that ran out of
         # tokens says "length".
