@@ -12,6 +12,7 @@ use crate::model::{CpuModel, ModelConfig};
 use crate::sampling::{Candidate, Sampler, SamplingParams};
 use crate::speculate::{Speculation, SpeculationStats};
 use crate::tokenizer::Tokenizer;
+use std::sync::Arc;
 
 pub use crate::arch::DEFAULT_CONTEXT;
 pub use crate::gpu::PREFILL_CHUNK;
@@ -189,8 +190,8 @@ pub(crate) enum Backend {
 
 pub struct Engine {
     pub config: ModelConfig,
-    pub tokenizer: Tokenizer,
-    chat_template: Option<ChatTemplate>,
+    pub tokenizer: Arc<Tokenizer>,
+    chat_template: Option<Arc<ChatTemplate>>,
     context_length: usize,
     pub(crate) backend: Backend,
     /// A separate draft model for speculative decoding (`Drafter::Model`): each request that
@@ -238,7 +239,14 @@ impl Engine {
                 Backend::Gpu(Box::new(GpuModel::load(gpu, &gguf, source, context_length, progress).await?))
             }
         };
-        Ok(Self { config, tokenizer, chat_template, context_length, backend, draft: None })
+        Ok(Self {
+            config,
+            tokenizer: Arc::new(tokenizer),
+            chat_template: chat_template.map(Arc::new),
+            context_length,
+            backend,
+            draft: None,
+        })
     }
 
     /// Attaches `draft` as this engine's draft model (`Drafter::Model`): a smaller model with
@@ -308,24 +316,17 @@ impl Engine {
 
     /// Tokens of a prompt as the model will see them.
     pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
-        let (text, plain) = match prompt {
-            Prompt::Tokens(ids) => return Ok(ids.clone()),
-            Prompt::Text(text) => (text.clone(), Vec::new()),
-            // The template's markup is tokenized with its special tokens; what the messages
-            // hold never is (a message cannot open a turn).
-            Prompt::Chat(messages) => {
-                self.chat_template
-                    .as_ref()
-                    .ok_or(Error::NoChatTemplate)?
-                    .render_guarded(messages, true, &|t| self.tokenizer.special_spans(t))?
-            }
-        };
-        let mut ids = Vec::new();
-        if self.tokenizer.add_bos && matches!(prompt, Prompt::Text(_)) {
-            ids.extend(self.tokenizer.bos_id);
+        self.prompt_encoder().tokens(prompt)
+    }
+
+    /// What turns prompts into tokens, to use on another thread (the server tokenizes in its
+    /// HTTP handlers, off the engine's).
+    pub fn prompt_encoder(&self) -> PromptEncoder {
+        PromptEncoder {
+            tokenizer: self.tokenizer.clone(),
+            template: self.chat_template.clone(),
+            context_length: self.context_length,
         }
-        ids.extend(self.tokenizer.encode_guarded(&text, &plain)?);
-        Ok(ids)
     }
 
     /// The prompt's tokens, refused when empty, outside the vocabulary, or when they and
@@ -354,6 +355,56 @@ impl Engine {
         if let Backend::Gpu(model) = &mut self.backend {
             model.forget_cached();
         }
+    }
+}
+
+/// A model's tokenizer and chat template, shared (`Engine::prompt_encoder`): prompts into
+/// token ids on any thread.
+#[derive(Clone)]
+pub struct PromptEncoder {
+    tokenizer: Arc<Tokenizer>,
+    template: Option<Arc<ChatTemplate>>,
+    context_length: usize,
+}
+
+impl PromptEncoder {
+    /// Tokens of a prompt as the model will see them.
+    pub fn tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        let (text, plain) = match prompt {
+            Prompt::Tokens(ids) => return Ok(ids.clone()),
+            Prompt::Text(text) => (text.clone(), Vec::new()),
+            // The template's markup is tokenized with its special tokens; what the messages
+            // hold never is (a message cannot open a turn).
+            Prompt::Chat(messages) => {
+                self.template
+                    .as_ref()
+                    .ok_or(Error::NoChatTemplate)?
+                    .render_guarded(messages, true, &|t| self.tokenizer.special_spans(t))?
+            }
+        };
+        let mut ids = Vec::new();
+        if self.tokenizer.add_bos && matches!(prompt, Prompt::Text(_)) {
+            ids.extend(self.tokenizer.bos_id);
+        }
+        ids.extend(self.tokenizer.encode_guarded(&text, &plain)?);
+        Ok(ids)
+    }
+
+    /// The tokens a prompt has at least, from its text's length alone (no token is longer than
+    /// the vocabulary's longest): when that is past the context, the prompt is refused without
+    /// tokenizing it.
+    pub fn min_tokens(&self, prompt: &Prompt) -> usize {
+        let bytes = match prompt {
+            Prompt::Tokens(ids) => return ids.len(),
+            Prompt::Text(t) => t.len(),
+            Prompt::Chat(messages) => messages.iter().map(|m| m.content.len()).sum(),
+        };
+        bytes / self.tokenizer.max_token_bytes().max(1)
+    }
+
+    /// Tokens the context holds.
+    pub fn context_length(&self) -> usize {
+        self.context_length
     }
 }
 

@@ -61,6 +61,8 @@ pub struct Tokenizer {
     pub stop_ids: Vec<u32>,
     pub add_bos: bool,
     vocab_size: usize,
+    /// Bytes of the vocabulary's longest token string (at least the bytes of any token's text).
+    max_token_bytes: usize,
 }
 
 impl Tokenizer {
@@ -115,11 +117,20 @@ impl Tokenizer {
             stop_ids,
             add_bos,
             vocab_size: tokens.len(),
+            max_token_bytes: tokens.iter().map(|t| t.len()).max().unwrap_or(1),
         })
     }
 
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
+    }
+
+    /// Bytes of the longest token string in the vocabulary: no token's text is longer (a
+    /// byte-level token's characters are 1 or 2 bytes for each byte they stand for, a
+    /// SentencePiece token's `▁` 3 for a space, its byte tokens `<0xAB>` 6 for one), so a text of
+    /// B bytes is at least B / max_token_bytes tokens.
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
     }
 
     /// Checks the token list against the model's vocabulary, `model_vocab` rows of its embedding

@@ -667,6 +667,50 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(after, before + 1)
 
 
+class BigPromptTest(unittest.TestCase):
+    def test_refused_big_prompts_do_not_stall_a_running_stream(self):
+        """Twenty 900 KB prompts, too long for the context, are refused by their length in the
+        HTTP handlers (400 context_length_exceeded, nothing tokenized on the engine thread)
+        while a stream runs: its longest gap between tokens stays short."""
+        server = Server("--context-length", "2048")
+        try:
+            gaps = []
+
+            async def stream():
+                async with httpx.AsyncClient(timeout=600) as h:
+                    async with h.stream("POST", server.url + "/v1/completions", json={
+                            "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+                            "stream": True}) as r:
+                        last = None
+                        async for line in r.aiter_lines():
+                            if line.startswith("data: {"):
+                                now = time.perf_counter()
+                                if last is not None:
+                                    gaps.append(now - last)
+                                last = now
+
+            async def big(h):
+                r = await h.post(server.url + "/v1/completions", json={"prompt": "word " * 180_000, "max_tokens": 1})
+                return r.status_code, r.json()["error"]["code"]
+
+            async def main():
+                task = asyncio.create_task(stream())
+                await asyncio.sleep(0.05)
+                async with httpx.AsyncClient(timeout=600) as h:
+                    refused = await asyncio.gather(*[big(h) for _ in range(20)])
+                await task
+                return refused
+
+            refused = asyncio.run(main())
+            self.assertEqual(refused, [(400, "context_length_exceeded")] * 20)
+            self.assertGreater(len(gaps), 50)
+            print(f"\n  longest gap between tokens beside 20 refused 900 KB prompts: {max(gaps) * 1e3:.0f} ms",
+                  file=sys.stderr)
+            self.assertLess(max(gaps), 2.0)
+        finally:
+            server.stop()
+
+
 class ProcessTest(unittest.TestCase):
     def test_a_taken_port_is_refused_before_loading_with_exit_code_2(self):
         with socket.socket() as taken:

@@ -109,6 +109,7 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
             }
         })?;
     let engine = pollster::block_on(load(&args.model, Some(args.max_batch)))?;
+    let encoder = engine.prompt_encoder();
     let max_batch = args.max_batch;
     let metrics = Arc::new(Metrics::default());
     // Every request the door lets in holds a place until it ends: the channel to the engine
@@ -139,6 +140,7 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
         stream_buffer: args.stream_buffer,
         max_body: args.max_body,
         body_timeout: Duration::from_secs(args.body_timeout as u64),
+        encoder,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -356,7 +358,10 @@ enum Command {
 
 /// A request as the engine thread takes it: `n` choices of one prompt, or a beam search.
 struct Job {
+    /// Tokenized by the HTTP handler.
     prompt: Prompt,
+    /// The request's field that held the prompt ("messages" or "prompt"), for errors.
+    param: &'static str,
     options: GenerateOptions,
     n: usize,
     beams: Option<BeamOptions>,
@@ -633,7 +638,7 @@ fn handle(
         behind_since: None,
         beams: job.beams.is_some(),
     };
-    let param = if matches!(job.prompt, Prompt::Chat(_)) { "messages" } else { "prompt" };
+    let param = job.param;
     // Capacity first (no work for a request that is refused): the batch's rows and the queue.
     let (running, waiting) = (batcher.len(), batcher.waiting());
     if running + waiting + job.n > batcher.max_rows() + config.max_queue {
@@ -701,6 +706,8 @@ struct AppState {
     /// `--max-body` and `--body-timeout`.
     max_body: usize,
     body_timeout: Duration,
+    /// The model's tokenizer and chat template: requests are tokenized in the handlers.
+    encoder: webgpu_llm::engine::PromptEncoder,
 }
 
 type Shared = Arc<AppState>;
@@ -875,17 +882,16 @@ fn finish(state: &AppState, endpoint: &'static str, result: Result<Response, Api
 }
 
 async fn run(state: &Shared, request: Request) -> Result<Response, ApiError> {
-    // The channel's bound is what a slow reader can leave unread before its stream waits.
-    let (tx, rx) = mpsc::channel(state.stream_buffer);
-    let (reply, accepted) = oneshot::channel();
-    let job = Job {
-        prompt: request.prompt.clone(),
-        options: request.generate.clone(),
-        n: request.n,
-        beams: request.beams.clone(),
-        events: tx,
-        received: Instant::now(),
-    };
+    let param = if matches!(request.prompt, Prompt::Chat(_)) { "messages" } else { "prompt" };
+    // A prompt too long for the context by its length alone is refused before anything else.
+    let (min_tokens, context) = (state.encoder.min_tokens(&request.prompt), state.encoder.context_length());
+    let max_tokens = request.beams.as_ref().map_or(request.generate.max_tokens, |b| b.max_tokens);
+    if min_tokens.saturating_add(max_tokens) > context {
+        let message = format!(
+            "the prompt is at least {min_tokens} tokens by its length, and with max_tokens {max_tokens} that is past this server's {context}-token context"
+        );
+        return Err(ApiError::invalid(param, message).with_code("context_length_exceeded"));
+    }
     // Admission at the door: a place for each stream, or 429 now (nothing queued, nothing held).
     let places = if request.beams.is_some() { 1 } else { request.n };
     let give_back = || state.inflight.fetch_sub(places, Ordering::Relaxed);
@@ -894,6 +900,32 @@ async fn run(state: &Shared, request: Request) -> Result<Response, ApiError> {
         let running = state.metrics.running.load(Ordering::Relaxed);
         return Err(ApiError::busy(state.metrics.queue_depth.load(Ordering::Relaxed), running));
     }
+    // Tokenized here, on a blocking thread, not on the engine's (which only runs the batch).
+    let encoder = state.encoder.clone();
+    let prompt = request.prompt.clone();
+    let tokens = match tokio::task::spawn_blocking(move || encoder.tokens(&prompt)).await {
+        Ok(Ok(tokens)) => tokens,
+        Ok(Err(e)) => {
+            give_back();
+            return Err(ApiError::from_engine(&e, param));
+        }
+        Err(_) => {
+            give_back();
+            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "tokenizing failed"));
+        }
+    };
+    // The channel's bound is what a slow reader can leave unread before its stream waits.
+    let (tx, rx) = mpsc::channel(state.stream_buffer);
+    let (reply, accepted) = oneshot::channel();
+    let job = Job {
+        prompt: Prompt::Tokens(tokens),
+        param,
+        options: request.generate.clone(),
+        n: request.n,
+        beams: request.beams.clone(),
+        events: tx,
+        received: Instant::now(),
+    };
     if let Err(e) = state.commands.try_send(Command::Submit(Box::new(job), reply)) {
         give_back();
         return Err(match e {
