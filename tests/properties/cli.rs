@@ -382,6 +382,9 @@ fn bad_flag_values_are_refused_before_loading_with_exit_code_2() {
         (&["generate", "--prompt", "x", "--beams", "33"], "beams = 33"),
         (&["generate", "--prompt", "x", "--beams", "2", "--length-penalty", "NaN"], "length penalty"),
         (&["generate", "--prompt", "x", "--length-penalty", "2"], "--beams"),
+        // Beam search takes neither stop strings nor speculation: refused, not dropped.
+        (&["generate", "--prompt", "x", "--beams", "2", "--stop", "a"], "stop"),
+        (&["generate", "--prompt", "x", "--beams", "2", "--speculate", "lookup"], "beams"),
         (&["bench", "--prompt-tokens", "0"], "--prompt-tokens"),
         (
             &["bench", "--context-length", "64", "--prompt-tokens", "18446744073709551610"],
