@@ -941,7 +941,7 @@ impl Batcher {
 
         // The blocks each request filled this round join the prefix cache (for requests that
         // start with the same tokens, running or to come).
-        for r in &self.requests {
+        for r in self.requests.iter().filter(|r| r.seq.failed.is_none()) {
             r.kv.commit(engine, &r.seq.tokens[..r.computed]);
         }
 

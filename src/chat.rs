@@ -137,6 +137,7 @@ pub struct ChatTemplate {
     /// The roles a message may have: system, user, assistant, and any other the template's
     /// source names in quotes (tool, developer, ipython, ...).
     roles: Vec<String>,
+    source: String,
 }
 
 /// The roles every template takes.
@@ -192,7 +193,12 @@ impl ChatTemplate {
         let named = |r: &str| source.contains(&format!("'{r}'")) || source.contains(&format!("\"{r}\""));
         let others = OTHER_ROLES.into_iter().filter(|r| named(r));
         let roles = BASE_ROLES.into_iter().chain(others).map(String::from).collect();
-        Ok(Self { env, bos_token, eos_token, family: None, roles })
+        Ok(Self { env, bos_token, eos_token, family: None, roles, source: source.to_string() })
+    }
+
+    /// The template's Jinja source (its markup tokens are spelled in it).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The prompt text for `messages` (`render`) with the byte ranges that came from the

@@ -222,9 +222,12 @@ impl Engine {
         }
         let gguf = source.header().await?;
         let config = ModelConfig::from_gguf(&gguf)?;
-        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let mut tokenizer = Tokenizer::from_gguf(&gguf)?;
         tokenizer.check_vocab(config.vocab_size)?;
         let chat_template = ChatTemplate::from_gguf(&gguf)?;
+        if let Some(t) = &chat_template {
+            tokenizer.guard_markup(t.source());
+        }
         let context_length = options.context_length.unwrap_or(DEFAULT_CONTEXT).min(config.context_length);
         let backend = match options.backend {
             BackendKind::Cpu => {

@@ -200,6 +200,8 @@ impl KvPool {
             }
         };
         self.refcount[b as usize] = 1;
+        // A child registered under this block's earlier contents never matches it again.
+        self.cache.generation[b as usize] = self.cache.generation[b as usize].wrapping_add(1);
         b
     }
 

@@ -149,7 +149,13 @@ pub fn parse(endpoint: Endpoint, body: Value, seed: u64) -> Result<Request, Requ
     };
     let include_usage = match take("stream_options") {
         None => false,
-        Some(v) => serde_json::from_value::<StreamOptions>(v).map_err(|e| shape("stream_options", e))?.include_usage,
+        Some(Value::Object(mut o)) => {
+            o.retain(|_, v| !v.is_null());
+            serde_json::from_value::<StreamOptions>(Value::Object(o))
+                .map_err(|e| shape("stream_options", e))?
+                .include_usage
+        }
+        Some(v) => return Err(RequestError::Shape(format!("stream_options: an object, not {v}"))),
     };
     let logprobs = take("logprobs");
     let top = match take("top_logprobs") {
@@ -251,6 +257,8 @@ fn messages_of(messages: Value) -> Result<Vec<Message>, RequestError> {
         let Value::Object(mut m) = m else {
             return Err(RequestError::Shape(format!("messages[{i}]: an object {{role, content}}")));
         };
+        // null is "not given" here too (clients send back messages with `tool_calls: null`).
+        m.retain(|_, v| !v.is_null());
         let role = match m.remove("role") {
             Some(Value::String(r)) => r,
             _ => return Err(RequestError::Shape(format!("messages[{i}].role: a string"))),
@@ -637,5 +645,7 @@ mod tests {
         assert!(
             chat(json!({"messages": m, "stream": null, "tools": null, "logit_bias": null})).is_ok_and(|r| !r.stream)
         );
+        let back = json!([{"role": "assistant", "content": "x", "tool_calls": null, "refusal": null}]);
+        assert!(chat(json!({"messages": back, "stream_options": {"include_usage": null}})).is_ok());
     }
 }

@@ -52,8 +52,13 @@ pub struct Tokenizer {
     /// `inner` with special tokens' spellings taken as text (made the first time a message
     /// holds one: `encode_guarded`).
     plain: std::sync::OnceLock<tokenizers::Tokenizer>,
-    /// The ids of special (control, unknown) tokens.
+    /// The ids of tokens a message's text may never produce: special (control, unknown) ones,
+    /// and the user-defined ones that are a chat template's markup (`guard_markup`).
     special: std::collections::HashSet<u32>,
+    /// User-defined tokens that are not whitespace (candidates for `guard_markup`), and those
+    /// of them that the template spells (taken as text in `plain` too).
+    user_defined: Vec<(u32, String)>,
+    markup: Vec<String>,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
     /// Tokens that end a generation: EOS, EOT and EOM as declared, plus the end-of-turn tokens
@@ -95,6 +100,11 @@ impl Tokenizer {
             .collect();
         inner.add_special_tokens(&specials);
         let special = specials.iter().filter(|t| t.special).filter_map(|t| inner.token_to_id(&t.content)).collect();
+        let user_defined = specials
+            .iter()
+            .filter(|t| !t.special && !t.content.trim().is_empty())
+            .filter_map(|t| Some((inner.token_to_id(&t.content)?, t.content.clone())))
+            .collect();
 
         let id = |key: &str| token_id(gguf, key, tokens.len());
         let bos_id = id("tokenizer.ggml.bos_token_id")?;
@@ -112,6 +122,8 @@ impl Tokenizer {
             inner,
             plain: std::sync::OnceLock::new(),
             special,
+            user_defined,
+            markup: Vec::new(),
             bos_id,
             eos_id,
             stop_ids,
@@ -166,8 +178,19 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
-    /// The byte ranges of `text` that `encode` makes special (control) tokens: spellings such as
-    /// `<|im_start|>` written in it.
+    /// Counts among the tokens a message's text may not produce the user-defined tokens that
+    /// `template` (a chat template's source) spells: Gemma's `<start_of_turn>` is user-defined
+    /// in many conversions, not a control token, yet it opens a turn. (Before any encoding.)
+    pub fn guard_markup(&mut self, template: &str) {
+        for (id, text) in &self.user_defined {
+            if template.contains(text.as_str()) && self.special.insert(*id) {
+                self.markup.push(text.clone());
+            }
+        }
+    }
+
+    /// The byte ranges of `text` that `encode` makes special (control) tokens or a chat
+    /// template's markup (`guard_markup`): spellings such as `<|im_start|>` written in it.
     pub fn special_spans(&self, text: &str) -> Result<Vec<std::ops::Range<usize>>> {
         let enc = self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(enc
@@ -187,6 +210,10 @@ impl Tokenizer {
         }
         let as_text = self.plain.get_or_init(|| {
             let mut t = self.inner.clone();
+            // The markup tokens count as special here, so that they are taken as text too.
+            let markup: Vec<AddedToken> =
+                self.markup.iter().map(|m| AddedToken::from(m.clone(), true).normalized(false)).collect();
+            t.add_special_tokens(&markup);
             t.set_encode_special_tokens(true);
             t
         });

@@ -322,8 +322,8 @@ impl GpuModel {
         let per_row = kernels::decode_partials_len(&c, blocks * KV_BLOCK).max(c.vocab_size) as u64 * 4;
         let max_batch = gpu.max_batch.min((gpu.max_binding() / per_row.max(1)) as usize).max(1);
         // Sequences the pool holds at once: a full batch, as many again for beam search's forks
-        // (made before the beams they replace are freed), and `main`.
-        let max_seqs = 2 * max_batch + 1;
+        // (made before the beams they replace are freed), a beam search's prompt, and `main`.
+        let max_seqs = 2 * max_batch + 2;
         let layout = BatchLayout { max_blocks: blocks, max_seqs };
         let buf = Self::buffers(&gpu, &plan, blocks * KV_BLOCK, pool_tokens, layout, max_batch)?;
         let mut pool = KvPool::new(pool_tokens, KV_BLOCK, max_seqs);

@@ -164,7 +164,7 @@ pub fn main(args: ServeArgs) -> Result<(), Error> {
             .with_state(state.clone());
         eprintln!("serving on http://{local} (OpenAI-compatible: POST /v1/chat/completions, /v1/completions)");
         let limits = Limits {
-            max_connections: args.max_connections.unwrap_or_else(default_max_connections),
+            max_connections: args.max_connections.unwrap_or_else(default_max_connections).min(1 << 20),
             header_timeout: Duration::from_secs(args.header_timeout as u64),
             send_buffer,
         };
@@ -371,6 +371,30 @@ struct Job {
 
 struct Accepted {
     prompt_tokens: usize,
+}
+
+/// Places taken at the door (`AppState::inflight`), given back when dropped unless `keep`
+/// hands them to the engine thread.
+struct Places<'a> {
+    inflight: &'a AtomicUsize,
+    n: usize,
+}
+
+impl<'a> Places<'a> {
+    fn take(inflight: &'a AtomicUsize, n: usize) -> Self {
+        inflight.fetch_add(n, Ordering::Relaxed);
+        Self { inflight, n }
+    }
+
+    fn keep(mut self) {
+        self.n = 0;
+    }
+}
+
+impl Drop for Places<'_> {
+    fn drop(&mut self) {
+        self.inflight.fetch_sub(self.n, Ordering::Relaxed);
+    }
 }
 
 /// What a request's channel carries.
@@ -793,6 +817,12 @@ impl ApiError {
             | Error::ChatTemplate(_)
             | Error::NoChatTemplate
             | Error::Tokenizer(_) => Self::invalid(param, message),
+            // More than the whole pool: never, not later.
+            Error::KvPoolFull { needed_tokens, capacity_tokens, .. } if needed_tokens > capacity_tokens => Self {
+                param: Some(param.into()),
+                code: Some("context_length_exceeded".into()),
+                ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+            },
             Error::KvPoolFull { .. } | Error::TooManySequences { .. } => Self {
                 code: Some("rate_limit_exceeded".into()),
                 retry_after: Some(1),
@@ -893,10 +923,11 @@ async fn run(state: &Shared, request: Request) -> Result<Response, ApiError> {
         return Err(ApiError::invalid(param, message).with_code("context_length_exceeded"));
     }
     // Admission at the door: a place for each stream, or 429 now (nothing queued, nothing held).
-    let places = if request.beams.is_some() { 1 } else { request.n };
-    let give_back = || state.inflight.fetch_sub(places, Ordering::Relaxed);
-    if state.inflight.fetch_add(places, Ordering::Relaxed) + places > state.capacity {
-        give_back();
+    // The places go back when this handler ends before the engine thread took the request
+    // (an error, or the client gone while its prompt was tokenized: the future is dropped).
+    let places = Places::take(&state.inflight, if request.beams.is_some() { 1 } else { request.n });
+    if state.inflight.load(Ordering::Relaxed) > state.capacity {
+        drop(places);
         let running = state.metrics.running.load(Ordering::Relaxed);
         return Err(ApiError::busy(state.metrics.queue_depth.load(Ordering::Relaxed), running));
     }
@@ -905,14 +936,8 @@ async fn run(state: &Shared, request: Request) -> Result<Response, ApiError> {
     let prompt = request.prompt.clone();
     let tokens = match tokio::task::spawn_blocking(move || encoder.tokens(&prompt)).await {
         Ok(Ok(tokens)) => tokens,
-        Ok(Err(e)) => {
-            give_back();
-            return Err(ApiError::from_engine(&e, param));
-        }
-        Err(_) => {
-            give_back();
-            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "tokenizing failed"));
-        }
+        Ok(Err(e)) => return Err(ApiError::from_engine(&e, param)),
+        Err(_) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "tokenizing failed")),
     };
     // The channel's bound is what a slow reader can leave unread before its stream waits.
     let (tx, rx) = mpsc::channel(state.stream_buffer);
@@ -927,12 +952,13 @@ async fn run(state: &Shared, request: Request) -> Result<Response, ApiError> {
         received: Instant::now(),
     };
     if let Err(e) = state.commands.try_send(Command::Submit(Box::new(job), reply)) {
-        give_back();
         return Err(match e {
             mpsc::error::TrySendError::Full(_) => ApiError::busy(state.capacity, 0),
             mpsc::error::TrySendError::Closed(_) => ApiError::shutting_down(),
         });
     }
+    // The engine thread has the request: it gives the places back when its streams end.
+    places.keep();
     let accepted = accepted.await.map_err(|_| ApiError::shutting_down())??;
     let number = state.next_id.fetch_add(1, Ordering::Relaxed);
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
