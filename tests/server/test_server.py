@@ -667,6 +667,36 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(after, before + 1)
 
 
+class PoolTest(unittest.TestCase):
+    def test_a_request_that_could_fill_the_pool_does_not_hold_up_the_next(self):
+        """max_tokens is a bound, not a reservation (the reliability probe's #13): beside a
+        stream that may grow to the whole 2048-token pool, a short request is served at once,
+        while the long one still runs."""
+        server = Server("--context-length", "2048")
+        try:
+            long = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True,
+                    "temperature": 0}
+            held = socket.create_connection(("127.0.0.1", server.port))
+            data = json.dumps(long).encode()
+            held.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+            deadline = time.time() + 60
+            while server.metrics()["webgpu_llm_running_requests"] != 1:
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.01)
+            start = time.time()
+            status, _, body = post(server.url + "/v1/completions",
+                                   {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
+            self.assertEqual(status, 200, body)
+            self.assertEqual(body["usage"]["completion_tokens"], 8)
+            self.assertEqual(server.metrics()["webgpu_llm_running_requests"], 1, "the long stream still runs")
+            print(f"\n  a short request beside one that may fill the pool: {(time.time() - start) * 1e3:.0f} ms",
+                  file=sys.stderr)
+            held.close()
+        finally:
+            server.stop()
+
+
 class BigPromptTest(unittest.TestCase):
     def test_refused_big_prompts_do_not_stall_a_running_stream(self):
         """Twenty 900 KB prompts, too long for the context, are refused by their length in the
