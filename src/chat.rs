@@ -211,7 +211,7 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         special_spans: &dyn Fn(&str) -> Result<Vec<std::ops::Range<usize>>>,
     ) -> Result<(String, Vec<std::ops::Range<usize>>)> {
-        if let Some(m) = messages.iter().find(|m| !self.roles.iter().any(|r| *r == m.role)) {
+        if let Some(m) = messages.iter().find(|m| !self.roles.contains(&m.role)) {
             return Err(Error::InvalidOption {
                 name: "role",
                 value: m.role.chars().take(64).collect(),
