@@ -2,7 +2,8 @@
 // queries of one head and walks the causal key range in blocks of BK, keeping a running max and
 // sum per query (online softmax); invocation d owns output dimension d of the BQ queries.
 // With WINDOW > 0 a query at p sees keys p - WINDOW + 1 .. p (a sliding-window layer).
-// The pass's tokens are consecutive positions of one sequence (row 0's position and block table).
+// The dispatch's tokens are rows params.first.. of the pass, consecutive positions of one sequence
+// (the first row's position and block table): a prefill pass's rows, or a chunk of a round's.
 // Bindings: 0 params, 1 qkv (rows of Q_DIM + 2 KV_DIM), 2 k_cache, 3 v_cache, 4 out (rows of Q_DIM),
 // 5 batch. Dispatch: (ceil(n_tokens / BQ), N_HEADS, 1). HD, BQ, BK, `kv_t` and the cache's and
 // batch's accessors come from the host.
@@ -37,15 +38,16 @@ var<workgroup> row_scale: array<f32, BQ>;
 @compute @workgroup_size(HD)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d: u32) {
     let n = params.n_tokens;
-    let start = row_pos(0u);
-    let table = row_table(0u);
+    let row0 = params.first;
+    let start = row_pos(row0);
+    let table = row_table(row0);
     let q0 = wg.x * BQ;
     let h = wg.y;
     let kv = (h / GROUP) * HD;
     let row = Q_DIM + 2u * KV_DIM;
     for (var r = 0u; r < BQ; r++) {
         let t = q0 + r;
-        qt[r * HD + d] = select(0.0, qkv[t * row + h * HD + d] * SCALE, t < n);
+        qt[r * HD + d] = select(0.0, qkv[(row0 + min(t, n - 1u)) * row + h * HD + d] * SCALE, t < n);
     }
     if (d < BQ) { row_max[d] = -1.0e30; row_sum[d] = 0.0; }
     var o: array<f32, BQ>;
@@ -100,6 +102,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
     }
     for (var r = 0u; r < BQ; r++) {
         let t = q0 + r;
-        if (t < n) { out[t * Q_DIM + h * HD + d] = o[r] / row_sum[r]; }
+        if (t < n) { out[(row0 + t) * Q_DIM + h * HD + d] = o[r] / row_sum[r]; }
     }
 }

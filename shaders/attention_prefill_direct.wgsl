@@ -24,8 +24,9 @@ override WINDOW: u32 = 0u;
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let n = params.n_tokens;
-    let start = row_pos(0u);
-    let table = row_table(0u);
+    let row0 = params.first;
+    let start = row_pos(row0);
+    let table = row_table(row0);
     let t = wg.x * 64u + li;
     // Lanes past the last query repeat it, in step with the others, and store nothing.
     let tq = min(t, n - 1u);
@@ -36,7 +37,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     // is rescaled once per 4 keys.
     var q: array<vec4<f32>, HD / 4u>;
     var o: array<vec4<f32>, HD / 4u>;
-    let qrow = tq * (Q_DIM + 2u * KV_DIM) + h * HD;
+    let qrow = (row0 + tq) * (Q_DIM + 2u * KV_DIM) + h * HD;
     for (var d = 0u; d < HD / 4u; d++) {
         let i = qrow + 4u * d;
         q[d] = vec4<f32>(qkv[i], qkv[i + 1u], qkv[i + 2u], qkv[i + 3u]) * SCALE;
@@ -82,7 +83,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     if (t < n) {
         for (var d = 0u; d < HD / 4u; d++) {
-            let i = t * Q_DIM + h * HD + 4u * d;
+            let i = (row0 + t) * Q_DIM + h * HD + 4u * d;
             out[i] = o[d].x / sum;
             out[i + 1u] = o[d].y / sum;
             out[i + 2u] = o[d].z / sum;

@@ -740,14 +740,16 @@ impl Batcher {
         // after it only when nothing else would run this round).
         self.chunks.clear();
         let mut budget = self.prefill_budget;
+        // A round is one pass of at most MAX_ROWS rows: its decode rows and its chunks' tokens.
+        let mut room = crate::gpu::kernels::MAX_ROWS.saturating_sub(self.rows.len());
         let mut i = 0;
-        while i < self.requests.len() && budget > 0 && self.chunks.len() + 1 < ROUND_PASSES {
+        while i < self.requests.len() && budget > 0 && room > 0 && self.chunks.len() + 1 < ROUND_PASSES {
             i += 1;
             let (computed, len) = (self.requests[i - 1].computed, self.requests[i - 1].seq.tokens.len());
             if computed == len || self.requests[i - 1].seq.failed.is_some() {
                 continue;
             }
-            let n = budget.min(PREFILL_CHUNK).min(len - computed);
+            let n = budget.min(PREFILL_CHUNK).min(len - computed).min(room);
             // Blocks are taken when the round runs: this chunk's come after those already
             // counted for it.
             let needed = committed + self.blocks_to_grow(engine, i - 1, computed + n);
@@ -765,6 +767,7 @@ impl Batcher {
                 r.seq.start = Instant::now();
             }
             budget -= n;
+            room -= n;
             // A prompt's last token is a decode row: its logits choose the first token. (A
             // preempted request's tokens are recomputed: its next token is already chosen.)
             let first = computed + n == len && r.seq.next.is_none();

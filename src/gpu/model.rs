@@ -8,8 +8,8 @@
 //! drive by hand.
 
 use super::kernels::{
-    self, BatchLayout, Dispatch, Epilogue, GemvBatch, Ledger, NormOut, Params, QkvExtras, RopeKvFold, KV_BLOCK,
-    MAX_ROWS,
+    self, BatchLayout, Dispatch, Epilogue, GemvBatch, Ledger, NormOut, Params, QkvExtras, RopeKvFold, Segment,
+    KV_BLOCK, MAX_ROWS,
 };
 use super::shader::PipelineCache;
 use super::weights::{Linear, Rows};
@@ -69,6 +69,14 @@ enum Pass<'a> {
     /// projections and the LM head (each weight read once per 64 rows), decode attention (each
     /// row its own sequence's blocks).
     WideDecode,
+    /// A batcher round as one pass: its decode rows, then its prompt chunks' tokens. Every
+    /// projection, norm and cache write takes all the rows (each weight read once for all, by
+    /// tiled matrix products when `tiled`, else matrix-vector products); attention is decode
+    /// attention for the decode rows and flash attention for each chunk (`Segment`); the final
+    /// norm, LM head and argmax take the decode rows alone.
+    Round {
+        tiled: bool,
+    },
 }
 
 struct LayerWeights {
@@ -89,6 +97,10 @@ struct LayerWeights {
 
 struct Buffers {
     params: wgpu::Buffer,
+    /// A round pass's params for its decode rows (their logits), and for each of its prompt
+    /// chunks (their attention: `Params::first` their first row).
+    params_decode: wgpu::Buffer,
+    params_chunks: Vec<wgpu::Buffer>,
     /// The rows' positions and block tables (`kernels::BatchLayout`).
     batch: wgpu::Buffer,
     /// Row 0's words for the conversation's sequence (the pool's first, slot 0) at every
@@ -174,6 +186,10 @@ pub struct GpuModel {
     decode_batch: Option<Vec<Dispatch>>,
     /// A decode step of more than WIDE_ROWS rows (`Pass::WideDecode`); made on first use.
     decode_wide: Option<Vec<Dispatch>>,
+    /// A round with prompt chunks (`Pass::Round`), up to WIDE_ROWS rows and past them; made on
+    /// first use.
+    round_narrow: Option<Vec<Dispatch>>,
+    round_wide: Option<Vec<Dispatch>>,
     /// Self-speculation's draft step (its layer count and dispatches); made on first use.
     draft: Option<(usize, Vec<Dispatch>)>,
     prefill: Vec<Dispatch>,
@@ -348,6 +364,8 @@ impl GpuModel {
             decode: Vec::new(),
             decode_batch: None,
             decode_wide: None,
+            round_narrow: None,
+            round_wide: None,
             draft: None,
             prefill: Vec::new(),
             select: None,
@@ -408,6 +426,10 @@ impl GpuModel {
         let batch = max_batch as u64;
         Ok(Buffers {
             params: gpu.uniform("params", std::mem::size_of::<Params>() as u64),
+            params_decode: gpu.uniform("params_decode", std::mem::size_of::<Params>() as u64),
+            params_chunks: (0..ROUND_PASSES)
+                .map(|_| gpu.uniform("params_chunk", std::mem::size_of::<Params>() as u64))
+                .collect(),
             batch: gpu.storage("batch", layout.words() as u64 * 4)?,
             main_rows: {
                 let words: Vec<u32> = (0..context).flat_map(|p| [p as u32, layout.table(0) as u32]).collect();
@@ -447,12 +469,14 @@ impl GpuModel {
     fn record(&mut self, pass: Pass<'_>) -> Vec<Dispatch> {
         let (mb, layers) = match pass {
             Pass::Decode { mb, layers } => (mb, layers),
+            Pass::Round { tiled: false } => (BATCH_MB, self.layers.len()),
             _ => (1, self.layers.len()),
         };
         // Attention over a prompt chunk (and its last row's logits), or each row's own.
         let prefill = matches!(pass, Pass::Prefill | Pass::AllLogits(_));
+        let round = matches!(pass, Pass::Round { .. });
         // Tiled matrix products for every projection, or matrix-vector products.
-        let tiled = !matches!(pass, Pass::Decode { .. });
+        let tiled = !matches!(pass, Pass::Decode { .. } | Pass::Round { tiled: false });
         let max_rows = self.max_batch;
         let (gpu, c, plan, b, p) = (&self.gpu, &self.config, &self.plan, &self.buf, &mut self.pipelines);
         let (params, eps, act) = (&b.params, c.rms_eps, plan.activation);
@@ -509,6 +533,25 @@ impl GpuModel {
             }
             if prefill {
                 ops.push(kernels::attention_prefill(gpu, p, params, c, kind, &b.qkv, kc, vc, &b.attn, &b.batch));
+            } else if round {
+                let decode = kernels::attention_decode(
+                    gpu,
+                    p,
+                    c,
+                    kind,
+                    self.context,
+                    &b.qkv,
+                    kc,
+                    vc,
+                    &b.partials,
+                    &b.attn,
+                    &b.batch,
+                );
+                ops.extend(decode.into_iter().map(|op| op.on(Segment::Decode)));
+                for (k, chunk) in b.params_chunks.iter().enumerate().take(ROUND_PASSES - 1) {
+                    let op = kernels::attention_prefill(gpu, p, chunk, c, kind, &b.qkv, kc, vc, &b.attn, &b.batch);
+                    ops.push(op.on(Segment::Chunk(k as u8)));
+                }
             } else {
                 ops.extend(kernels::attention_decode(
                     gpu,
@@ -551,6 +594,23 @@ impl GpuModel {
             return ops;
         }
         let vocab = c.vocab_size;
+        if round {
+            // The decode rows alone (the first ones): their norm, logits and argmax.
+            let pd = &b.params_decode;
+            let on = |ops: Vec<Dispatch>| ops.into_iter().map(|op| op.on(Segment::Decode));
+            ops.push(
+                kernels::rms_norm(gpu, p, pd, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn)
+                    .on(Segment::Decode),
+            );
+            if tiled {
+                ops.extend(on(kernels::gemm(gpu, p, pd, head, Epilogue::Store, &b.xn, &b.logits, vocab)));
+            } else {
+                let gd = GemvBatch { params: pd, mb };
+                ops.extend(on(kernels::gemv(gpu, p, gd, head, act, Epilogue::Store, None, &b.xn, &b.logits, vocab)));
+            }
+            ops.push(kernels::argmax(gpu, p, pd, vocab, &b.logits, &b.argmax, max_rows).on(Segment::Decode));
+            return ops;
+        }
         if matches!(pass, Pass::WideDecode) {
             ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn));
             ops.extend(kernels::gemm(gpu, p, params, head, Epilogue::Store, &b.xn, &b.logits, vocab));

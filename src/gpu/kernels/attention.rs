@@ -74,7 +74,11 @@ pub fn attention_decode(
         label: "attention_decode",
         pipeline,
         bind_group,
-        groups: Groups { fixed: [chunks as u32, c.n_kv_heads as u32, 1], tokens: Some((2, 1)) },
+        groups: Groups {
+            fixed: [chunks as u32, c.n_kv_heads as u32, 1],
+            tokens: Some((2, 1)),
+            segment: Default::default(),
+        },
         // q, every key and value attended, the chunk records written.
         traffic: Traffic {
             activations: q_bytes,

@@ -23,7 +23,7 @@ pub use top_k::{top_k, MAX_TOP_K, NUCLEUS_K, TOP_K_WORDS};
 use crate::gpu::{Gpu, KernelStyle};
 
 /// `Params` in WGSL, field for field: `shader::assemble` prepends it to every kernel.
-pub const PARAMS_WGSL: &str = "struct Params { n_tokens: u32, rows: u32, pad0: u32, pad1: u32 }\n";
+pub const PARAMS_WGSL: &str = "struct Params { n_tokens: u32, rows: u32, first: u32, pad1: u32 }\n";
 
 /// The uniform every per-token kernel reads, written when a pass's shape changes (declared for
 /// the kernels by PARAMS_WGSL). Where each token is — its position and its sequence's block
@@ -36,13 +36,14 @@ pub struct Params {
     /// Rows the matrix-vector products take: a decode step's batch, or 1 (the last prefill
     /// token's normalized row, for its logits).
     pub rows: u32,
-    pub pad0: u32,
+    /// The first row of the pass a dispatch takes (a chunk of a round's pass: its attention).
+    pub first: u32,
     pub pad1: u32,
 }
 
 impl Params {
     pub fn new(n_tokens: usize, rows: usize) -> Self {
-        Self { n_tokens: n_tokens as u32, rows: rows as u32, pad0: 0, pad1: 0 }
+        Self { n_tokens: n_tokens as u32, rows: rows as u32, first: 0, pad1: 0 }
     }
 }
 
@@ -91,20 +92,55 @@ impl BatchLayout {
     }
 }
 
-/// Workgroup counts; `tokens` scales one axis with the pass's token count.
+/// Which of a pass's rows a dispatch works on, in a round's pass (`GpuModel::submit_round`):
+/// all of them, its decode rows (the first ones: their attention, logits and argmax), or one of
+/// its prompt chunks (that chunk's attention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Segment {
+    #[default]
+    All,
+    Decode,
+    Chunk(u8),
+}
+
+/// A round pass's row counts, per `Segment`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SegmentRows {
+    pub all: u32,
+    pub decode: u32,
+    pub chunks: [u32; 8],
+}
+
+impl SegmentRows {
+    /// Every dispatch works on all `n` rows (any pass but a round's).
+    pub fn all(n: u32) -> Self {
+        Self { all: n, decode: n, chunks: [0; 8] }
+    }
+
+    pub fn of(&self, segment: Segment) -> u32 {
+        match segment {
+            Segment::All => self.all,
+            Segment::Decode => self.decode,
+            Segment::Chunk(k) => self.chunks[k as usize],
+        }
+    }
+}
+
+/// Workgroup counts; `tokens` scales one axis with the token count of the dispatch's segment.
 #[derive(Debug, Clone, Copy)]
 pub struct Groups {
     pub fixed: [u32; 3],
     /// (axis, tokens per workgroup): that axis gets ceil(n_tokens / per).
     pub tokens: Option<(usize, u32)>,
+    pub segment: Segment,
 }
 
 impl Groups {
     pub fn fixed(x: u32, y: u32) -> Self {
-        Self { fixed: [x, y, 1], tokens: None }
+        Self { fixed: [x, y, 1], tokens: None, segment: Segment::All }
     }
     pub fn per_token(x: u32, axis: usize, per: u32) -> Self {
-        Self { fixed: [x, 1, 1], tokens: Some((axis, per)) }
+        Self { fixed: [x, 1, 1], tokens: Some((axis, per)), segment: Segment::All }
     }
     /// `n` workgroups laid out in 2D when one axis cannot hold them.
     pub fn spread(n: u32, max_per_dim: u32) -> Self {
@@ -192,9 +228,24 @@ impl std::iter::Sum for Ledger {
 
 impl Dispatch {
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
-        let [x, y, z] = self.groups.resolve(n_tokens);
+        self.encode_rows(pass, &SegmentRows::all(n_tokens));
+    }
+
+    /// Encodes it for its segment's rows; nothing when its segment has none.
+    pub fn encode_rows(&self, pass: &mut wgpu::ComputePass<'_>, rows: &SegmentRows) {
+        let n = rows.of(self.groups.segment);
+        if n == 0 {
+            return;
+        }
+        let [x, y, z] = self.groups.resolve(n);
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
         pass.dispatch_workgroups(x, y, z);
+    }
+
+    /// The same dispatch on `segment`'s rows.
+    pub fn on(mut self, segment: Segment) -> Self {
+        self.groups.segment = segment;
+        self
     }
 }

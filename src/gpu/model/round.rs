@@ -227,6 +227,9 @@ impl GpuModel {
             });
         }
         self.gpu.check()?;
+        if !prefills.is_empty() {
+            return self.submit_round_pass(prefills, rows, want);
+        }
         let host = HostClock::now();
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("round") });
         for (k, &(seq, tokens, start)) in prefills.iter().enumerate() {
@@ -266,11 +269,8 @@ impl GpuModel {
             if chained {
                 enc.copy_buffer_to_buffer(&b.chain, 0, &b.tokens, 0, 4 * n as u64);
             }
-            if n > 1 && n <= kernels::WIDE_ROWS && self.decode_batch.is_none() {
-                self.decode_batch = Some(self.record(Pass::Decode { mb: BATCH_MB, layers: self.layers.len() }));
-            }
-            if n > kernels::WIDE_ROWS && self.decode_wide.is_none() {
-                self.decode_wide = Some(self.record(Pass::WideDecode));
+            if n > 1 {
+                self.record_batched();
             }
             let ops = match n {
                 1 => &self.decode,
@@ -289,6 +289,104 @@ impl GpuModel {
         let submission = self.gpu.submit(enc);
         self.count_host_time(host);
         Ok(RoundFlight { submission, slot, n })
+    }
+
+    /// The batched passes (a decode step of up to WIDE_ROWS rows and past them, a round with
+    /// prompt chunks of either width), all recorded at the first that is needed: no pipeline
+    /// or bind group is made by a later round.
+    fn record_batched(&mut self) {
+        if self.decode_batch.is_some() {
+            return;
+        }
+        self.decode_batch = Some(self.record(Pass::Decode { mb: BATCH_MB, layers: self.layers.len() }));
+        self.decode_wide = Some(self.record(Pass::WideDecode));
+        self.round_narrow = Some(self.record(Pass::Round { tiled: false }));
+        self.round_wide = Some(self.record(Pass::Round { tiled: true }));
+    }
+
+    /// `submit_round` with prompt chunks: the whole round as ONE pass (`Pass::Round`): its
+    /// decode rows first, then each chunk's tokens, every weight read once for all of them;
+    /// attention per segment (decode attention for the decode rows, flash attention for each
+    /// chunk, whose keys this pass's cache writes have put in place), logits for the decode rows.
+    fn submit_round_pass(
+        &mut self,
+        prefills: &[(SeqId, &[u32], usize)],
+        rows: &[(SeqId, u32, usize)],
+        want: &[RowReadback],
+    ) -> Result<RoundFlight> {
+        let d = rows.len();
+        let chunk_rows: usize = prefills.iter().map(|p| p.1.len()).sum();
+        let n = d + chunk_rows;
+        if n > MAX_ROWS {
+            return Err(Error::InvalidOption {
+                name: "round",
+                value: format!("{d} decode rows and {chunk_rows} prompt tokens"),
+                expected: format!("at most {MAX_ROWS} rows a round"),
+            });
+        }
+        for &(_, tokens, start) in prefills {
+            if tokens.is_empty() || start + tokens.len() > self.context {
+                return Err(Error::ContextOverflow {
+                    prompt_tokens: start + tokens.len(),
+                    max_tokens: 0,
+                    context_length: self.context,
+                });
+            }
+        }
+        let host = HostClock::now();
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("round") });
+        let positions = rows.iter().map(|r| (r.0, r.2)).chain(
+            prefills.iter().flat_map(|&(seq, tokens, start)| (start..start + tokens.len()).map(move |p| (seq, p))),
+        );
+        self.reserve(&mut enc, positions)?;
+        self.row_words.clear();
+        self.round_tokens.clear();
+        for &(seq, token, pos) in rows {
+            self.row_words.extend([pos as u32, self.layout.table(seq.0) as u32]);
+            self.round_tokens.push(token);
+        }
+        let mut segments = kernels::SegmentRows { all: n as u32, decode: d as u32, chunks: [0; 8] };
+        let mut first = d;
+        for (k, &(seq, tokens, start)) in prefills.iter().enumerate() {
+            let table = self.layout.table(seq.0) as u32;
+            self.row_words.extend((start..start + tokens.len()).flat_map(|p| [p as u32, table]));
+            self.round_tokens.extend_from_slice(tokens);
+            let chunk = Params { n_tokens: tokens.len() as u32, rows: 1, first: first as u32, pad1: 0 };
+            self.gpu.queue.write_buffer(&self.buf.params_chunks[k], 0, bytemuck::bytes_of(&chunk));
+            segments.chunks[k] = tokens.len() as u32;
+            first += tokens.len();
+        }
+        let decode = Params::new(d, d);
+        self.gpu.queue.write_buffer(&self.buf.params_decode, 0, bytemuck::bytes_of(&decode));
+        let tokens = std::mem::take(&mut self.round_tokens);
+        self.upload_pass(&mut enc, 0, &tokens, Params::new(n, n));
+        self.round_tokens = tokens;
+        let tiled = n > kernels::WIDE_ROWS;
+        self.record_batched();
+        let ops = if tiled { &self.round_wide } else { &self.round_narrow }.as_ref().expect("recorded above");
+        {
+            let mut pass =
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("round"), timestamp_writes: None });
+            for op in ops {
+                op.encode_rows(&mut pass, &segments);
+            }
+        }
+        let slot = (d > 0 && want.iter().all(|w| *w == RowReadback::Argmax)).then(|| {
+            let slot = self.next_slot;
+            self.next_slot = 1 - slot;
+            slot
+        });
+        if d > 0 {
+            let b = &self.buf;
+            enc.copy_buffer_to_buffer(&b.argmax, 0, &b.chain, 0, 4 * d as u64);
+            match slot {
+                Some(slot) => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4 * d as u64),
+                None => self.encode_rows(&mut enc, want)?,
+            }
+        }
+        let submission = self.gpu.submit(enc);
+        self.count_host_time(host);
+        Ok(RoundFlight { submission, slot, n: d })
     }
 
     /// What a round submitted by `submit_round` reads back, waiting for it.
