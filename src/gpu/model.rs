@@ -47,12 +47,9 @@ pub const PREFILL_CHUNK: usize = kernels::MAX_ROWS;
 /// Batch rows per pass over the weights in a batched decode step (gemv.wgsl's MB).
 const BATCH_MB: u32 = 8;
 
-/// Passes one round (`GpuModel::submit_round`) holds at most: prefill chunks and the decode step.
+/// Segments one round's pass (`GpuModel::submit_round`) holds at most: its decode rows and up to
+/// ROUND_PASSES - 1 prompt chunks (each chunk's attention is a dispatch of its own).
 pub const ROUND_PASSES: usize = 8;
-
-/// Words of a pass's region of the uploads buffer: its tokens, its rows' (position, table)
-/// words, its params.
-const UPLOAD_WORDS: usize = 3 * MAX_ROWS + 4;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Pass<'a> {
@@ -131,9 +128,6 @@ struct Buffers {
     /// Two, used in turn: pipelined greedy steps read one while the next step fills the other.
     staging_argmax: [wgpu::Buffer; 2],
     staging_logits: wgpu::Buffer,
-    /// `submit_round`'s passes' inputs, a region each (`UPLOAD_WORDS`), copied into place between
-    /// the passes.
-    uploads: wgpu::Buffer,
     /// Top-k selection, per batch row: (k, temperature bits), the selection's words
     /// (`kernels::TOP_K_WORDS` a row), and their staging (the rows' argmax words first, then
     /// what each selecting row reads, one after another).
@@ -457,7 +451,6 @@ impl GpuModel {
             v_cache: (0..c.n_layers).map(|_| gpu.storage("v_cache", kv_bytes)).collect::<Result<_>>()?,
             staging_argmax: [gpu.readback("staging_argmax", batch * 4), gpu.readback("staging_argmax", batch * 4)],
             staging_logits: gpu.readback("staging_logits", batch * c.vocab_size as u64 * f),
-            uploads: gpu.storage("uploads", (ROUND_PASSES * UPLOAD_WORDS * 4) as u64)?,
             top_k_want: gpu.storage("top_k_want", batch * 8)?,
             top_k_out: gpu.storage("top_k_out", batch * kernels::TOP_K_WORDS as u64 * 4)?,
             staging_top_k: gpu.readback("staging_top_k", batch * (1 + kernels::TOP_K_WORDS) as u64 * 4),
@@ -533,7 +526,9 @@ impl GpuModel {
             }
             if prefill {
                 ops.push(kernels::attention_prefill(gpu, p, params, c, kind, &b.qkv, kc, vc, &b.attn, &b.batch));
-            } else if round {
+            } else {
+                // Each decode row its own sequence's keys (a round's decode rows; every row of a
+                // decode step, where the decode segment is all of them).
                 let decode = kernels::attention_decode(
                     gpu,
                     p,
@@ -548,24 +543,11 @@ impl GpuModel {
                     &b.batch,
                 );
                 ops.extend(decode.into_iter().map(|op| op.on(Segment::Decode)));
-                for (k, chunk) in b.params_chunks.iter().enumerate().take(ROUND_PASSES - 1) {
+                // A round's prompt chunks: flash attention over each chunk's own rows.
+                for (k, chunk) in b.params_chunks.iter().enumerate().take(if round { ROUND_PASSES - 1 } else { 0 }) {
                     let op = kernels::attention_prefill(gpu, p, chunk, c, kind, &b.qkv, kc, vc, &b.attn, &b.batch);
                     ops.push(op.on(Segment::Chunk(k as u8)));
                 }
-            } else {
-                ops.extend(kernels::attention_decode(
-                    gpu,
-                    p,
-                    c,
-                    kind,
-                    self.context,
-                    &b.qkv,
-                    kc,
-                    vc,
-                    &b.partials,
-                    &b.attn,
-                    &b.batch,
-                ));
             }
             residual(&mut ops, p, &l.wo, &b.attn, &l.post_attn_norm);
 

@@ -219,6 +219,21 @@ def post(url, body, headers=None):
         return e.code, dict(e.headers), json.loads(e.read())
 
 
+def start_long_stream(server):
+    """A 2000-token greedy stream on a raw socket (never read: it runs until closed), once the
+    server says it is running."""
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True,
+                       "temperature": 0}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    deadline = time.time() + 60
+    while server.metrics()["webgpu_llm_running_requests"] != 1:
+        assert time.time() < deadline, "the long stream never started"
+        time.sleep(0.01)
+    return sock
+
+
 def request_for(name, max_tokens, **extra):
     kind, text = CASES[name]
     if kind == "chat":
@@ -674,16 +689,7 @@ class PoolTest(unittest.TestCase):
         while the long one still runs."""
         server = Server("--context-length", "2048")
         try:
-            long = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True,
-                    "temperature": 0}
-            held = socket.create_connection(("127.0.0.1", server.port))
-            data = json.dumps(long).encode()
-            held.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-            deadline = time.time() + 60
-            while server.metrics()["webgpu_llm_running_requests"] != 1:
-                self.assertLess(time.time(), deadline)
-                time.sleep(0.01)
+            held = start_long_stream(server)
             start = time.time()
             status, _, body = post(server.url + "/v1/completions",
                                    {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
@@ -889,16 +895,7 @@ class CapacityTest(unittest.TestCase):
         door are given back (the next request is taken)."""
         server = Server("--max-batch", "1", "--max-queue", "1", "--queue-timeout", "1")
         try:
-            long = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True,
-                    "temperature": 0}
-            running = socket.create_connection(("127.0.0.1", server.port))
-            data = json.dumps(long).encode()
-            running.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                            + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-            deadline = time.time() + 60
-            while server.metrics()["webgpu_llm_running_requests"] != 1:
-                self.assertLess(time.time(), deadline)
-                time.sleep(0.01)
+            running = start_long_stream(server)
             start = time.time()
             status, headers, body = post(server.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
             waited = time.time() - start

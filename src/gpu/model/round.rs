@@ -179,34 +179,14 @@ impl GpuModel {
         Ok(())
     }
 
-    /// One pass of a round (`submit_round`), pass `k` of it: its tokens, its rows' (position,
-    /// table) words and its params go into the k-th region of the uploads buffer and are copied
-    /// into place in `enc` just before the pass, so that every pass of the round sees its own.
-    pub(super) fn upload_pass(&mut self, enc: &mut wgpu::CommandEncoder, k: usize, tokens: &[u32], params: Params) {
-        let b = &self.buf;
-        let region = (k * UPLOAD_WORDS * 4) as u64;
-        let (rows_at, params_at) = (region + 4 * MAX_ROWS as u64, region + 12 * MAX_ROWS as u64);
-        let queue = &self.gpu.queue;
-        queue.write_buffer(&b.uploads, region, bytemuck::cast_slice(tokens));
-        queue.write_buffer(&b.uploads, rows_at, bytemuck::cast_slice(&self.row_words));
-        queue.write_buffer(&b.uploads, params_at, bytemuck::bytes_of(&params));
-        enc.copy_buffer_to_buffer(&b.uploads, region, &b.tokens, 0, 4 * tokens.len() as u64);
-        enc.copy_buffer_to_buffer(&b.uploads, rows_at, &b.batch, 0, 4 * self.row_words.len() as u64);
-        enc.copy_buffer_to_buffer(&b.uploads, params_at, &b.params, 0, std::mem::size_of::<Params>() as u64);
-        // What the params buffer holds after the round is the last pass's: written anew by the
-        // next single pass.
-        self.params_now = Params::default();
-    }
-
-    /// A round of the batcher as one submission, not waited for (read it with `read_round`,
-    /// the same `want`): each of `prefills` (sequence, tokens, first position; at most
-    /// PREFILL_CHUNK tokens) as a prefill pass that reads nothing back, then the decode `rows`
-    /// as one pass whose rows read back what `want` says. Every pass's inputs are uploaded
-    /// into regions of their own and copied into place between the passes (`upload_pass`), so
-    /// the GPU runs them back to back and the host waits once. `chained`: the decode rows' tokens are the argmax of the same rows of the round
-    /// submitted before (kept on the GPU), not `rows[i].1`, so that greedy round n + 1 can be
-    /// submitted before round n's ids are read. A round whose rows all read their argmax alone
-    /// reads it from one of two staging slots, in turn, so that two can be in flight.
+    /// A round of the batcher as ONE forward pass and one submission, not waited for (read it
+    /// with `read_round`, the same `want`): the decode `rows`, then the tokens of `prefills`
+    /// (sequence, tokens, first position: prompt chunks, at most ROUND_PASSES - 1 of them and
+    /// MAX_ROWS rows in all), each decode row reading back what `want` says. `chained`: the
+    /// decode rows' tokens are the argmax of the same rows of the round submitted before (kept
+    /// on the GPU), not `rows[i].1`, so that greedy round n + 1 can be submitted before round
+    /// n's ids are read. A round whose rows all read their argmax alone reads it from one of
+    /// two staging slots, in turn, so that two can be in flight.
     pub fn submit_round(
         &mut self,
         prefills: &[(SeqId, &[u32], usize)],
@@ -214,81 +194,98 @@ impl GpuModel {
         want: &[RowReadback],
         chained: bool,
     ) -> Result<RoundFlight> {
-        let n = rows.len();
-        if n > self.max_batch || prefills.len() + 1 > ROUND_PASSES || want.len() != n {
+        let d = rows.len();
+        let chunk_rows: usize = prefills.iter().map(|p| p.1.len()).sum();
+        let n = d + chunk_rows;
+        if d > self.max_batch || n > MAX_ROWS || prefills.len() + 1 > ROUND_PASSES || want.len() != d {
             return Err(Error::InvalidOption {
                 name: "round",
-                value: format!("{} prefill passes and {n} decode rows", prefills.len()),
+                value: format!("{} prompt chunks ({chunk_rows} tokens) and {d} decode rows", prefills.len()),
                 expected: format!(
-                    "at most {} prefill passes and {} decode rows a round on this GPU, a readback a row",
+                    "at most {} prompt chunks, {} decode rows and {MAX_ROWS} rows in all a round on this GPU, a readback a row",
                     ROUND_PASSES - 1,
                     self.max_batch
                 ),
             });
         }
-        self.gpu.check()?;
-        if !prefills.is_empty() {
-            return self.submit_round_pass(prefills, rows, want);
-        }
-        let host = HostClock::now();
-        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("round") });
-        for (k, &(seq, tokens, start)) in prefills.iter().enumerate() {
-            let len = tokens.len();
-            if len == 0 || len > PREFILL_CHUNK || start + len > self.context {
+        for &(_, tokens, start) in prefills {
+            if tokens.is_empty() || start + tokens.len() > self.context {
                 return Err(Error::ContextOverflow {
-                    prompt_tokens: start + len,
+                    prompt_tokens: start + tokens.len(),
                     max_tokens: 0,
                     context_length: self.context,
                 });
             }
-            self.reserve(&mut enc, (start..start + len).map(|p| (seq, p)))?;
-            let table = self.layout.table(seq.0) as u32;
-            self.row_words.clear();
-            self.row_words.extend((start..start + len).flat_map(|p| [p as u32, table]));
-            self.upload_pass(&mut enc, k, tokens, Params::new(len, 1));
-            Self::encode_ops(&mut enc, if len == 1 { &self.decode } else { &self.prefill }, len);
         }
-        let argmax_only = n > 0 && want.iter().all(|w| *w == RowReadback::Argmax);
-        let slot = argmax_only.then(|| {
+        self.gpu.check()?;
+        let host = HostClock::now();
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("round") });
+        // The rows: the decode rows first (their logits are the pass's first rows), then each
+        // chunk's tokens; their positions reserved and uploaded, and their tokens.
+        let positions = rows.iter().map(|r| (r.0, r.2)).chain(
+            prefills.iter().flat_map(|&(seq, tokens, start)| (start..start + tokens.len()).map(move |p| (seq, p))),
+        );
+        if n > 0 {
+            self.prepare(&mut enc, positions, Params::new(n, n))?;
+        }
+        self.round_tokens.clear();
+        self.round_tokens.extend(rows.iter().map(|r| r.1));
+        let mut segments = kernels::SegmentRows { all: n as u32, decode: d as u32, chunks: [0; 8] };
+        let mut first = d;
+        for (k, &(_, tokens, _)) in prefills.iter().enumerate() {
+            self.round_tokens.extend_from_slice(tokens);
+            let chunk = Params { n_tokens: tokens.len() as u32, rows: 1, first: first as u32, pad1: 0 };
+            self.gpu.queue.write_buffer(&self.buf.params_chunks[k], 0, bytemuck::bytes_of(&chunk));
+            segments.chunks[k] = tokens.len() as u32;
+            first += tokens.len();
+        }
+        let b = &self.buf;
+        if n > 0 {
+            self.gpu.queue.write_buffer(&b.tokens, 0, bytemuck::cast_slice(&self.round_tokens));
+        }
+        if chained {
+            enc.copy_buffer_to_buffer(&b.chain, 0, &b.tokens, 0, 4 * d as u64);
+        }
+        if n > 1 {
+            self.record_batched();
+        }
+        if prefills.is_empty() {
+            // Decode rows alone: a decode step (one row, up to WIDE_ROWS, past them).
+            let ops = match d {
+                0 => &[][..],
+                1 => &self.decode[..],
+                d if d <= kernels::WIDE_ROWS => self.decode_batch.as_deref().expect("recorded above"),
+                _ => self.decode_wide.as_deref().expect("recorded above"),
+            };
+            Self::encode_ops(&mut enc, ops, d);
+        } else {
+            // With prompt chunks, `Pass::Round`: its logits for the decode rows alone.
+            let decode = Params::new(d, d);
+            self.gpu.queue.write_buffer(&self.buf.params_decode, 0, bytemuck::bytes_of(&decode));
+            let round = if n > kernels::WIDE_ROWS { &self.round_wide } else { &self.round_narrow };
+            let mut pass =
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("round"), timestamp_writes: None });
+            for op in round.as_ref().expect("recorded above") {
+                op.encode_rows(&mut pass, &segments);
+            }
+        }
+        let slot = (d > 0 && want.iter().all(|w| *w == RowReadback::Argmax)).then(|| {
             let slot = self.next_slot;
             self.next_slot = 1 - slot;
             slot
         });
-        if n > 0 {
-            self.reserve(&mut enc, rows.iter().map(|r| (r.0, r.2)))?;
-            self.row_words.clear();
-            for &(seq, _, pos) in rows {
-                self.row_words.extend([pos as u32, self.layout.table(seq.0) as u32]);
-            }
-            self.round_tokens.clear();
-            self.round_tokens.extend(rows.iter().map(|r| r.1));
-            let tokens = std::mem::take(&mut self.round_tokens);
-            self.upload_pass(&mut enc, prefills.len(), &tokens, Params::new(n, n));
-            self.round_tokens = tokens;
-            let b = &self.buf;
-            if chained {
-                enc.copy_buffer_to_buffer(&b.chain, 0, &b.tokens, 0, 4 * n as u64);
-            }
-            if n > 1 {
-                self.record_batched();
-            }
-            let ops = match n {
-                1 => &self.decode,
-                n if n <= kernels::WIDE_ROWS => self.decode_batch.as_ref().expect("recorded above"),
-                _ => self.decode_wide.as_ref().expect("recorded above"),
-            };
-            Self::encode_ops(&mut enc, ops, n);
+        if d > 0 {
             let b = &self.buf;
             // The next round's tokens when it is chained to this one.
-            enc.copy_buffer_to_buffer(&b.argmax, 0, &b.chain, 0, 4 * n as u64);
+            enc.copy_buffer_to_buffer(&b.argmax, 0, &b.chain, 0, 4 * d as u64);
             match slot {
-                Some(slot) => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4 * n as u64),
+                Some(slot) => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4 * d as u64),
                 None => self.encode_rows(&mut enc, want)?,
             }
         }
         let submission = self.gpu.submit(enc);
         self.count_host_time(host);
-        Ok(RoundFlight { submission, slot, n })
+        Ok(RoundFlight { submission, slot, n: d })
     }
 
     /// The batched passes (a decode step of up to WIDE_ROWS rows and past them, a round with
@@ -302,91 +299,6 @@ impl GpuModel {
         self.decode_wide = Some(self.record(Pass::WideDecode));
         self.round_narrow = Some(self.record(Pass::Round { tiled: false }));
         self.round_wide = Some(self.record(Pass::Round { tiled: true }));
-    }
-
-    /// `submit_round` with prompt chunks: the whole round as ONE pass (`Pass::Round`): its
-    /// decode rows first, then each chunk's tokens, every weight read once for all of them;
-    /// attention per segment (decode attention for the decode rows, flash attention for each
-    /// chunk, whose keys this pass's cache writes have put in place), logits for the decode rows.
-    fn submit_round_pass(
-        &mut self,
-        prefills: &[(SeqId, &[u32], usize)],
-        rows: &[(SeqId, u32, usize)],
-        want: &[RowReadback],
-    ) -> Result<RoundFlight> {
-        let d = rows.len();
-        let chunk_rows: usize = prefills.iter().map(|p| p.1.len()).sum();
-        let n = d + chunk_rows;
-        if n > MAX_ROWS {
-            return Err(Error::InvalidOption {
-                name: "round",
-                value: format!("{d} decode rows and {chunk_rows} prompt tokens"),
-                expected: format!("at most {MAX_ROWS} rows a round"),
-            });
-        }
-        for &(_, tokens, start) in prefills {
-            if tokens.is_empty() || start + tokens.len() > self.context {
-                return Err(Error::ContextOverflow {
-                    prompt_tokens: start + tokens.len(),
-                    max_tokens: 0,
-                    context_length: self.context,
-                });
-            }
-        }
-        let host = HostClock::now();
-        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("round") });
-        let positions = rows.iter().map(|r| (r.0, r.2)).chain(
-            prefills.iter().flat_map(|&(seq, tokens, start)| (start..start + tokens.len()).map(move |p| (seq, p))),
-        );
-        self.reserve(&mut enc, positions)?;
-        self.row_words.clear();
-        self.round_tokens.clear();
-        for &(seq, token, pos) in rows {
-            self.row_words.extend([pos as u32, self.layout.table(seq.0) as u32]);
-            self.round_tokens.push(token);
-        }
-        let mut segments = kernels::SegmentRows { all: n as u32, decode: d as u32, chunks: [0; 8] };
-        let mut first = d;
-        for (k, &(seq, tokens, start)) in prefills.iter().enumerate() {
-            let table = self.layout.table(seq.0) as u32;
-            self.row_words.extend((start..start + tokens.len()).flat_map(|p| [p as u32, table]));
-            self.round_tokens.extend_from_slice(tokens);
-            let chunk = Params { n_tokens: tokens.len() as u32, rows: 1, first: first as u32, pad1: 0 };
-            self.gpu.queue.write_buffer(&self.buf.params_chunks[k], 0, bytemuck::bytes_of(&chunk));
-            segments.chunks[k] = tokens.len() as u32;
-            first += tokens.len();
-        }
-        let decode = Params::new(d, d);
-        self.gpu.queue.write_buffer(&self.buf.params_decode, 0, bytemuck::bytes_of(&decode));
-        let tokens = std::mem::take(&mut self.round_tokens);
-        self.upload_pass(&mut enc, 0, &tokens, Params::new(n, n));
-        self.round_tokens = tokens;
-        let tiled = n > kernels::WIDE_ROWS;
-        self.record_batched();
-        let ops = if tiled { &self.round_wide } else { &self.round_narrow }.as_ref().expect("recorded above");
-        {
-            let mut pass =
-                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("round"), timestamp_writes: None });
-            for op in ops {
-                op.encode_rows(&mut pass, &segments);
-            }
-        }
-        let slot = (d > 0 && want.iter().all(|w| *w == RowReadback::Argmax)).then(|| {
-            let slot = self.next_slot;
-            self.next_slot = 1 - slot;
-            slot
-        });
-        if d > 0 {
-            let b = &self.buf;
-            enc.copy_buffer_to_buffer(&b.argmax, 0, &b.chain, 0, 4 * d as u64);
-            match slot {
-                Some(slot) => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4 * d as u64),
-                None => self.encode_rows(&mut enc, want)?,
-            }
-        }
-        let submission = self.gpu.submit(enc);
-        self.count_host_time(host);
-        Ok(RoundFlight { submission, slot, n: d })
     }
 
     /// What a round submitted by `submit_round` reads back, waiting for it.
