@@ -167,10 +167,40 @@ ARCHS = [
                        tie_word_embeddings=False, sliding_window=None,
                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
     },
+    {
+        "name": "smollm3",
+        "gguf_name": "Tiny Random SmolLM3",
+        "model_type": "smollm3",
+        "hf_class": "SmolLM3ForCausalLM",
+        "exercises": "NoPE layers: every 4th layer (3 and 7 of 8) has no RoPE (transformers' no_rope_layer_interval 4; "
+                     "the GGUF does not say so, llama.cpp hard-codes n_no_rope_layer_step = 4), NORM rope with "
+                     "converter-permuted q/k, GQA 4/2, tied output",
+        "config": dict(hidden_size=64, intermediate_size=160, num_hidden_layers=8, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, use_sliding_window=False, sliding_window=None,
+                       rope_parameters={"rope_type": "default", "rope_theta": 2000000.0}),
+    },
+    {
+        "name": "gemma2",
+        "gguf_name": "Tiny Random Gemma2",
+        "model_type": "gemma2",
+        "hf_class": "Gemma2ForCausalLM",
+        "exercises": "attention-score soft-capping (cap 4) and final-logit soft-capping (cap 6), sliding (window 8: "
+                     "the 12- and 40-token prompts cross it) and global layers alternating (even layers slide), "
+                     "post-attention and post-FFN RMSNorms, embeddings times sqrt(hidden), GELU (tanh), norm weights "
+                     "+1 (written so by the converter), query_pre_attn_scalar = head_dim, tied output",
+        "config": dict(hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=2048,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True, sliding_window=8,
+                       attn_logit_softcapping=4.0, final_logit_softcapping=6.0,
+                       hidden_activation="gelu_pytorch_tanh",
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    },
 ]
 
 # llama.cpp src/llama-model.cpp llama_model_rope_type(): which pairs rotate.
-ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox"}
+ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "smollm3": "norm",
+              "gemma2": "neox"}
 
 
 def f32(v):
@@ -271,6 +301,9 @@ conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
 if arch == "phi3":
     import conversion.phi
     conversion.phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()
+if arch == "gemma2":
+    import conversion.gemma
+    conversion.gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
 runpy.run_path(llcpp + "/convert_hf_to_gguf.py", run_name="__main__")
 """
 
@@ -391,6 +424,17 @@ class NpGGUF:
         self.head_dim = int(f(f"{a}.attention.key_length", self.n_embd // self.n_head))
         self.n_rot = int(f(f"{a}.rope.dimension_count", self.head_dim))
         self.style = ROPE_STYLE[a]
+        # What llama.cpp hard-codes per architecture (src/models/<arch>.cpp, load_arch_hparams):
+        # Gemma 2's soft-capping (defaults 50 / 30), its sliding layers (even ones: swa pattern 2),
+        # embedding scale and GELU; SmolLM3's NoPE layers (n_no_rope_layer_step = 4).
+        gemma = a == "gemma2"
+        self.attn_cap = float(f(f"{a}.attn_logit_softcapping", 50.0)) if gemma else None
+        self.final_cap = float(f(f"{a}.final_logit_softcapping", 30.0)) if gemma else None
+        self.window = int(f(f"{a}.attention.sliding_window", 0)) or None
+        self.sliding = (lambda l: l % 2 == 0) if gemma else (lambda l: False)
+        self.no_rope = (lambda l: (l + 1) % 4 == 0) if a == "smollm3" else (lambda l: False)
+        self.embed_scale = np.sqrt(self.n_embd) if gemma else 1.0
+        self.gelu = gemma
         self.w = {}
         for t in r.tensors:
             assert t.tensor_type == GGMLQuantizationType.F32, (t.name, t.tensor_type)
@@ -437,9 +481,12 @@ class NpGGUF:
         H, KV, hd = self.n_head, self.n_kv, self.head_dim
         rep = H // KV
         pos = np.arange(T, dtype=np.float64)
-        x = self.w["token_embd.weight"][ids]
-        mask = np.triu(np.full((T, T), -np.inf), k=1)
+        x = self.w["token_embd.weight"][ids] * self.embed_scale
+        causal = np.triu(np.full((T, T), -np.inf), k=1)
+        # Sliding layers: query t sees keys t - window + 1 .. t.
+        slide = causal + (np.tril(np.full((T, T), -np.inf), k=-self.window) if self.window else 0.0)
         for l in range(self.n_layer):
+            mask = slide if self.sliding(l) else causal
             p = f"blk.{l}."
             h = self.rms(x, self.w[p + "attn_norm.weight"])
             if p + "attn_qkv.weight" in self.w:
@@ -451,21 +498,38 @@ class NpGGUF:
             if p + "attn_q_norm.weight" in self.w:
                 q = self.rms(q, self.w[p + "attn_q_norm.weight"])
                 k = self.rms(k, self.w[p + "attn_k_norm.weight"])
-            q, k = self.rope(q, pos), self.rope(k, pos)
+            if not self.no_rope(l):
+                q, k = self.rope(q, pos), self.rope(k, pos)
             att = np.empty((T, H, hd))
             for hh in range(H):
-                sc = q[:, hh, :] @ k[:, hh // rep, :].T / np.sqrt(hd) + mask
+                sc = q[:, hh, :] @ k[:, hh // rep, :].T / np.sqrt(hd)
+                if self.attn_cap:
+                    sc = self.attn_cap * np.tanh(sc / self.attn_cap)
+                sc = sc + mask
                 sc = np.exp(sc - sc.max(axis=-1, keepdims=True))
                 att[:, hh, :] = (sc / sc.sum(axis=-1, keepdims=True)) @ v[:, hh // rep, :]
-            x = x + self.lin(att.reshape(T, H * hd), p + "attn_output")
+            o = self.lin(att.reshape(T, H * hd), p + "attn_output")
+            if p + "post_attention_norm.weight" in self.w:
+                o = self.rms(o, self.w[p + "post_attention_norm.weight"])
+            x = x + o
             h = self.rms(x, self.w[p + "ffn_norm.weight"])
             if p + "ffn_gate.weight" in self.w:
                 g, u = self.lin(h, p + "ffn_gate"), self.lin(h, p + "ffn_up")
             else:  # phi3: fused [gate; up] in ffn_up, gate = first n_ff rows
                 g, u = np.split(self.lin(h, p + "ffn_up"), 2, axis=-1)
-            x = x + self.lin(g / (1.0 + np.exp(-g)) * u, p + "ffn_down")
+            if self.gelu:
+                a = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
+            else:
+                a = g / (1.0 + np.exp(-g))
+            o = self.lin(a * u, p + "ffn_down")
+            if p + "post_ffw_norm.weight" in self.w:
+                o = self.rms(o, self.w[p + "post_ffw_norm.weight"])
+            x = x + o
         x = self.rms(x, self.w["output_norm.weight"])
-        return x @ self.out_w.T
+        logits = x @ self.out_w.T
+        if self.final_cap:
+            logits = self.final_cap * np.tanh(logits / self.final_cap)
+        return logits
 
 
 def negative_controls(gguf_path, ref):
@@ -500,6 +564,13 @@ def negative_controls(gguf_path, ref):
         out["drop_biases"] = run(lambda m: [m.w.pop(k) for k in list(m.w) if k.endswith(".bias")])
     if "output.weight" in m0.w:
         out["use_token_embd_as_output"] = run(lambda m: setattr(m, "out_w", m.w["token_embd.weight"]))
+    if m0.attn_cap:
+        out["no_attention_softcap"] = run(lambda m: setattr(m, "attn_cap", None))
+        out["no_final_softcap"] = run(lambda m: setattr(m, "final_cap", None))
+    if m0.window:
+        out["no_sliding_window"] = run(lambda m: setattr(m, "window", None))
+    if m0.arch == "smollm3":
+        out["rope_on_every_layer"] = run(lambda m: setattr(m, "no_rope", lambda l: False))
     return out
 
 
@@ -619,6 +690,10 @@ def generate(args):
     try:
         for ai, spec in enumerate(ARCHS):
             if args.only and spec["name"] not in args.only:
+                # Kept as committed: its files go into the README as they are.
+                d = os.path.join(args.out, spec["name"])
+                ref = json.load(open(os.path.join(d, "reference.json")))
+                results.append((spec, ref["meta"], gguf_listing(os.path.join(d, "model.gguf"))[1], ref))
                 continue
             name = spec["name"]
             print(f"== {name}", flush=True)
@@ -693,8 +768,7 @@ def generate(args):
             print("work dir kept:", work)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    if not args.only:
-        write_readme(args, results, vers)
+    write_readme(args, results, vers)
 
 
 def check_only(args):
@@ -767,7 +841,8 @@ def write_readme(args, results, vers):
 
 README_TEMPLATE = """# Tiny random-weight reference models per architecture
 
-Generated by `scripts/gen-arch-refs.py --llama-cpp-check` (seed {seed}; setup steps in the script's docstring);
+Generated by `scripts/gen-arch-refs.py --llama-cpp-check` (seed {seed}; setup steps in the script's docstring;
+smollm3 and gemma2 were added later with `--only smollm3 gemma2`, without the llama.cpp run);
 rerun it to regenerate everything (the GGUF bytes, reference values and this README are deterministic for a given
 seed and library versions: two full runs gave byte-identical files).
 Versions: {vers}.
@@ -780,12 +855,12 @@ Each `<name>/` holds:
   (name, type, shape in ggml `ne` order, i.e. input dimension first).
 
 ## How the models were made
-- Tokenizer (shared by all five): byte-level BPE with 512 tokens trained by `tokenizers` on a fixed text in the
+- Tokenizer (shared by all): byte-level BPE with 512 tokens trained by `tokenizers` on a fixed text in the
   script; pre-tokenizer `Digits(individual_digits=True)` + GPT-2 `ByteLevel` regex (SmolLM2's, = llama.cpp
   `tokenizer.ggml.pre = "smollm"`). Specials: 0 `<|endoftext|>` (unk/pad), 1 `<|im_start|>` (BOS), 2 `<|im_end|>` (EOS).
 - Weights: every parameter redrawn with numpy (PCG64, seed `[seed, arch_index]`, parameters in name order):
   matrices N(0, {std_m}), token embedding and lm_head N(0, {std_e}), biases N(0, {std_b}), every RMSNorm weight
-  (layer norms, final norm, Qwen3 q_norm/k_norm) U({lo}, {hi}). The two tied models (qwen3, llama3) differ:
+  (layer norms, final norm, Qwen3 q_norm/k_norm) U({lo}, {hi}). The tied models (qwen3, llama3, smollm3, gemma2) differ:
   embedding N(0, {t_e}), o_proj/down_proj N(0, {t_o}), final norm U({t_lo}, {t_hi}); with the untied scheme the
   fed token dominates the residual stream and, through the shared embedding, its own logit, so greedy decoding
   just repeats the last input token. `meta.init.per_parameter` lists the distribution of every parameter.
@@ -808,7 +883,8 @@ Each `<name>/` holds:
   `attn_q`/`attn_k` per head (HF `rotate_half` halves -> interleaved), so NORM on the GGUF weights equals HF's
   NEOX-style math on the original weights. Attention scores are invariant to the consistent in-head order; V/O are
   not permuted.
-- `qwen2`, `qwen3`, `phi3`: NEOX: rotate (x[i], x[i + n_rot/2]); no permutation.
+- `smollm3`: NORM, converted by the converter's LlamaModel (q/k permuted); llama.cpp lists it with the NORM models.
+- `qwen2`, `qwen3`, `phi3`, `gemma2`: NEOX: rotate (x[i], x[i + n_rot/2]); no permutation.
 - Angle: theta_i = pos * freq_base^(-2i / n_rot) / rope_freqs[i] for i < n_rot/2, `n_rot = rope.dimension_count`
   (phi3: 12 of 16 head dims; the last 4 dims pass through unrotated). `rope_freqs.weight` (llama3 only) holds
   divisors: 1 for high frequencies (wavelength < orig_ctx/high_freq_factor), `factor` (8) for low frequencies
@@ -824,6 +900,18 @@ Each `<name>/` holds:
   [q (n_head*head_dim); k (n_kv*head_dim); v (n_kv*head_dim)].
 - Qwen3: `attn_q_norm`/`attn_k_norm` ([head_dim]) are RMSNorms over each head (same eps), applied before rope;
   attention scale is 1/sqrt(head_dim) with head_dim = `attention.key_length` (32), not hidden/n_head.
+
+## What the files leave implicit (llama.cpp hard-codes it; so do our plans)
+- SmolLM3: no RoPE on every 4th layer ((l + 1) % 4 == 0: layers 3 and 7 here). transformers'
+  `no_rope_layer_interval` (default 4) decides it; the GGUF has no key for it; llama.cpp's
+  `llama_model_smollm3::load_arch_hparams` sets `n_no_rope_layer_step = 4`.
+- Gemma 2: sliding and global layers alternate with the first sliding (llama.cpp's swa pattern 2, unless the file
+  has `attention.sliding_window_pattern`; transformers' `layer_types`); both use the one RoPE base (the converter
+  writes none: 10000); soft-capping caps from `attn_logit_softcapping` / `final_logit_softcapping` (written by the
+  converter; llama.cpp's defaults 50 / 30); attention scale 1/sqrt(head_dim) except the 46-layer 27B
+  (1/sqrt(hidden/heads)), so the tiny model sets `query_pre_attn_scalar = head_dim`; the converter skips `lm_head`
+  (always tied) and adds 1 to every norm weight (Gemma's `1 + w` RMSNorm); its vocab is patched to the GPT-2 path
+  like phi3's.
 
 ## reference.json
 - `meta`: names, GGUF architecture, rope style, `gguf_sha256`, `config` (hidden, heads, kv heads, head_dim,
@@ -846,7 +934,8 @@ q/k norms, biases, GQA, tied output when `output.weight` is absent). It is compa
 (numpy runs one full forward over prompt+greedy[:-1]), `all pos` = all_positions_logits. The script fails if a
 step difference reaches 1e-4. It also records negative controls (`meta.numpy_float64_crosscheck.
 negative_controls_step0_max_abs_diff_last_prompt`): the same forward with one thing deliberately wrong (other rope
-style, rope_freqs ignored, rope over all head dims, q/k norms skipped, biases dropped, token_embd used as output);
+style, rope_freqs ignored, rope over all head dims, q/k norms skipped, biases dropped, token_embd used as output,
+no soft-capping of scores or of logits, no sliding window, RoPE on SmolLM3's NoPE layers);
 each moves the logits by O(1), so the references do pin each of these details.
 `python scripts/gen-arch-refs.py --check-only` reruns just this check (and the
 sha256) on the committed files.
@@ -881,7 +970,8 @@ def main():
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
     ap.add_argument("--llama-cpp", default=os.environ.get("LLAMA_CPP_DIR", DEFAULT_LLAMA_CPP))
-    ap.add_argument("--only", nargs="*", help="regenerate only these models (README not rewritten)")
+    ap.add_argument("--only", nargs="*", help="regenerate only these models (the others' files are kept and "
+                    "go into the README as committed)")
     ap.add_argument("--keep-work", action="store_true", help="keep the temporary HF model dirs")
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--llama-cpp-check", action="store_true",

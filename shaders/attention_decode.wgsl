@@ -6,6 +6,7 @@
 // sum exp(score - m) v; attention_combine.wgsl merges the chunks (online softmax).
 // Each batch row (z) is one sequence's query at its position p, over keys 0..=p read through its
 // block table. With WINDOW > 0 the query sees only the last WINDOW keys (a sliding-window layer).
+// With SOFTCAP a score (after the scale) becomes softcap(score) (Gemma 2; shaders/softcap.wgsl).
 // Bindings: 0 qkv (rows of QKV_STRIDE; q = a row's first Q_DIM values), 1 k_cache, 2 v_cache,
 // 3 partials (per row, N_HEADS x MAX_CHUNKS records of HEAD_DIM + 2), 4 batch.
 // Dispatch: (MAX_CHUNKS, N_KV_HEADS, rows): chunks outside the keys seen exit at once. HEAD_DIM,
@@ -87,7 +88,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         }
         if (SLICES == 1u) {
             for (var j = 0u; j < hn; j++) {
-                if (j < nb) { p[j * CHUNK + kk] = select(NEG, acc[j], valid); }
+                if (j < nb) { p[j * CHUNK + kk] = select(NEG, softcap(acc[j]), valid); }
             }
         } else {
             for (var j = 0u; j < hn; j++) {
@@ -98,7 +99,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                 var sum = 0.0;
                 for (var sl = 0u; sl < SLICES; sl++) { sum += part[i * SLICES + sl]; }
                 let key = c0 + i % CHUNK;
-                p[i] = select(NEG, sum, key >= lo && key < hi);
+                p[i] = select(NEG, softcap(sum), key >= lo && key < hi);
             }
         }
         workgroupBarrier();

@@ -2,6 +2,7 @@
 // queries of one head and walks the causal key range in blocks of BK, keeping a running max and
 // sum per query (online softmax); invocation d owns output dimension d of the BQ queries.
 // With WINDOW > 0 a query at p sees keys p - WINDOW + 1 .. p (a sliding-window layer).
+// A score (after the scale) goes through softcap (shaders/softcap.wgsl: Gemma 2, else the identity).
 // The dispatch's tokens are rows params.first.. of the pass, consecutive positions of one sequence
 // (the first row's position and block table): a prefill pass's rows, or a chunk of a round's.
 // Bindings: 0 params, 1 qkv (rows of Q_DIM + 2 KV_DIM), 2 k_cache, 3 v_cache, 4 out (rows of Q_DIM),
@@ -74,7 +75,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
             for (var i = 0u; i < HD; i++) { acc += qt[r * HD + i] * kt[j * KS + i]; }
             let p = start + q0 + r;
             let visible = k0 + j <= p && q0 + r < n && (WINDOW == 0u || p - (k0 + j) < WINDOW);
-            st[r * SS + j] = select(-1.0e30, acc, visible);
+            st[r * SS + j] = select(-1.0e30, softcap(acc), visible);
         }
         workgroupBarrier();
         if (d < BQ) {

@@ -5,6 +5,7 @@
 // read is one address for all of them (one load), where the tiled kernel's (attention_prefill)
 // K-tile reads gather across lanes and its barriers split the shader on a CPU.
 // With WINDOW > 0 a query at p sees keys p - WINDOW + 1 .. p (a sliding-window layer).
+// A score (after the scale) goes through softcap (shaders/softcap.wgsl: Gemma 2, else the identity).
 // Bindings as attention_prefill. Dispatch: (ceil(n_tokens / 64), N_HEADS, 1). HD, `kv_t` and the
 // cache's and batch's accessors come from the host.
 
@@ -65,6 +66,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
         }
         for (var j = 0u; j < 4u; j++) {
+            score[j] = softcap(score[j]);
             if (s0 + j > p || s0 + j < first) { score[j] = -1.0e30; }
         }
         let m_new = max(m, max(max(score.x, score.y), max(score.z, score.w)));

@@ -57,7 +57,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) i
     workgroupBarrier();
     let pos = row_pos(t);
     if (!is_v && i < ROPE_DIM) {
-        let half = ROPE_DIM / 2u;
+        // At least 1: a layer without RoPE (ROPE_DIM 0) never gets here, but the modulo below must
+        // not be by a constant 0.
+        let half = max(ROPE_DIM / 2u, 1u);
         var pair = i / 2u;
         var first = i % 2u == 0u;
         var other = i ^ 1u;

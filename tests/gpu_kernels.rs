@@ -644,23 +644,23 @@ gpu_test! {
 /// Runs decode (n = 1) or prefill attention for queries at `start..start + n` against a
 /// random cache, and compares with the CPU reference on the values the GPU stores.
 async fn check_attention(h: &mut Harness, n: usize, start: usize, window: Option<usize>, rng: &mut Rng) {
-    check_attention_with(h, &small_config(), 256, 0.3, n, start, window, rng).await;
+    let kind = AttentionKind { scale: 0.3, window, softcap: None };
+    check_attention_with(h, &small_config(), 256, kind, n, start, rng).await;
 }
 
-/// `check_attention` for a model shape `c`, a cache of `ctx` keys and a softmax scale.
-#[allow(clippy::too_many_arguments)]
+/// `check_attention` for a model shape `c`, a cache of `ctx` keys and a layer's attention
+/// (scale, window, soft-capping).
 async fn check_attention_with(
     h: &mut Harness,
     c: &ModelConfig,
     ctx: usize,
-    scale: f32,
+    kind: AttentionKind,
     n: usize,
     start: usize,
-    window: Option<usize>,
     rng: &mut Rng,
 ) {
     let c = c.clone();
-    let kind = AttentionKind { scale, window };
+    let window = kind.window;
     let (q, kv) = (c.q_dim(), c.kv_dim());
     let row = q + 2 * kv;
     let paging = h.set(n, start, ctx);
@@ -705,6 +705,25 @@ gpu_test! {
     }
 }
 
+// Gemma 2's soft-capped scores (cap 1.5 against scores of several units, so the cap bends most
+// of them) in decode and prefill attention, both kernel styles, with and without a window.
+gpu_test! {
+    async fn soft_capped_attention_matches_the_cpu_reference() {
+        let mut rng = Rng::new(12);
+        for mut h in Harness::kv_paths().await {
+            let own = h.gpu.style;
+            for style in [own, other(own)] {
+                h.gpu.style = style;
+                for (n, start, window) in [(1, 100, None), (1, 40, Some(16)), (37, 20, None), (70, 0, Some(9))] {
+                    let kind = AttentionKind { scale: 1.0, window, softcap: Some(1.5) };
+                    check_attention_with(&mut h, &small_config(), 256, kind, n, start, &mut rng).await;
+                }
+            }
+            h.gpu.style = own;
+        }
+    }
+}
+
 fn other(style: KernelStyle) -> KernelStyle {
     match style {
         KernelStyle::Cpu => KernelStyle::Gpu,
@@ -745,11 +764,13 @@ gpu_test! {
                         h.gpu.style = style;
                         let short = |&&k: &&usize| style == own || k <= 1000;
                         for &keys in lengths.iter().filter(short) {
-                            check_attention_with(&mut h, &c, keys, scale, 1, keys - 1, None, &mut rng).await;
+                            let kind = AttentionKind { scale, window: None, softcap: None };
+                            check_attention_with(&mut h, &c, keys, kind, 1, keys - 1, &mut rng).await;
                         }
                         // Sliding windows that start inside a chunk, far from the first key.
                         for (keys, window) in [(1000, 300), (16384, 4096)].iter().filter(|(k, _)| short(&k)) {
-                            check_attention_with(&mut h, &c, *keys, scale, 1, keys - 1, Some(*window), &mut rng).await;
+                            let kind = AttentionKind { scale, window: Some(*window), softcap: None };
+                            check_attention_with(&mut h, &c, *keys, kind, 1, keys - 1, &mut rng).await;
                         }
                     }
                     // Prefill at this head size too, one query per invocation and (on one KV
@@ -759,7 +780,8 @@ gpu_test! {
                         if h.gpu.kv == KvStore::F32 { &[KernelStyle::Gpu, KernelStyle::Cpu] } else { &[own] };
                     for &style in styles {
                         h.gpu.style = style;
-                        check_attention_with(&mut h, &c, 256, scale, 40, 200, None, &mut rng).await;
+                        let kind = AttentionKind { scale, window: None, softcap: None };
+                        check_attention_with(&mut h, &c, 256, kind, 40, 200, &mut rng).await;
                     }
                     h.gpu.style = own;
                 }
@@ -782,7 +804,7 @@ gpu_test! {
             for style in [own, other(own)] {
                 h.gpu.style = style;
                 for window in [None, Some(100)] {
-                    let kind = AttentionKind { scale: 0.3, window };
+                    let kind = AttentionKind { scale: 0.3, window, softcap: None };
                     let paging = h.set_rows(&rows, n, ctx);
                     let qkv = random(&mut rng, n * row, 1.0);
                     let (kc, k_rows) = h.kv_buf(&random(&mut rng, paging.rows() * kv, 2.0));

@@ -20,7 +20,7 @@ use std::collections::HashSet;
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// Architectures (`general.architecture`) with a plan.
-pub const ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3"];
+pub const ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "smollm3"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -45,6 +45,13 @@ pub struct Rope {
     pub style: RopeStyle,
     /// Divisor of each pair's frequency (llama 3's `rope_freqs.weight`, linear scaling), or empty.
     pub freq_factors: Vec<f32>,
+}
+
+impl Rope {
+    /// No rotation at all (SmolLM3's NoPE layers): no pair is rotated.
+    pub fn none(style: RopeStyle) -> Self {
+        Self { base: 10000.0, dim: 0, style, freq_factors: Vec::new() }
+    }
 }
 
 impl Rope {
@@ -103,6 +110,10 @@ pub struct Plan {
     pub activation: Activation,
     /// Multiplies q . k before the softmax.
     pub attn_scale: f32,
+    /// Attention scores become cap * tanh(score / cap) after the scale (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// The logits become cap * tanh(logit / cap) (Gemma 2).
+    pub final_softcap: Option<f32>,
     pub ropes: Vec<Rope>,
     pub layers: Vec<LayerPlan>,
     pub token_embd: String,
@@ -125,8 +136,10 @@ impl Plan {
             }
         }
 
+        // llama.cpp's converter permutes the Q/K rows of the llama-derived models (SmolLM3's
+        // converter is llama's) for rotation of adjacent pairs.
         let style = match arch.as_str() {
-            "llama" | "mistral" => RopeStyle::Adjacent,
+            "llama" | "mistral" | "smollm3" => RopeStyle::Adjacent,
             _ => RopeStyle::NeoX,
         };
         let mut freq_factors = match (gguf.tensor(ROPE_FREQS), rope_freqs) {
@@ -167,6 +180,9 @@ impl Plan {
                 ropes.push(Rope { base: 10000.0, dim: c.rope_dim, style, freq_factors: Vec::new() });
                 |l| l % 6 != 5
             }
+            // Gemma 2: sliding and global layers alternate, the first one sliding, one RoPE
+            // for both (llama.cpp's swa pattern 2; transformers' layer_types).
+            ("gemma2", Some(_)) => |l| l % 2 == 0,
             ("phi3" | "mistral", Some(_)) => |_| true,
             (_, Some(w)) if w >= c.context_length => |_| false,
             (_, Some(w)) => {
@@ -178,6 +194,17 @@ impl Plan {
         };
         // Gemma's sliding layers have a RoPE of their own; the others share the global one.
         let sliding_rope = ropes.len() - 1;
+        // SmolLM3: every fourth layer has no RoPE (NoPE). The file does not say so: llama.cpp
+        // hard-codes the interval (n_no_rope_layer_step = 4), as transformers' default
+        // no_rope_layer_interval does.
+        let no_rope: fn(usize) -> bool = match arch.as_str() {
+            "smollm3" => |l| (l + 1) % 4 == 0,
+            _ => |_| false,
+        };
+        if (0..c.n_layers).any(no_rope) {
+            ropes.push(Rope::none(style));
+        }
+        let none_rope = ropes.len() - 1;
 
         // Each layer's tensors are checked as it is planned, so a block count larger than the
         // file's layers stops at the first missing one, before more is allocated.
@@ -208,20 +235,40 @@ impl Plan {
                 gate_up,
                 down: n("ffn_down"),
                 post_ffn_norm: optional(n("post_ffw_norm")),
-                rope: if slides(i) { sliding_rope } else { 0 },
+                rope: if no_rope(i) {
+                    none_rope
+                } else if slides(i) {
+                    sliding_rope
+                } else {
+                    0
+                },
                 window: window.filter(|_| slides(i)),
             };
             check_tensors(gguf, &layer.expected_shapes(&c))?;
             layers.push(layer);
         }
 
-        let gemma = arch == "gemma3";
-        // Gemma 3 27B scales by d_model / heads, the others by the head size (as llama.cpp does).
-        let scale_dim = if gemma && c.n_layers == 62 { c.d_model / c.n_heads } else { c.head_dim };
+        let gemma = arch == "gemma3" || arch == "gemma2";
+        // Gemma 2 27B (46 layers) and Gemma 3 27B (62) scale by d_model / heads, the others by
+        // the head size: transformers' query_pre_attn_scalar, which the file does not carry
+        // (llama.cpp decides by the layer count too).
+        let big = (arch == "gemma2" && c.n_layers == 46) || (arch == "gemma3" && c.n_layers == 62);
+        let scale_dim = if big { c.d_model / c.n_heads } else { c.head_dim };
+        // Gemma 2's soft-capping; llama.cpp's defaults (50, 30) where the file leaves them out.
+        let (attn_softcap, final_softcap) = if arch == "gemma2" {
+            (
+                Some(softcap(gguf, &key("attn_logit_softcapping"), 50.0)?),
+                Some(softcap(gguf, &key("final_logit_softcapping"), 30.0)?),
+            )
+        } else {
+            (None, None)
+        };
         let plan = Self {
             embed_scale: gemma.then(|| (c.d_model as f32).sqrt()),
             activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
             attn_scale: 1.0 / (scale_dim as f32).sqrt(),
+            attn_softcap,
+            final_softcap,
             ropes,
             layers,
             token_embd: "token_embd.weight".into(),
@@ -303,9 +350,20 @@ fn check_tensors(gguf: &Gguf, expected: &[(&str, Vec<u64>)]) -> Result<()> {
     Ok(())
 }
 
+/// A soft-capping value from `key`, `default` when absent.
+fn softcap(gguf: &Gguf, key: &str, default: f32) -> Result<f32> {
+    let v = gguf.get_f32(key)?.unwrap_or(default);
+    if !(v.is_finite() && v > 0.0) {
+        return Err(invalid(key, v, "must be a positive number"));
+    }
+    Ok(v)
+}
+
 /// Metadata keys that change the math in ways no plan implements.
 fn reject_unimplemented_keys(gguf: &Gguf, arch: &str) -> Result<()> {
-    for k in ["attn_logit_softcapping", "final_logit_softcapping", "attention.max_alibi_bias"] {
+    // Gemma 2's plan soft-caps; no other does.
+    let capped: &[&str] = if arch == "gemma2" { &[] } else { &["attn_logit_softcapping", "final_logit_softcapping"] };
+    for k in capped.iter().chain(&["attention.max_alibi_bias"]) {
         let full = format!("{arch}.{k}");
         if gguf.get_f32(&full).ok().flatten().is_some_and(|v| v != 0.0) {
             return Err(Error::Unsupported(format!("metadata {full:?} (logit soft-capping / ALiBi)")));

@@ -484,7 +484,7 @@ impl GpuModel {
         for (i, (l, lp)) in self.layers.iter().zip(&plan.layers).enumerate().take(layers) {
             let (kc, vc) = (&b.k_cache[i], &b.v_cache[i]);
             let rope = &plan.ropes[lp.rope];
-            let kind = AttentionKind { scale: plan.attn_scale, window: lp.window };
+            let kind = AttentionKind::of(plan, lp);
             let extras = QkvExtras { bias: l.qkv_bias.as_ref(), qk_norm: l.qk_norm.as_ref().map(|n| (n, eps)) };
             // A projection into the residual stream: added to x, or through its post-norm first.
             let residual = |ops: &mut Vec<Dispatch>,
@@ -570,12 +570,17 @@ impl GpuModel {
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embd);
         let output_norm = &self.output_norm;
+        let vocab = c.vocab_size;
+        // Final-logit soft-capping (Gemma 2) of the rows the LM head wrote.
+        let cap = |p: &mut PipelineCache, params: &wgpu::Buffer, all: bool, logits: &wgpu::Buffer, rows: usize| {
+            plan.final_softcap.map(|cap| kernels::softcap_rows(gpu, p, params, vocab, cap, all, logits, rows))
+        };
         if let Pass::AllLogits(logits) = pass {
             ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn));
             ops.extend(kernels::gemm(gpu, p, params, head, Epilogue::Store, &b.xn, logits, c.vocab_size));
+            ops.extend(cap(p, params, true, logits, PREFILL_CHUNK));
             return ops;
         }
-        let vocab = c.vocab_size;
         if round {
             // The decode rows alone (the first ones): their norm, logits and argmax.
             let pd = &b.params_decode;
@@ -590,6 +595,7 @@ impl GpuModel {
                 let gd = GemvBatch { params: pd, mb };
                 ops.extend(on(kernels::gemv(gpu, p, gd, head, act, Epilogue::Store, None, &b.xn, &b.logits, vocab)));
             }
+            ops.extend(cap(p, pd, false, &b.logits, max_rows).map(|op| op.on(Segment::Decode)));
             ops.push(kernels::argmax(gpu, p, pd, vocab, &b.logits, &b.argmax, max_rows).on(Segment::Decode));
             return ops;
         }
@@ -605,6 +611,7 @@ impl GpuModel {
             ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, out, &b.x, output_norm, &b.xn));
             ops.extend(kernels::gemv(gpu, p, gb, head, act, Epilogue::Store, None, &b.xn, &b.logits, vocab));
         }
+        ops.extend(cap(p, params, false, &b.logits, max_rows));
         ops.push(kernels::argmax(gpu, p, params, vocab, &b.logits, &b.argmax, max_rows));
         ops
     }

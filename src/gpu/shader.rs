@@ -12,6 +12,7 @@ pub const ACTIVATION: &str = include_str!("../../shaders/activation.wgsl");
 pub const REDUCE_WORKGROUP: &str = include_str!("../../shaders/reduce_workgroup.wgsl");
 pub const ROPE: &str = include_str!("../../shaders/rope.wgsl");
 pub const REDUCE_SUBGROUP: &str = include_str!("../../shaders/reduce_subgroup.wgsl");
+pub const SOFTCAP: &str = include_str!("../../shaders/softcap.wgsl");
 
 /// What a kernel needs prepended.
 #[derive(Default, Clone, Copy)]
@@ -31,6 +32,8 @@ pub struct Needs {
     pub act: Option<Activation>,
     /// Calls `rope_rotate` (shaders/rope.wgsl).
     pub rope: bool,
+    /// Calls `softcap` (shaders/softcap.wgsl; the pipeline sets its SOFTCAP override).
+    pub softcap: bool,
 }
 
 pub fn assemble(gpu: &Gpu, kernel: &str, needs: Needs, consts: &[(&str, u32)]) -> String {
@@ -70,6 +73,9 @@ pub fn assemble(gpu: &Gpu, kernel: &str, needs: Needs, consts: &[(&str, u32)]) -
     }
     if needs.rope {
         src.push_str(ROPE);
+    }
+    if needs.softcap {
+        src.push_str(SOFTCAP);
     }
     src.push_str(kernel);
     src

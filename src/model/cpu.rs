@@ -206,7 +206,7 @@ impl CpuModel {
             }
             cache.k[li].extend_from_slice(&k);
             cache.v[li].extend_from_slice(&v);
-            let kind = AttentionKind { scale: plan.attn_scale, window: lp.window };
+            let kind = AttentionKind::of(plan, lp);
             attention(c, kind, &mut attn, &q, &cache.k[li], &cache.v[li], start);
             matmul(&mut proj, &attn, &layer.wo, c.q_dim());
             if let Some(w) = &layer.post_attn_norm {
@@ -236,6 +236,9 @@ impl CpuModel {
         rms_norm(&mut normed, rows, &self.output_norm, c.rms_eps);
         let mut logits = vec![0f32; rows.len() / d * c.vocab_size];
         matmul(&mut logits, &normed, self.output.as_deref().unwrap_or(&self.token_embd), d);
+        if let Some(cap) = plan.final_softcap {
+            logits.iter_mut().for_each(|l| *l = softcap(*l, cap));
+        }
         Ok(logits)
     }
 }
@@ -265,6 +268,20 @@ pub struct AttentionKind {
     pub scale: f32,
     /// A query sees the last `window` positions (itself included), or all before it.
     pub window: Option<usize>,
+    /// Scores (after the scale) become cap * tanh(score / cap).
+    pub softcap: Option<f32>,
+}
+
+impl AttentionKind {
+    /// A layer's attention as its plan says.
+    pub fn of(plan: &Plan, layer: &crate::arch::LayerPlan) -> Self {
+        Self { scale: plan.attn_scale, window: layer.window, softcap: plan.attn_softcap }
+    }
+}
+
+/// cap * tanh(x / cap): Gemma 2's soft-capping of scores and logits.
+pub fn softcap(x: f32, cap: f32) -> f32 {
+    cap * (x / cap).tanh()
 }
 
 /// Causal grouped-query attention of queries at positions `start..` (rows of `q`, `q_dim`
@@ -291,6 +308,9 @@ pub fn attention(
             scores.extend(
                 (first..n_keys).map(|s| dot(qh, &k_cache[s * kv_dim + kv_off..s * kv_dim + kv_off + hd]) * scale),
             );
+            if let Some(cap) = kind.softcap {
+                scores.iter_mut().for_each(|s| *s = softcap(*s, cap));
+            }
             softmax(&mut scores);
             let oh = &mut out_t[h * hd..(h + 1) * hd];
             oh.fill(0.0);

@@ -1,6 +1,7 @@
 //! The other architectures' layer plans — qwen2 (q/k/v biases), qwen3 (q/k norms, head_dim
 //! apart from d_model), phi3 (fused qkv and gate|up, partial rotary), llama 3 RoPE scaling
-//! (rope_freqs.weight) and mistral — on the CPU reference and on the GPU, against transformers.
+//! (rope_freqs.weight), mistral, smollm3 (NoPE layers) and gemma2 (soft-capping of scores and
+//! logits, alternating sliding layers) — on the CPU reference and on the GPU, against transformers.
 //! The models are small random-weight ones converted by llama.cpp's own converter; the data and
 //! the script that made it are in tests/data/arch/ (see its README).
 
@@ -10,7 +11,7 @@ use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, Readback};
 use webgpu_llm::model::{CpuModel, Logits};
 use webgpu_llm::sampling::argmax;
 
-const MODELS: [&str; 5] = ["qwen2", "qwen3", "phi3", "llama3", "mistral"];
+const MODELS: [&str; 7] = ["qwen2", "qwen3", "phi3", "llama3", "mistral", "smollm3", "gemma2"];
 
 struct Reference {
     name: &'static str,

@@ -57,7 +57,7 @@ pub fn attention_decode(
         ("THREADS", decode_threads(gpu)),
     ];
     let window = ("WINDOW", kind.window.unwrap_or(0) as f64);
-    let overrides = [
+    let mut overrides = vec![
         ("KV_DIM", c.kv_dim() as f64),
         ("GROUP", group as f64),
         ("MAX_CHUNKS", chunks as f64),
@@ -65,7 +65,7 @@ pub fn attention_decode(
         ("SCALE", kind.scale as f64),
         window,
     ];
-    let needs = Needs { kv: true, ..Default::default() };
+    let needs = softcapped(kind, &mut overrides);
     let source = include_str!("../../../shaders/attention_decode.wgsl");
     let pipeline = cache.get(gpu, "attention_decode", source, needs, &consts, &overrides);
     let bind_group = gpu.bind_group("attention_decode", &pipeline, &[qkv, k_cache, v_cache, partials, batch]);
@@ -109,6 +109,13 @@ pub fn attention_decode(
     [split, combine]
 }
 
+/// An attention kernel's needs: the cache, and `softcap`, which soft-caps its scores where the
+/// layer says so (the SOFTCAP override; without it the identity).
+fn softcapped(kind: AttentionKind, overrides: &mut Vec<(&str, f64)>) -> Needs {
+    overrides.extend(kind.softcap.map(|cap| ("SOFTCAP", cap as f64)));
+    Needs { kv: true, softcap: true, ..Default::default() }
+}
+
 /// Key-block length that keeps the tiles within the device's workgroup memory.
 fn key_block(head_dim: u32, workgroup_bytes: u32) -> u32 {
     // q tile, the row max/sum/scale and the score rows' padding; per key: its padded K row,
@@ -134,14 +141,14 @@ pub fn attention_prefill(
     let hd = c.head_dim as u32;
     let bk = key_block(hd, gpu.limits.max_compute_workgroup_storage_size);
     let consts = [("HD", hd), ("BQ", BQ), ("BK", bk)];
-    let overrides = [
+    let mut overrides = vec![
         ("Q_DIM", c.q_dim() as f64),
         ("KV_DIM", c.kv_dim() as f64),
         ("GROUP", (c.n_heads / c.n_kv_heads) as f64),
         ("SCALE", kind.scale as f64),
         ("WINDOW", kind.window.unwrap_or(0) as f64),
     ];
-    let needs = Needs { kv: true, ..Default::default() };
+    let needs = softcapped(kind, &mut overrides);
     // CPU adapters: one query per invocation, no tiles (shaders/attention_prefill_direct.wgsl).
     let (source, queries_per_group) = match gpu.style {
         KernelStyle::Gpu => (include_str!("../../../shaders/attention_prefill.wgsl"), BQ),

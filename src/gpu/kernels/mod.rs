@@ -9,6 +9,7 @@ mod embed;
 mod matmul;
 mod norm;
 mod rope;
+mod softcap;
 mod top_k;
 
 pub use act_mul::act_mul;
@@ -18,6 +19,7 @@ pub use embed::embed;
 pub use matmul::{gemm, gemv, gemv_rope_kv, Epilogue, GemvBatch};
 pub use norm::{rms_norm, NormOut};
 pub use rope::{rope_kv, rope_table, QkvExtras, RopeKvFold};
+pub use softcap::softcap_rows;
 pub use top_k::{top_k, MAX_TOP_K, NUCLEUS_K, TOP_K_WORDS};
 
 use crate::gpu::{Gpu, KernelStyle};

@@ -9,9 +9,13 @@ use crate::gpu::Gpu;
 use crate::model::ModelConfig;
 
 /// (cos, sin) per position and rotated pair, computed in f64: GPU sin/cos of large angles are
-/// not accurate enough (Vulkan only bounds their error on [-pi, pi]).
+/// not accurate enough (Vulkan only bounds their error on [-pi, pi]). A RoPE that rotates
+/// nothing (`Rope::none`) gets one unread pair: a buffer is never empty.
 pub fn rope_table(rope: &Rope, positions: usize) -> Vec<f32> {
     let inv_freq = rope.inv_freq();
+    if inv_freq.is_empty() {
+        return vec![1.0, 0.0];
+    }
     let mut table = Vec::with_capacity(positions * inv_freq.len() * 2);
     for pos in 0..positions {
         for &freq in &inv_freq {
