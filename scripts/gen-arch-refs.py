@@ -196,11 +196,27 @@ ARCHS = [
                        hidden_activation="gelu_pytorch_tanh",
                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
     },
+    {
+        "name": "qwen3moe",
+        "gguf_name": "Tiny Random Qwen3 MoE",
+        "model_type": "qwen3_moe",
+        "hf_class": "Qwen3MoeForCausalLM",
+        "exercises": "mixture of experts: 8 experts of FFN width 32, the router's top 2 per token with their "
+                     "softmax weights renormalized (norm_topk_prob, which llama.cpp hard-codes for qwen3moe), "
+                     "stacked expert tensors ffn_{gate,up,down}_exps, plus Qwen3's q/k norms, NEOX rope, GQA 4/2, "
+                     "untied output",
+        "config": dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+                       num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                       num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                       use_sliding_window=False, sliding_window=None, attention_bias=False,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    },
 ]
 
 # llama.cpp src/llama-model.cpp llama_model_rope_type(): which pairs rotate.
 ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "smollm3": "norm",
-              "gemma2": "neox"}
+              "gemma2": "neox", "qwen3moe": "neox"}
 
 
 def f32(v):
@@ -279,7 +295,7 @@ def build_hf_model(spec, seed, arch_index):
                 v = rng.normal(0.0, TIED_STD_RESID_OUT, size=shape)
                 kind = "residual-writing matrix (tied model) N(0,%g)" % TIED_STD_RESID_OUT
             else:
-                assert p.dim() == 2, name
+                assert p.dim() in (2, 3), name  # 3: a mixture's stacked experts
                 v = rng.normal(0.0, STD_MATRIX, size=shape)
                 kind = "matrix N(0,%g)" % STD_MATRIX
             p.copy_(torch.from_numpy(v.astype(np.float32)))
@@ -435,12 +451,18 @@ class NpGGUF:
         self.no_rope = (lambda l: (l + 1) % 4 == 0) if a == "smollm3" else (lambda l: False)
         self.embed_scale = np.sqrt(self.n_embd) if gemma else 1.0
         self.gelu = gemma
+        # Mixture of experts: softmax over the router's logits, top expert_used_count, renormalized
+        # (llama.cpp's qwen3moe graph: build_moe_ffn(..., norm_w = true)).
+        self.n_expert = int(f(f"{a}.expert_count", 0))
+        self.n_expert_used = int(f(f"{a}.expert_used_count", 0))
+        self.norm_topk = True
         self.w = {}
         for t in r.tensors:
             assert t.tensor_type == GGMLQuantizationType.F32, (t.name, t.tensor_type)
             arr = np.asarray(t.data, dtype=np.float32)
             if len(t.shape) > 1:
-                arr = arr.reshape(int(t.shape[1]), int(t.shape[0]))
+                # ggml order reversed: (experts,) rows, cols
+                arr = arr.reshape([int(x) for x in reversed(t.shape)])
             else:
                 arr = arr.reshape(-1)
             self.w[t.name] = arr.astype(np.float64)
@@ -474,6 +496,22 @@ class NpGGUF:
         if name + ".bias" in self.w:
             y = y + self.w[name + ".bias"]
         return y
+
+    def moe(self, h, p):
+        logits = h @ self.w[p + "ffn_gate_inp.weight"].T
+        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            top = np.argsort(-probs[t], kind="stable")[:self.n_expert_used]
+            w = probs[t][top]
+            if self.norm_topk:
+                w = w / w.sum()
+            for e, we in zip(top, w):
+                g = self.w[p + "ffn_gate_exps.weight"][e] @ h[t]
+                u = self.w[p + "ffn_up_exps.weight"][e] @ h[t]
+                out[t] += we * (self.w[p + "ffn_down_exps.weight"][e] @ (g / (1.0 + np.exp(-g)) * u))
+        return out
 
     def forward(self, ids):
         ids = np.asarray(ids, dtype=np.int64)
@@ -513,6 +551,9 @@ class NpGGUF:
                 o = self.rms(o, self.w[p + "post_attention_norm.weight"])
             x = x + o
             h = self.rms(x, self.w[p + "ffn_norm.weight"])
+            if self.n_expert:
+                x = x + self.moe(h, p)
+                continue
             if p + "ffn_gate.weight" in self.w:
                 g, u = self.lin(h, p + "ffn_gate"), self.lin(h, p + "ffn_up")
             else:  # phi3: fused [gate; up] in ffn_up, gate = first n_ff rows
@@ -569,6 +610,9 @@ def negative_controls(gguf_path, ref):
         out["no_final_softcap"] = run(lambda m: setattr(m, "final_cap", None))
     if m0.window:
         out["no_sliding_window"] = run(lambda m: setattr(m, "window", None))
+    if m0.n_expert:
+        out["no_topk_renormalization"] = run(lambda m: setattr(m, "norm_topk", False))
+        out["one_expert_fewer"] = run(lambda m: setattr(m, "n_expert_used", m.n_expert_used - 1))
     if m0.arch == "smollm3":
         out["rope_on_every_layer"] = run(lambda m: setattr(m, "no_rope", lambda l: False))
     return out

@@ -3,8 +3,9 @@
 // the tensor needs and a line choosing `dq8`. Weights are bound as `w: array<u32>`; a row of
 // COLS values (the kernel's override) starts at word `base`; `dq8(base, g)` returns the row's
 // values 8g .. 8g+7. Block layouts are ggml's, except that the formats whose blocks do not fill
-// whole words have their f16 scale moved to the head of the row (src/quant's `scale_at`): the
-// row is its blocks' scales, two per word, then the blocks without them.
+// whole words have their scale moved to the head of the row (src/quant's `scale_at`): the row
+// is its blocks' scales, two f16 per word (MXFP4: four E8M0 bytes per word), then the blocks
+// without them.
 
 struct Dq8 { a: vec4<f32>, b: vec4<f32> }
 

@@ -6,6 +6,9 @@
 //   Q5_1   [d, m][qh: u32][qs: 16] 6 words v = (q + 16 h) d + m
 //   Q8_0   [qs: 32 x i8]         8 words   v = q d
 //   IQ4_NL [qs: 16]              4 words   v = IQ4_VALUES[q] d
+//   MXFP4  [qs: 16]              4 words   v = MXFP4_VALUES[q] 2^(e - 128)
+// MXFP4's scale is an E8M0 exponent byte e: the row's are at its head, four per word (block b's
+// in byte b % 4 of word b / 4), then the bodies.
 // 4-bit quants: byte j holds value j in its low nibble and value j + 16 in its high nibble;
 // the fifth bit of value i is bit i of qh. Group j (0..3) of a block is values 8j .. 8j+7.
 
@@ -65,4 +68,24 @@ fn dq8_iq4_nl(base: u32, g: u32) -> Dq8 {
     let word = split_body(base, b, 32u, 4u) + (g & 1u) * 2u;
     let shift = ((g & 3u) >> 1u) * 4u;
     return Dq8(iq4(field4(w[word], shift, 15u)) * d, iq4(field4(w[word + 1u], shift, 15u)) * d);
+}
+
+fn mxfp4(q: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(MXFP4_VALUES[q.x], MXFP4_VALUES[q.y], MXFP4_VALUES[q.z], MXFP4_VALUES[q.w]);
+}
+
+// MXFP4: code times 2^(e - 128), exactly as the CPU (ggml's E8M0 half scale). For e < 2 that
+// scale is subnormal, which WGSL lets an implementation flush to zero on input, so the code is
+// scaled by the normal 2^(e - 126) and then by 0.25: only results that are themselves subnormal
+// (e < 2 and |code| <= 3, never seen in real weights) may be flushed. Past f32's range the
+// product is inf, as on the CPU.
+fn dq8_mxfp4(base: u32, g: u32) -> Dq8 {
+    let b = g >> 2u;
+    let e = (w[base + (b >> 2u)] >> ((b & 3u) * 8u)) & 255u;
+    let small = e < 2u;
+    let d = bitcast<f32>(select(e - 1u, e + 1u, small) << 23u);
+    let post = select(1.0, 0.5, small);
+    let word = base + (COLS / 32u + 1u) / 2u + b * 4u + (g & 1u) * 2u;
+    let shift = ((g & 3u) >> 1u) * 4u;
+    return Dq8(mxfp4(field4(w[word], shift, 15u)) * d * post, mxfp4(field4(w[word + 1u], shift, 15u)) * d * post);
 }

@@ -13,6 +13,7 @@ pub struct ModelConfig {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// The gated FFN's hidden width (each expert's, in a mixture of experts).
     pub ffn_dim: usize,
     pub vocab_size: usize,
     pub context_length: usize,
@@ -54,7 +55,20 @@ impl ModelConfig {
             return Err(invalid(&key("embedding_length"), d_model, &reason));
         }
         let n_heads = required("attention.head_count")?;
-        let ffn_dim = required("feed_forward_length")?;
+        // A mixture of experts' FFN is its experts' (each `expert_feed_forward_length` wide);
+        // `feed_forward_length` there is a dense model's, which no layer has.
+        let experts = gguf.get_u64(&key("expert_count"))?.is_some_and(|n| n > 0);
+        if experts && !super::MOE_ARCHITECTURES.contains(&arch.as_str()) {
+            return Err(Error::Unsupported(format!(
+                "mixture of experts ({}) for architecture {arch:?}",
+                key("expert_count")
+            )));
+        }
+        let (ffn_key, ffn_down) = match experts {
+            true => ("expert_feed_forward_length", "blk.0.ffn_down_exps.weight"),
+            false => ("feed_forward_length", "blk.0.ffn_down.weight"),
+        };
+        let ffn_dim = required(ffn_key)?;
         let context_length = required("context_length")?;
         // The key that sets the head size, and its value, for the error when heads do not fit.
         let (head_dim, head_key, head_value) = match gguf.get_u64(&key("attention.key_length"))? {
@@ -92,10 +106,10 @@ impl ModelConfig {
                 "the head count must be a multiple of it",
             ));
         }
-        let ffn_down = gguf.require_tensor("blk.0.ffn_down.weight")?;
-        if ffn_dim as u64 != ffn_down.shape[0] {
-            let reason = format!("blk.0.ffn_down.weight has {} inputs", ffn_down.shape[0]);
-            return Err(invalid(&key("feed_forward_length"), ffn_dim, &reason));
+        let down = gguf.require_tensor(ffn_down)?;
+        if ffn_dim as u64 != down.shape[0] {
+            let reason = format!("{ffn_down} has {} inputs", down.shape[0]);
+            return Err(invalid(&key(ffn_key), ffn_dim, &reason));
         }
         let rope_dim = match gguf.get_u64(&key("rope.dimension_count"))? {
             Some(v) => positive(&key("rope.dimension_count"), v)?,

@@ -19,8 +19,12 @@ use std::collections::HashSet;
 /// The tensor of per-pair RoPE frequency divisors (llama 3).
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
+/// Architectures whose plan has a mixture of experts.
+pub const MOE_ARCHITECTURES: &[&str] = &["qwen3moe"];
+
 /// Architectures (`general.architecture`) with a plan.
-pub const ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "smollm3"];
+pub const ARCHITECTURES: &[&str] =
+    &["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "smollm3", "qwen3moe"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -80,6 +84,21 @@ pub enum GateUp {
     Fused(String),
 }
 
+/// A mixture of experts in place of the dense FFN (Qwen3-MoE): the router picks `used` of
+/// `count` experts per token (softmax over the router's logits, the top `used`, their weights
+/// renormalized to sum to 1 when `normalize`, then times `scale`), and the FFN's output is the
+/// weighted sum of the chosen experts' gated FFNs. The layer's `gate_up` and `down` name the
+/// stacked expert tensors (ggml shapes [d, ffn, count] and [ffn, d, count]: expert e's rows
+/// are e * ffn .. (e + 1) * ffn of gate and up, e * d .. (e + 1) * d of down).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Experts {
+    pub router: String,
+    pub count: usize,
+    pub used: usize,
+    pub normalize: bool,
+    pub scale: f32,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerPlan {
     pub attn_norm: String,
@@ -94,6 +113,8 @@ pub struct LayerPlan {
     pub ffn_norm: String,
     pub gate_up: GateUp,
     pub down: String,
+    /// The FFN is a mixture of these experts (`gate_up` and `down` are theirs, stacked).
+    pub experts: Option<Experts>,
     /// RMSNorm of the FFN output before the residual add (Gemma 3).
     pub post_ffn_norm: Option<String>,
     /// Index into `Plan::ropes`.
@@ -206,6 +227,10 @@ impl Plan {
         }
         let none_rope = ropes.len() - 1;
 
+        let experts = match gguf.get_u64(&key("expert_count"))?.filter(|&n| n > 0) {
+            None => None,
+            Some(count) => Some(experts(gguf, &arch, count)?),
+        };
         // Each layer's tensors are checked as it is planned, so a block count larger than the
         // file's layers stops at the first missing one, before more is allocated.
         let has = |name: &str| gguf.tensor(name).is_some();
@@ -218,10 +243,13 @@ impl Plan {
             } else {
                 Qkv::Separate([n("attn_q"), n("attn_k"), n("attn_v")])
             };
-            let gate_up = if has(&n("ffn_gate")) {
-                GateUp::Separate([n("ffn_gate"), n("ffn_up")])
-            } else {
-                GateUp::Fused(n("ffn_up"))
+            let (gate_up, down, experts) = match &experts {
+                Some(e) => {
+                    let e = Experts { router: n("ffn_gate_inp"), ..e.clone() };
+                    (GateUp::Separate([n("ffn_gate_exps"), n("ffn_up_exps")]), n("ffn_down_exps"), Some(e))
+                }
+                None if has(&n("ffn_gate")) => (GateUp::Separate([n("ffn_gate"), n("ffn_up")]), n("ffn_down"), None),
+                None => (GateUp::Fused(n("ffn_up")), n("ffn_down"), None),
             };
             let optional = |name: String| has(&name).then_some(name);
             let layer = LayerPlan {
@@ -233,7 +261,8 @@ impl Plan {
                 post_attn_norm: optional(n("post_attention_norm")),
                 ffn_norm: n("ffn_norm"),
                 gate_up,
-                down: n("ffn_down"),
+                down,
+                experts,
                 post_ffn_norm: optional(n("post_ffw_norm")),
                 rope: if no_rope(i) {
                     none_rope
@@ -330,11 +359,19 @@ impl LayerPlan {
         out.push((&self.wo, vec![q, d]));
         out.extend(self.post_attn_norm.iter().map(|n| (n.as_str(), vec![d])));
         out.push((&self.ffn_norm, vec![d]));
+        // Experts' tensors stack `count` matrices along a third dimension.
+        let stack = |mut shape: Vec<u64>| {
+            shape.extend(self.experts.as_ref().map(|e| e.count as u64));
+            shape
+        };
         match &self.gate_up {
-            GateUp::Separate([g, u]) => out.extend([(g.as_str(), vec![d, f]), (u, vec![d, f])]),
+            GateUp::Separate([g, u]) => out.extend([(g.as_str(), stack(vec![d, f])), (u, stack(vec![d, f]))]),
             GateUp::Fused(w) => out.push((w, vec![d, 2 * f])),
         }
-        out.push((&self.down, vec![f, d]));
+        out.push((&self.down, stack(vec![f, d])));
+        if let Some(e) = &self.experts {
+            out.push((&e.router, vec![d, e.count as u64]));
+        }
         out.extend(self.post_ffn_norm.iter().map(|n| (n.as_str(), vec![d])));
         out
     }
@@ -348,6 +385,39 @@ fn check_tensors(gguf: &Gguf, expected: &[(&str, Vec<u64>)]) -> Result<()> {
         crate::quant::tensor_format(info)?;
     }
     Ok(())
+}
+
+/// A mixture of experts' routing, from the metadata (the router's tensor name is per layer).
+/// Qwen3-MoE renormalizes the chosen experts' weights: its files do not say so, llama.cpp
+/// hard-codes it (`build_moe_ffn(..., norm_w = true, ...)` in src/models/qwen3moe.cpp), as the
+/// released checkpoints' `norm_topk_prob: true` does.
+fn experts(gguf: &Gguf, arch: &str, count: u64) -> Result<Experts> {
+    let key = |k: &str| format!("{arch}.{k}");
+    const MAX_EXPERTS: u64 = 1024;
+    if count > MAX_EXPERTS {
+        return Err(invalid(&key("expert_count"), count, &format!("at most {MAX_EXPERTS} experts are supported")));
+    }
+    let used =
+        gguf.get_u64(&key("expert_used_count"))?.ok_or_else(|| Error::MissingMetadata(key("expert_used_count")))?;
+    if used == 0 || used > count.min(16) {
+        let reason = format!("must be from 1 to {} (the expert count, at most 16)", count.min(16));
+        return Err(invalid(&key("expert_used_count"), used, &reason));
+    }
+    if let Some(g) = gguf.get_u64(&key("expert_gating_func"))? {
+        // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX is 1.
+        if g != 1 {
+            return Err(Error::Unsupported(format!("expert gating function {g} ({})", key("expert_gating_func"))));
+        }
+    }
+    if gguf.get_u64(&key("expert_shared_count"))?.is_some_and(|n| n > 0) {
+        return Err(Error::Unsupported(format!("shared experts ({})", key("expert_shared_count"))));
+    }
+    // llama.cpp scales only when the value is neither 0 (absent) nor 1.
+    let scale = gguf.get_f32(&key("expert_weights_scale"))?.filter(|&s| s != 0.0).unwrap_or(1.0);
+    if !scale.is_finite() {
+        return Err(invalid(&key("expert_weights_scale"), scale, "must be a finite number"));
+    }
+    Ok(Experts { router: String::new(), count: count as usize, used: used as usize, normalize: true, scale })
 }
 
 /// A soft-capping value from `key`, `default` when absent.
@@ -368,9 +438,6 @@ fn reject_unimplemented_keys(gguf: &Gguf, arch: &str) -> Result<()> {
         if gguf.get_f32(&full).ok().flatten().is_some_and(|v| v != 0.0) {
             return Err(Error::Unsupported(format!("metadata {full:?} (logit soft-capping / ALiBi)")));
         }
-    }
-    if gguf.get_u64(&format!("{arch}.expert_count")).ok().flatten().is_some_and(|n| n > 0) {
-        return Err(Error::Unsupported(format!("mixture of experts ({arch}.expert_count)")));
     }
     if matches!(gguf.get(&format!("{arch}.attention.causal")), Some(crate::gguf::Value::Bool(false))) {
         return Err(Error::Unsupported(format!("non-causal attention ({arch}.attention.causal = false)")));

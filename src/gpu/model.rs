@@ -90,6 +90,19 @@ struct LayerWeights {
     gate_up: Linear,
     w_down: Linear,
     post_ffn_norm: Option<wgpu::Buffer>,
+    /// A mixture of experts' router (`gate_up` and `w_down` then stack the experts: gate
+    /// experts' rows, then up experts').
+    router: Option<Linear>,
+}
+
+/// A mixture of experts' activations, for a pass's rows: the router's logits, each token's
+/// chosen experts and their weights, each (token, expert)'s hidden vector and output.
+struct MoeBuffers {
+    logits: wgpu::Buffer,
+    ids: wgpu::Buffer,
+    weights: wgpu::Buffer,
+    h: wgpu::Buffer,
+    y: wgpu::Buffer,
 }
 
 struct Buffers {
@@ -113,6 +126,7 @@ struct Buffers {
     h: wgpu::Buffer,
     /// A projection's output before its post-norm (architectures with post-norms).
     proj: wgpu::Buffer,
+    moe: Option<MoeBuffers>,
     /// Decode attention's per-chunk records (see `kernels::decode_partials_len`).
     partials: wgpu::Buffer,
     /// A row of logits per batch row.
@@ -210,8 +224,9 @@ pub struct GpuModel {
     /// buffer): made at the first copy-on-write.
     block_scratch: Option<wgpu::Buffer>,
     pipelines: PipelineCache,
-    /// Weight bytes of the file one decode token needs: every tensor once, one embedding row
-    /// (the whole table when it is also the output).
+    /// Weight bytes of the file one decode token needs: every tensor once (of a mixture of
+    /// experts, its chosen experts' share), one embedding row (the whole table when it is also
+    /// the output).
     file_weight_bytes: u64,
     /// The staging slot the next greedy step's argmax goes to.
     next_slot: usize,
@@ -301,9 +316,22 @@ impl GpuModel {
                 GateUp::Separate([gate, up]) => (Rows::of(g.require_tensor(gate)?)?, Rows::of(g.require_tensor(up)?)?),
                 GateUp::Fused(name) => Rows::of(g.require_tensor(name)?)?.halves(),
             };
-            let gate_up = match Linear::gated_pair(&gpu, "gate_up", gate, up, src).await? {
-                Some(pair) => pair,
-                None => Linear::new(&gpu, "gate_up", &[gate, up], src).await?,
+            let gate_up = if l.experts.is_some() {
+                Linear::new(&gpu, "gate_up_exps", &[gate, up], src).await?
+            } else {
+                match Linear::gated_pair(&gpu, "gate_up", gate, up, src).await? {
+                    Some(pair) => pair,
+                    None => Linear::new(&gpu, "gate_up", &[gate, up], src).await?,
+                }
+            };
+            let w_down = linear("w_down", &[&l.down]).await?;
+            let router = match &l.experts {
+                Some(e) => {
+                    kernels::check_experts(&gate_up, &l.down)?;
+                    kernels::check_experts(&w_down, &l.down)?;
+                    Some(linear("router", &[&e.router]).await?)
+                }
+                None => None,
             };
             layers.push(LayerWeights {
                 attn_norm: f32_buffer("attn_norm", fetch(g, src, &[&l.attn_norm]).await?)?,
@@ -315,7 +343,8 @@ impl GpuModel {
                     .await?,
                 ffn_norm: f32_buffer("ffn_norm", fetch(g, src, &[&l.ffn_norm]).await?)?,
                 gate_up,
-                w_down: linear("w_down", &[&l.down]).await?,
+                w_down,
+                router,
                 post_ffn_norm: optional_f32("post_ffn_norm", l.post_ffn_norm.as_ref().map(std::slice::from_ref))
                     .await?,
             });
@@ -339,7 +368,23 @@ impl GpuModel {
         let mut pool = KvPool::new(pool_tokens, KV_BLOCK, max_seqs);
         let main = pool.create()?;
         debug_assert_eq!(main.0, 0, "main_rows holds slot 0's table");
-        let all: u64 = gguf.tensors.iter().filter(|t| t.name != ROPE_FREQS).map(|t| t.byte_size).sum();
+        // A mixture of experts reads its `used` experts of `count` for a token.
+        let expert_share = |name: &str| {
+            plan.layers
+                .iter()
+                .find(|l| l.down == name || matches!(&l.gate_up, GateUp::Separate(gu) if gu.iter().any(|n| n == name)))
+                .and_then(|l| l.experts.as_ref())
+                .map_or((1, 1), |e| (e.used as u64, e.count as u64))
+        };
+        let all: u64 = gguf
+            .tensors
+            .iter()
+            .filter(|t| t.name != ROPE_FREQS)
+            .map(|t| {
+                let (used, count) = expert_share(&t.name);
+                t.byte_size / count * used
+            })
+            .sum();
         let file_weight_bytes = if plan.output == plan.token_embd {
             all
         } else {
@@ -437,6 +482,19 @@ impl GpuModel {
             gu: gpu.storage("gate_up", n * 2 * c.ffn_dim as u64 * f)?,
             h: gpu.storage("ffn_hidden", n * c.ffn_dim as u64 * f)?,
             proj: gpu.storage("proj", n * c.d_model as u64 * f)?,
+            moe: match plan.layers.iter().find_map(|l| l.experts.as_ref()) {
+                Some(e) => {
+                    let (count, used) = (e.count as u64, e.used as u64);
+                    Some(MoeBuffers {
+                        logits: gpu.storage("moe_logits", n * count * f)?,
+                        ids: gpu.storage("moe_ids", n * used * 4)?,
+                        weights: gpu.storage("moe_weights", n * used * f)?,
+                        h: gpu.storage("moe_hidden", n * used * c.ffn_dim as u64 * f)?,
+                        y: gpu.storage("moe_out", n * used * c.d_model as u64 * f)?,
+                    })
+                }
+                None => None,
+            },
             partials: gpu
                 .storage("attention_partials", (max_batch * kernels::decode_partials_len(c, context)) as u64 * f)?,
             logits: gpu.storage("logits", batch * c.vocab_size as u64 * f)?,
@@ -551,6 +609,38 @@ impl GpuModel {
             }
             residual(&mut ops, p, &l.wo, &b.attn, &l.post_attn_norm);
 
+            if let (Some(e), Some(m), Some(router)) = (&lp.experts, &b.moe, &l.router) {
+                // A mixture of experts: the router's logits, each token's choice, the chosen
+                // experts' gated FFNs (their rows alone read), their weighted sum.
+                ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, &l.ffn_norm, &b.xn));
+                if tiled {
+                    ops.extend(kernels::gemm(gpu, p, params, router, Epilogue::Store, &b.xn, &m.logits, e.count));
+                } else {
+                    ops.extend(kernels::gemv(
+                        gpu,
+                        p,
+                        gb,
+                        router,
+                        act,
+                        Epilogue::Store,
+                        None,
+                        &b.xn,
+                        &m.logits,
+                        e.count,
+                    ));
+                }
+                ops.push(kernels::moe_route(gpu, p, params, e, &m.logits, &m.ids, &m.weights));
+                let (f, d) = (c.ffn_dim, c.d_model);
+                ops.push(kernels::moe_gemv(gpu, p, params, e, &l.gate_up, f, true, act, true, &b.xn, &m.ids, &m.h));
+                ops.push(kernels::moe_gemv(gpu, p, params, e, &l.w_down, d, false, act, false, &m.h, &m.ids, &m.y));
+                let post = &l.post_ffn_norm;
+                let out = if post.is_some() { &b.proj } else { &b.x };
+                ops.push(kernels::moe_combine(gpu, p, params, e, d, post.is_none(), &m.y, &m.weights, out));
+                if let Some(post) = post {
+                    ops.push(kernels::rms_norm(gpu, p, params, d, eps, NormOut::Add, &b.proj, post, &b.x));
+                }
+                continue;
+            }
             if !fuse {
                 ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, &l.ffn_norm, &b.xn));
             }

@@ -2,7 +2,7 @@
 //! a KV cache. Written to be read top to bottom; it is the oracle the GPU path is tested against.
 
 use crate::arch::ModelConfig;
-use crate::arch::{Activation, GateUp, Plan, Qkv, RopeStyle};
+use crate::arch::{Activation, Experts, GateUp, Plan, Qkv, RopeStyle};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 
@@ -18,9 +18,13 @@ struct Layer {
     wo: Vec<f32>,
     post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
+    /// A mixture of experts' stacked matrices: expert e's rows are e * ffn .. (e + 1) * ffn
+    /// of gate and up, e * d .. (e + 1) * d of down.
     w_gate: Vec<f32>,
     w_up: Vec<f32>,
     w_down: Vec<f32>,
+    /// The router of a mixture of experts (`count` rows).
+    router: Option<Vec<f32>>,
     post_ffn_norm: Option<Vec<f32>>,
     /// RoPE inverse frequency of each rotated pair.
     inv_freq: Vec<f64>,
@@ -115,6 +119,7 @@ impl CpuModel {
                     w_gate,
                     w_up,
                     w_down: load(&l.down)?,
+                    router: l.experts.as_ref().map(|e| load(&e.router)).transpose()?,
                     post_ffn_norm: optional(&l.post_ffn_norm)?,
                     inv_freq: plan.ropes[l.rope].inv_freq(),
                 })
@@ -215,12 +220,16 @@ impl CpuModel {
             add_in_place(&mut x, &proj);
 
             rms_norm(&mut xn, &x, &layer.ffn_norm, c.rms_eps);
-            matmul(&mut gate, &xn, &layer.w_gate, d);
-            matmul(&mut up, &xn, &layer.w_up, d);
-            for (g, u) in gate.iter_mut().zip(&up) {
-                *g = activation(plan.activation, *g) * u;
+            if let (Some(e), Some(router)) = (&lp.experts, &layer.router) {
+                mixture(c, plan.activation, e, layer, router, &xn, &mut proj);
+            } else {
+                matmul(&mut gate, &xn, &layer.w_gate, d);
+                matmul(&mut up, &xn, &layer.w_up, d);
+                for (g, u) in gate.iter_mut().zip(&up) {
+                    *g = activation(plan.activation, *g) * u;
+                }
+                matmul(&mut proj, &gate, &layer.w_down, c.ffn_dim);
             }
-            matmul(&mut proj, &gate, &layer.w_down, c.ffn_dim);
             if let Some(w) = &layer.post_ffn_norm {
                 rms_norm_in_place(&mut proj, w, c.rms_eps);
             }
@@ -241,6 +250,41 @@ impl CpuModel {
         }
         Ok(logits)
     }
+}
+
+/// A mixture of experts' FFN for each row of `xn` into `out`: each token's chosen experts'
+/// gated FFNs, weighted by `route`.
+fn mixture(c: &ModelConfig, act: Activation, e: &Experts, layer: &Layer, router: &[f32], xn: &[f32], out: &mut [f32]) {
+    let (d, f) = (c.d_model, c.ffn_dim);
+    let mut logits = vec![0f32; xn.len() / d * e.count];
+    matmul(&mut logits, xn, router, d);
+    let (mut gate, mut up, mut y) = (vec![0f32; f], vec![0f32; f], vec![0f32; d]);
+    for ((xt, lt), ot) in xn.chunks_exact(d).zip(logits.chunks_exact(e.count)).zip(out.chunks_exact_mut(d)) {
+        ot.fill(0.0);
+        for (ex, w) in route(e, lt) {
+            matmul(&mut gate, xt, &layer.w_gate[ex * f * d..(ex + 1) * f * d], d);
+            matmul(&mut up, xt, &layer.w_up[ex * f * d..(ex + 1) * f * d], d);
+            for (g, u) in gate.iter_mut().zip(&up) {
+                *g = activation(act, *g) * u;
+            }
+            matmul(&mut y, &gate, &layer.w_down[ex * d * f..(ex + 1) * d * f], f);
+            ot.iter_mut().zip(&y).for_each(|(o, v)| *o += w * v);
+        }
+    }
+}
+
+/// The experts a token's router logits choose and their weights: the softmax over all experts,
+/// the `used` largest (the lower index first among equals), renormalized to sum to 1 when the
+/// plan says so, times its scale.
+pub fn route(e: &Experts, logits: &[f32]) -> Vec<(usize, f32)> {
+    let mut p = logits.to_vec();
+    softmax(&mut p);
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    order.truncate(e.used);
+    let sum: f32 = order.iter().map(|&i| p[i]).sum();
+    let norm = if e.normalize { sum } else { 1.0 };
+    order.into_iter().map(|i| (i, p[i] / norm * e.scale)).collect()
 }
 
 /// RoPE of every head of `x` at `pos`, rotating the first 2 inv_freq.len() values of each head:

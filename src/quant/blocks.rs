@@ -2,7 +2,7 @@
 //! for operation (scale products first, then times the quant, then minus the min) so the results
 //! are bit for bit the same. Block layouts are ggml's (`ggml-common.h`).
 
-use super::IQ4_VALUES;
+use super::{IQ4_VALUES, MXFP4_VALUES};
 use half::{bf16, f16};
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -77,6 +77,23 @@ pub fn iq4_nl(b: &[u8], o: &mut [f32]) {
     for j in 0..16 {
         o[j] = d * IQ4_VALUES[(b[2 + j] & 15) as usize] as f32;
         o[j + 16] = d * IQ4_VALUES[(b[2 + j] >> 4) as usize] as f32;
+    }
+}
+
+/// Half of 2^(e - 127) as f32 bits, exactly (ggml's `ggml_e8m0_to_fp32_half`): 2^(e - 128),
+/// subnormal for e < 2, and never inf (e = 255 gives 2^127).
+pub fn e8m0_half(e: u8) -> f32 {
+    let e = e as u32;
+    f32::from_bits(if e < 2 { 0x0020_0000 << e } else { (e - 1) << 23 })
+}
+
+/// [e: E8M0][qs: 16], nibbles index MXFP4_VALUES (E2M1 doubled), laid out as Q4_0; the value is
+/// the code times e8m0_half(e) in f32 (inf past f32's range for e >= 253).
+pub fn mxfp4(b: &[u8], o: &mut [f32]) {
+    let d = e8m0_half(b[0]);
+    for j in 0..16 {
+        o[j] = d * MXFP4_VALUES[(b[1 + j] & 15) as usize] as f32;
+        o[j + 16] = d * MXFP4_VALUES[(b[1 + j] >> 4) as usize] as f32;
     }
 }
 

@@ -19,6 +19,10 @@ const WGSL_K: &str = include_str!("../../shaders/quant/k.wgsl");
 /// The non-linear 4-bit code book of IQ4_NL and IQ4_XS (ggml's `kvalues_iq4nl`).
 pub const IQ4_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
+/// MXFP4's 4-bit E2M1 code book, doubled (ggml's `kvalues_mxfp4`; its E8M0 scale is halved to
+/// match): sign bit 3, so codes 0 and 8 are both +0.
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
 pub struct BlockFormat {
     pub ty: GgmlType,
     /// Decodes one block (`block_bytes` in, `block_values` out).
@@ -27,31 +31,42 @@ pub struct BlockFormat {
     /// starts at word `base` of the uploaded weights `w`.
     pub wgsl: &'static str,
     pub wgsl_fn: &'static str,
-    /// Byte offset of the block's f16 scale when the upload moves it out of the block: a row
-    /// goes to the GPU as its blocks' scales, two per word (a zero half after an odd count),
-    /// then the blocks without them. GGUF packs Q4_0 in 18 bytes and Q6_K in 210, which do not
-    /// fill whole u32 words; without the scale they do (16, 208), so a row carries at most two
-    /// bytes more than in the file. None when blocks already fill whole words (uploaded as is).
+    /// Byte offset of the block's scale when the upload moves it out of the block: a row goes
+    /// to the GPU as its blocks' scales, packed in words (zero bytes after the last), then the
+    /// blocks without them. GGUF packs Q4_0 in 18 bytes, Q6_K in 210 and MXFP4 in 17, which do
+    /// not fill whole u32 words; without the scale they do (16, 208, 16), so a row carries at
+    /// most `4 - scale_bytes` bytes more than in the file. None when blocks already fill whole
+    /// words (uploaded as is).
     pub scale_at: Option<usize>,
+    /// Bytes of that scale: 2 for an f16 (two scales a word), 1 for MXFP4's E8M0 exponent
+    /// (four a word, block b's in byte b % 4 of word b / 4).
+    pub scale_bytes: usize,
     /// Byte offsets of the block's f16 scale fields (tests fill them with finite values).
     pub f16_fields: &'static [usize],
+    /// Byte offsets of the block's E8M0 exponent fields (tests fill them with moderate scales).
+    pub e8m0_fields: &'static [usize],
 }
 
 macro_rules! block_format {
     ($ty:ident, $decode:path, $wgsl:expr, $f:literal, $pad:expr, $fields:expr) => {
+        block_format!($ty, $decode, $wgsl, $f, $pad, $fields, scale_bytes: 2, e8m0: [])
+    };
+    ($ty:ident, $decode:path, $wgsl:expr, $f:literal, $pad:expr, $fields:expr, scale_bytes: $sb:literal, e8m0: $e8m0:expr) => {
         BlockFormat {
             ty: GgmlType::$ty,
             decode: $decode,
             wgsl: $wgsl,
             wgsl_fn: $f,
             scale_at: $pad,
+            scale_bytes: $sb,
             f16_fields: &$fields,
+            e8m0_fields: &$e8m0,
         }
     };
 }
 
 /// Every block type the engine runs, on the CPU and in every GPU kernel that reads weights.
-pub static FORMATS: [BlockFormat; 15] = [
+pub static FORMATS: [BlockFormat; 16] = [
     block_format!(F32, blocks::f32, WGSL_FLOAT, "dq8_f32", None, []),
     block_format!(F16, blocks::f16, WGSL_FLOAT, "dq8_f16", None, []),
     block_format!(BF16, blocks::bf16, WGSL_FLOAT, "dq8_bf16", None, []),
@@ -61,6 +76,7 @@ pub static FORMATS: [BlockFormat; 15] = [
     block_format!(Q5_1, blocks::q5_1, WGSL_Q32, "dq8_q5_1", None, [0, 2]),
     block_format!(Q8_0, blocks::q8_0, WGSL_Q32, "dq8_q8_0", Some(0), [0]),
     block_format!(IQ4NL, blocks::iq4_nl, WGSL_Q32, "dq8_iq4_nl", Some(0), [0]),
+    block_format!(MXFP4, blocks::mxfp4, WGSL_Q32, "dq8_mxfp4", Some(0), [], scale_bytes: 1, e8m0: [0]),
     block_format!(Q2K, blocks::q2_k, WGSL_K, "dq8_q2_k", None, [80, 82]),
     block_format!(Q3K, blocks::q3_k, WGSL_K, "dq8_q3_k", Some(108), [108]),
     block_format!(Q4K, blocks::q4_k, WGSL_K, "dq8_q4_k", None, [0, 2]),
@@ -83,29 +99,32 @@ impl BlockFormat {
         let (values, bytes) = self.block();
         let blocks = cols / values;
         let row = match self.scale_at {
-            Some(_) => blocks.div_ceil(2) * 4 + blocks * (bytes - 2),
+            Some(_) => self.head_words(blocks) * 4 + blocks * (bytes - self.scale_bytes),
             None => blocks * bytes,
         };
         (cols % values == 0 && cols % 8 == 0 && row % 4 == 0).then_some(row / 4)
+    }
+
+    /// Words at the head of a row of `blocks` blocks holding their moved scales.
+    pub fn head_words(&self, blocks: usize) -> usize {
+        (blocks * self.scale_bytes).div_ceil(4)
     }
 
     /// Whole rows of `cols` values in the GPU layout (borrowed when it is the GGUF layout).
     pub fn to_gpu_layout<'a>(&self, data: &'a [u8], cols: usize) -> Cow<'a, [u8]> {
         let Some(at) = self.scale_at else { return Cow::Borrowed(data) };
         let (values, bytes) = self.block();
-        let blocks = cols / values;
+        let (blocks, sb) = (cols / values, self.scale_bytes);
         let row_words = self.gpu_row_words(cols).unwrap_or(0);
         let mut out = Vec::with_capacity(data.len() / (blocks * bytes).max(1) * row_words * 4);
         for row in data.chunks_exact(blocks * bytes) {
             for block in row.chunks_exact(bytes) {
-                out.extend_from_slice(&block[at..at + 2]);
+                out.extend_from_slice(&block[at..at + sb]);
             }
-            if blocks % 2 == 1 {
-                out.extend_from_slice(&[0, 0]);
-            }
+            out.resize(out.len() + self.head_words(blocks) * 4 - blocks * sb, 0);
             for block in row.chunks_exact(bytes) {
                 out.extend_from_slice(&block[..at]);
-                out.extend_from_slice(&block[at + 2..]);
+                out.extend_from_slice(&block[at + sb..]);
             }
         }
         Cow::Owned(out)
@@ -147,8 +166,12 @@ pub fn dequantize(info: &TensorInfo, data: &[u8]) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-/// WGSL declarations every weight-reading kernel shares, with the IQ4 code book from IQ4_VALUES.
+/// WGSL declarations every weight-reading kernel shares, with the code books IQ4_VALUES and
+/// MXFP4_VALUES.
 pub fn wgsl_prelude() -> String {
-    let values: Vec<String> = IQ4_VALUES.iter().map(|v| format!("{v}.0")).collect();
-    format!("{WGSL_COMMON}var<private> IQ4_VALUES: array<f32, 16> = array<f32, 16>({});\n", values.join(", "))
+    let table = |name: &str, values: &[i8; 16]| {
+        let values: Vec<String> = values.iter().map(|v| format!("{v}.0")).collect();
+        format!("var<private> {name}: array<f32, 16> = array<f32, 16>({});\n", values.join(", "))
+    };
+    format!("{WGSL_COMMON}{}{}", table("IQ4_VALUES", &IQ4_VALUES), table("MXFP4_VALUES", &MXFP4_VALUES))
 }
