@@ -201,3 +201,26 @@ fn batched_generation_gives_the_reference_tokens_on_the_newer_plans() {
         }
     }
 }
+
+/// A mixture of experts' decode step reads its chosen experts' weights alone: the traffic
+/// ledger's weight bytes are, by a count over the file's tensors, every other tensor once, one
+/// embedding row, and 2 of the 8 experts' share of each stacked expert tensor.
+#[test]
+fn a_mixture_of_experts_step_reads_the_chosen_experts_weights_alone() {
+    let r = Reference::load("qwen3moe");
+    let model = gpu(true, None, &r);
+    let gguf = r.gguf();
+    let mut want = 0u64;
+    for t in &gguf.tensors {
+        want += if t.name.contains("_exps.") {
+            t.byte_size / 8 * 2
+        } else if t.name == "token_embd.weight" {
+            t.byte_size / 512
+        } else {
+            t.byte_size
+        };
+    }
+    let ledger = model.decode_traffic(40);
+    assert_eq!(ledger.weights, want, "weight bytes a decode step reads");
+    assert_eq!(model.min_decode_traffic(40).weights, want);
+}
