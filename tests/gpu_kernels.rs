@@ -208,6 +208,10 @@ fn random_tensor(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> (Tens
                         (0.002 + rng.next_f64() as f32 * 0.02) * if rng.next_u64() % 2 == 0 { 1.0 } else { -1.0 };
                     block[at..at + 2].copy_from_slice(&f16_bytes(scale));
                 }
+                for &at in f.e8m0_fields {
+                    // Half scales 2^(e - 128) of 2^-9 .. 2^-6, as the f16 ones above.
+                    block[at] = 119 + (rng.next_u64() % 4) as u8;
+                }
                 bytes.extend(block);
             }
         }
@@ -333,8 +337,12 @@ gpu_test! {
     async fn gemm_matches_the_cpu_product_for_every_weight_type() {
         let mut rng = Rng::new(3);
         let (n, rows) = (70, 130);
-        // Every type on rows of 256 values; and rows that end inside a K tile of 32 values.
-        let cases: Vec<(GgmlType, usize)> = types().map(|t| (t, 256)).chain([(GgmlType::F16, 200), (GgmlType::F32, 40)]).collect();
+        // Every type on rows of 256 values; rows that end inside a K tile of 32 values; MXFP4
+        // rows of 5 blocks (their exponents' head word ends in 3 padding bytes).
+        let cases: Vec<(GgmlType, usize)> = types()
+            .map(|t| (t, 256))
+            .chain([(GgmlType::F16, 200), (GgmlType::F32, 40), (GgmlType::MXFP4, 160)])
+            .collect();
         for mut h in Harness::paths().await {
             h.set(n, 0, 16);
             let taken: Vec<(GgmlType, usize)> = cases.iter().copied().filter(|&(ty, cols)| browser_twin_takes(&h, ty, cols)).collect();
@@ -423,6 +431,46 @@ gpu_test! {
                 let scale: Vec<f64> = want.iter().map(|v| v.abs()).collect();
                 assert_close(&format!("embed {ty:?}, {}", h.path()), &h.read(&xb, tokens.len() * d).await, &want, &scale, 1e-6);
             }
+        }
+    }
+}
+
+gpu_test! {
+    async fn mxfp4_decodes_every_exponent_and_code_exactly_as_the_cpu() {
+        // 32 rows of 8 blocks: block b of the table has exponent b (0 .. 255) and every code in
+        // both nibbles. The embedding (scale 1) returns the GPU's decoded values themselves.
+        let (rows, d) = (32, 256);
+        let mut bytes = Vec::new();
+        for e in 0..=255u8 {
+            bytes.push(e);
+            bytes.extend((0..16u8).map(|j| j | (15 - j) << 4));
+        }
+        let info = TensorInfo {
+            name: "mxfp4".into(),
+            shape: vec![d as u64, rows as u64],
+            ty: GgmlType::MXFP4,
+            file_offset: 0,
+            byte_size: bytes.len() as u64,
+        };
+        let want = dequantize(&info, &bytes).unwrap();
+        let tokens: Vec<u32> = (0..rows as u32).collect();
+        for mut h in Harness::paths().await {
+            h.set(rows, 0, 16);
+            let lin = linear(&h, &info, &bytes).await;
+            let (tb, xb) = (h.u32_buf(&tokens), h.buf(&vec![0.0; rows * d]));
+            let ops = kernels::embed(&h.gpu, &mut h.cache, &h.params, &lin, 1.0, &tb, &xb);
+            h.run(&ops, rows);
+            let got = h.read(&xb, rows * d).await;
+            let mut flushed = 0;
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                // WGSL lets an implementation flush subnormal results (e < 2, |code| <= 3) to zero.
+                if w.is_subnormal() && *g == 0.0 {
+                    flushed += 1;
+                    continue;
+                }
+                assert_eq!(g.to_bits(), w.to_bits(), "MXFP4 e {} value {}: got {g}, CPU {w}, {}", i / 32, i % 32, h.path());
+            }
+            eprintln!("MXFP4 exponents 0 ..= 255, {}: exact; {flushed} subnormal values flushed to zero", h.path());
         }
     }
 }

@@ -84,8 +84,8 @@ fn dq8_mxfp4(base: u32, g: u32) -> Dq8 {
     let e = (w[base + (b >> 2u)] >> ((b & 3u) * 8u)) & 255u;
     let small = e < 2u;
     let d = bitcast<f32>(select(e - 1u, e + 1u, small) << 23u);
-    let post = select(1.0, 0.5, small);
-    let word = base + (COLS / 32u + 1u) / 2u + b * 4u + (g & 1u) * 2u;
+    let post = select(1.0, 0.25, small);
+    let word = base + (COLS / 32u + 3u) / 4u + b * 4u + (g & 1u) * 2u;
     let shift = ((g & 3u) >> 1u) * 4u;
     return Dq8(mxfp4(field4(w[word], shift, 15u)) * d * post, mxfp4(field4(w[word + 1u], shift, 15u)) * d * post);
 }

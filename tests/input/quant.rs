@@ -35,7 +35,7 @@ fn every_format_decodes_bit_for_bit_as_gguf_py() {
 fn gpu_layout_moves_unaligned_blocks_scales_to_the_row_head_and_keeps_aligned_blocks() {
     for f in &FORMATS {
         let (values, bytes) = f.block();
-        for blocks in [1, 2, 3] {
+        for blocks in [1, 2, 3, 4, 5] {
             let cols = blocks * values.max(8);
             let n = cols / values;
             // Two rows of distinct bytes.
@@ -49,19 +49,20 @@ fn gpu_layout_moves_unaligned_blocks_scales_to_the_row_head_and_keeps_aligned_bl
             match f.scale_at {
                 None => assert_eq!(gpu, data),
                 Some(at) => {
-                    // At most two bytes per row more than the file: the odd scale's padding.
-                    assert_eq!(4 * words, n * bytes + if n % 2 == 1 { 2 } else { 0 }, "{}", f.ty.name());
+                    let sb = f.scale_bytes;
+                    let head = 4 * f.head_words(n);
+                    assert_eq!(head, 4 * (n * sb).div_ceil(4), "{}", f.ty.name());
+                    // At most 4 - scale_bytes bytes per row more than the file: the scales' padding.
+                    assert_eq!(4 * words, n * bytes + head - n * sb, "{}", f.ty.name());
+                    assert!(head - n * sb < 4, "{}", f.ty.name());
                     for (r, row) in data.chunks_exact(n * bytes).enumerate() {
                         let out = &gpu[r * 4 * words..(r + 1) * 4 * words];
-                        let head = 4 * n.div_ceil(2);
                         for (b, block) in row.chunks_exact(bytes).enumerate() {
-                            assert_eq!(&out[2 * b..2 * b + 2], &block[at..at + 2], "{} scale {b}", f.ty.name());
-                            let body = &out[head + b * (bytes - 2)..head + (b + 1) * (bytes - 2)];
-                            assert_eq!(body, [&block[..at], &block[at + 2..]].concat(), "{} block {b}", f.ty.name());
+                            assert_eq!(&out[sb * b..sb * (b + 1)], &block[at..at + sb], "{} scale {b}", f.ty.name());
+                            let body = &out[head + b * (bytes - sb)..head + (b + 1) * (bytes - sb)];
+                            assert_eq!(body, [&block[..at], &block[at + sb..]].concat(), "{} block {b}", f.ty.name());
                         }
-                        if n % 2 == 1 {
-                            assert_eq!(&out[2 * n..2 * n + 2], [0, 0]);
-                        }
+                        assert!(out[n * sb..head].iter().all(|&p| p == 0), "{} padding", f.ty.name());
                     }
                 }
             }
