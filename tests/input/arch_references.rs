@@ -224,3 +224,32 @@ fn a_mixture_of_experts_step_reads_the_chosen_experts_weights_alone() {
     assert_eq!(ledger.weights, want, "weight bytes a decode step reads");
     assert_eq!(model.min_decode_traffic(40).weights, want);
 }
+
+/// A mixture of experts the plan does not implement is an error naming what: more experts
+/// used than there are, shared experts, another gating function, experts in an architecture
+/// whose plan has none.
+#[test]
+fn an_unknown_expert_layout_is_an_error_naming_it() {
+    use webgpu_llm::arch::Plan;
+    use webgpu_llm::gguf::Value;
+    let r = Reference::load("qwen3moe");
+    let with = |key: &str, value: Value| {
+        let mut g = r.gguf();
+        g.metadata.insert(key.into(), value);
+        Plan::from_gguf(&g, None).unwrap_err().to_string()
+    };
+    let cases = [
+        ("qwen3moe.expert_used_count", Value::U32(9), "expert_used_count"),
+        ("qwen3moe.expert_shared_count", Value::U32(1), "shared experts"),
+        ("qwen3moe.expert_gating_func", Value::U32(2), "expert gating function"),
+    ];
+    for (key, value, what) in cases {
+        let msg = with(key, value);
+        assert!(msg.contains(what) && msg.contains(key), "{key}: {msg}");
+    }
+    assert!(Plan::from_gguf(&r.gguf(), None).is_ok());
+    let mut g = Reference::load("qwen3").gguf();
+    g.metadata.insert("qwen3.expert_count".into(), Value::U32(8));
+    let msg = Plan::from_gguf(&g, None).unwrap_err().to_string();
+    assert!(msg.contains("mixture of experts") && msg.contains("qwen3.expert_count"), "{msg}");
+}
