@@ -219,6 +219,8 @@ export interface ModelInfo {
   layers: number;
   /** Sum of the element counts of all tensors. */
   parameters: number;
+  /** Parameters one token uses: all but a mixture of experts' unchosen experts. */
+  activeParameters: number;
   /** The file's bytes (all parts of a split model). */
   fileBytes: number;
   /** 1, or how many files a split model comes in. */

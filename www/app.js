@@ -137,6 +137,8 @@ function showModel(title, model) {
   const tensorBytes = Object.values(model.typeBytes).reduce((a, b) => a + b, 0);
   facts.architecture.textContent = model.architecture;
   facts.parameters.textContent = `${formatCount(model.parameters)} (${model.parameters.toLocaleString("en-US")})`;
+  // A mixture of experts uses its chosen experts' share of them for a token.
+  if (model.activeParameters < model.parameters) facts.parameters.textContent += `, ${formatCount(model.activeParameters)} active per token`;
   facts.quant.textContent = Object.entries(model.typeBytes)
     .sort((a, b) => b[1] - a[1])
     .map(([type, bytes]) => `${type} ${((100 * bytes) / tensorBytes).toFixed(1)}%`)

@@ -15,6 +15,9 @@ pub struct ModelInfo {
     /// Transformer layers: each keeps its K and V in buffers of their own.
     pub layers: usize,
     pub parameters: u64,
+    /// Parameters one token's forward pass uses: all of them, but a mixture of experts' chosen
+    /// share of its stacked expert tensors (`expert_used_count` of `expert_count`).
+    pub active_parameters: u64,
     pub file_bytes: u64,
     /// Bytes of tensor data per block type (the quantization mix).
     pub type_bytes: BTreeMap<String, u64>,
@@ -59,6 +62,7 @@ impl ModelInfo {
             architecture: c.architecture.clone(),
             layers: c.n_layers,
             parameters: gguf.tensors.iter().map(|t| t.n_elements()).sum(),
+            active_parameters: active_parameters(gguf, &c.architecture),
             file_bytes,
             type_bytes,
             max_context: c.context_length,
@@ -69,4 +73,18 @@ impl ModelInfo {
             largest_tensor_bytes: gguf.tensors.iter().map(|t| t.byte_size).max().unwrap_or(0),
         })
     }
+}
+
+/// Every tensor's parameters, of a mixture of experts' stacked expert tensors (`*_exps`, one
+/// matrix per expert along the last dimension) the `expert_used_count / expert_count` share.
+fn active_parameters(gguf: &Gguf, arch: &str) -> u64 {
+    let count = |k: &str| gguf.get_u64(&format!("{arch}.{k}")).ok().flatten().unwrap_or(0);
+    let (experts, used) = (count("expert_count"), count("expert_used_count"));
+    gguf.tensors
+        .iter()
+        .map(|t| match t.name.contains("_exps.") && experts > 0 {
+            true => t.n_elements() / experts * used.min(experts),
+            false => t.n_elements(),
+        })
+        .sum()
 }

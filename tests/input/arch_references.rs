@@ -253,3 +253,18 @@ fn an_unknown_expert_layout_is_an_error_naming_it() {
     let msg = Plan::from_gguf(&g, None).unwrap_err().to_string();
     assert!(msg.contains("mixture of experts") && msg.contains("qwen3.expert_count"), "{msg}");
 }
+
+/// `ModelInfo` (what `inspect()` and the page show) counts a mixture of experts' active
+/// parameters: every tensor, but 2 of the 8 experts of each stacked expert tensor.
+#[test]
+fn model_info_counts_the_active_parameters_of_a_mixture() {
+    use webgpu_llm::model::ModelInfo;
+    let r = Reference::load("qwen3moe");
+    let gguf = r.gguf();
+    let info = ModelInfo::new(&gguf, r.bytes.len() as u64, None).unwrap();
+    // By hand: 3 layers of gate, up (32 x 64 each) and down (64 x 32) for 8 experts.
+    let experts = 3 * 3 * 8 * 32 * 64;
+    assert_eq!(info.parameters - info.active_parameters, experts / 8 * 6);
+    let dense = ModelInfo::new(&Reference::load("qwen3").gguf(), 0, None).unwrap();
+    assert_eq!(dense.active_parameters, dense.parameters);
+}
