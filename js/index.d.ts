@@ -237,6 +237,8 @@ export interface ModelInfo {
   kvBytesF16: number;
   kvBytesF32: number;
   /** The largest single tensor in the file (the engine splits it over bindings when needed). */
+  /** GPU memory of a hybrid model's recurrent state at `context` (LFM2's short convolutions); 0 otherwise. */
+  stateBytes: number;
   largestTensorBytes: number;
 }
 
@@ -258,7 +260,7 @@ export interface Inspection extends ModelInfo {
   kvBytesPerValue: 2 | 4;
   /** The KV cache at `context` tokens on this adapter. */
   kvBytes: number;
-  /** weightBytes + kvBytes. */
+  /** weightBytes + kvBytes + stateBytes. */
   gpuBytes: number;
   /**
    * The GPU memory assumed available. WebGPU does not expose it: half of navigator.deviceMemory,

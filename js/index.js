@@ -503,7 +503,7 @@ async function fit(info) {
   const adapter = globalThis.navigator?.gpu ? await requestAdapter() : null;
   if (!adapter) {
     return {
-      adapter: null, kvBytesPerValue: 4, kvBytes: info.kvBytesF32, gpuBytes: info.weightBytes + info.kvBytesF32,
+      adapter: null, kvBytesPerValue: 4, kvBytes: info.kvBytesF32, gpuBytes: info.weightBytes + info.kvBytesF32 + info.stateBytes,
       memoryBudget: 0, fits: false, affordableContext: 0,
       note: "This browser offers no WebGPU adapter, so the model cannot run on a GPU here.",
     };
@@ -515,15 +515,16 @@ async function fit(info) {
   // The engine keeps the cache in f16: natively with shader-f16, else packed two per u32 word.
   const kvBytesPerValue = 2;
   const kvBytes = info.kvBytesF16;
-  const kvPerToken = kvBytes / info.context;
-  // The engine keeps each layer's K and V in buffers of their own, each one binding.
-  const bufferPerToken = kvPerToken / 2 / info.layers;
+  // A hybrid's recurrent state grows with the context as the cache does (LFM2).
+  const kvPerToken = (kvBytes + info.stateBytes) / info.context;
+  // The engine keeps each layer's K and V (or state) in buffers of their own, each one binding.
+  const bufferPerToken = Math.max(kvBytes / 2 / info.layers, info.stateBytes / info.layers) / info.context;
   const affordableContext = Math.max(0, Math.min(
     info.maxContext,
     Math.floor(Math.min(maxBufferSize, maxStorageBufferBindingSize) / bufferPerToken),
     Math.floor((memoryBudget - info.weightBytes) / kvPerToken),
   ));
-  const gpuBytes = info.weightBytes + kvBytes;
+  const gpuBytes = info.weightBytes + kvBytes + info.stateBytes;
   const fits = affordableContext >= info.context;
   const budget = `${(memoryBudget / GIB).toFixed(1)} GiB (${reported ? `half the ${reported} GiB of memory this browser reports` : "this browser reports no memory size"})`;
   const gib = (bytes) => `${(bytes / GIB).toFixed(2)} GiB`;

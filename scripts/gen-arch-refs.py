@@ -68,6 +68,7 @@ TOPK = 20
 STD_MATRIX = 0.08
 STD_EMBED = 0.4
 STD_BIAS = 0.2
+STD_CONV = 0.5  # LFM2's short-convolution taps (3 per channel): large enough to move the logits
 NORM_LO, NORM_HI = 0.5, 1.5
 # Tied models (qwen3, llama3): with the scheme above the token just fed dominates the residual stream
 # and, through the shared embedding, its own logit (E[t].E[t] >> E[t].E[v]), so greedy decoding
@@ -212,11 +213,27 @@ ARCHS = [
                        use_sliding_window=False, sliding_window=None, attention_bias=False,
                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
     },
+    {
+        "name": "lfm2",
+        "gguf_name": "Tiny Random LFM2",
+        "model_type": "lfm2",
+        "hf_class": "Lfm2ForCausalLM",
+        "exercises": "hybrid: gated short-convolution layers (0, 1, 3: in_proj to B, C, x; B*x through a causal "
+                     "depthwise convolution over 3 positions; C times it; out_proj) beside attention layers (2, 4: "
+                     "q/k RMSNorms, NEOX rope, GQA 4/2); conv layers marked by 0 in the per-layer "
+                     "attention.head_count_kv array (as llama.cpp reads them); the final norm is token_embd_norm; "
+                     "tied output; conv taps N(0, 0.5) so the convolution moves the logits",
+        "config": dict(hidden_size=64, intermediate_size=160, block_auto_adjust_ff_dim=False, num_hidden_layers=5,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, norm_eps=1e-5,
+                       layer_types=["conv", "conv", "full_attention", "conv", "full_attention"],
+                       conv_L_cache=3, conv_bias=False, tie_word_embeddings=True,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    },
 ]
 
 # llama.cpp src/llama-model.cpp llama_model_rope_type(): which pairs rotate.
 ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "smollm3": "norm",
-              "gemma2": "neox", "qwen3moe": "neox"}
+              "gemma2": "neox", "qwen3moe": "neox", "lfm2": "neox"}
 
 
 def f32(v):
@@ -277,7 +294,7 @@ def build_hf_model(spec, seed, arch_index):
     with torch.no_grad():
         for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
             shape = tuple(p.shape)
-            if tied and name == "model.norm.weight":
+            if tied and name in ("model.norm.weight", "model.embedding_norm.weight"):
                 lo, hi = TIED_FINAL_NORM
                 v = rng.uniform(lo, hi, size=shape)
                 kind = "final rmsnorm (tied model) U(%g,%g)" % (lo, hi)
@@ -291,6 +308,9 @@ def build_hf_model(spec, seed, arch_index):
                 std = TIED_STD_EMBED if tied else STD_EMBED
                 v = rng.normal(0.0, std, size=shape)
                 kind = "embedding N(0,%g)" % std
+            elif name.endswith("conv.conv.weight"):
+                v = rng.normal(0.0, STD_CONV, size=shape)
+                kind = "short-convolution taps N(0,%g)" % STD_CONV
             elif tied and name.endswith(("o_proj.weight", "down_proj.weight")):
                 v = rng.normal(0.0, TIED_STD_RESID_OUT, size=shape)
                 kind = "residual-writing matrix (tied model) N(0,%g)" % TIED_STD_RESID_OUT
@@ -433,7 +453,11 @@ class NpGGUF:
         self.n_layer = int(f(f"{a}.block_count"))
         self.n_embd = int(f(f"{a}.embedding_length"))
         self.n_head = int(f(f"{a}.attention.head_count"))
-        self.n_kv = int(f(f"{a}.attention.head_count_kv"))
+        kv = f(f"{a}.attention.head_count_kv")
+        # LFM2 writes one count per layer, 0 for a short-convolution layer.
+        self.kv_per_layer = list(kv) if isinstance(kv, list) else None
+        self.n_kv = max(self.kv_per_layer) if self.kv_per_layer else int(kv)
+        self.conv_l = int(f(f"{a}.shortconv.l_cache", 0))
         self.n_ff = int(f(f"{a}.feed_forward_length"))
         self.eps = float(f(f"{a}.attention.layer_norm_rms_epsilon"))
         self.base = float(f(f"{a}.rope.freq_base", 10000.0))
@@ -467,6 +491,7 @@ class NpGGUF:
                 arr = arr.reshape(-1)
             self.w[t.name] = arr.astype(np.float64)
         self.out_w = self.w.get("output.weight", self.w["token_embd.weight"])
+        self.final_norm = "token_embd_norm.weight" if a == "lfm2" else "output_norm.weight"
         half = self.n_rot // 2
         ff = self.w.get("rope_freqs.weight", np.ones(half))
         assert ff.shape == (half,)
@@ -496,6 +521,21 @@ class NpGGUF:
         if name + ".bias" in self.w:
             y = y + self.w[name + ".bias"]
         return y
+
+    def short_conv(self, h, p):
+        bcx = h @ self.w[p + "shortconv.in_proj.weight"].T
+        d = self.n_embd
+        b, c, xx = bcx[:, :d], bcx[:, d:2 * d], bcx[:, 2 * d:]
+        bx = b * xx
+        taps = self.w[p + "shortconv.conv.weight"]  # (d, L): channel, tap (oldest first)
+        L = taps.shape[1]
+        padded = np.concatenate([np.zeros((L - 1, d)), bx], axis=0)
+        conv = np.stack([(padded[t:t + L] * taps.T).sum(axis=0) for t in range(h.shape[0])])
+        return (c * conv) @ self.w[p + "shortconv.out_proj.weight"].T
+
+    def ffn(self, h, p):
+        g, u = self.lin(h, p + "ffn_gate"), self.lin(h, p + "ffn_up")
+        return self.lin(g / (1.0 + np.exp(-g)) * u, p + "ffn_down")
 
     def moe(self, h, p):
         logits = h @ self.w[p + "ffn_gate_inp.weight"].T
@@ -527,6 +567,10 @@ class NpGGUF:
             mask = slide if self.sliding(l) else causal
             p = f"blk.{l}."
             h = self.rms(x, self.w[p + "attn_norm.weight"])
+            if self.kv_per_layer and self.kv_per_layer[l] == 0:
+                x = x + self.short_conv(h, p)
+                x = x + self.ffn(self.rms(x, self.w[p + "ffn_norm.weight"]), p)
+                continue
             if p + "attn_qkv.weight" in self.w:
                 qkv = self.lin(h, p + "attn_qkv")
                 q, k, v = np.split(qkv, [H * hd, H * hd + KV * hd], axis=-1)
@@ -566,7 +610,7 @@ class NpGGUF:
             if p + "post_ffw_norm.weight" in self.w:
                 o = self.rms(o, self.w[p + "post_ffw_norm.weight"])
             x = x + o
-        x = self.rms(x, self.w["output_norm.weight"])
+        x = self.rms(x, self.w[self.final_norm])
         logits = x @ self.out_w.T
         if self.final_cap:
             logits = self.final_cap * np.tanh(logits / self.final_cap)
@@ -610,6 +654,14 @@ def negative_controls(gguf_path, ref):
         out["no_final_softcap"] = run(lambda m: setattr(m, "final_cap", None))
     if m0.window:
         out["no_sliding_window"] = run(lambda m: setattr(m, "window", None))
+    if m0.kv_per_layer:
+        def no_conv(m):
+            m.short_conv = lambda h, p: np.zeros_like(h)
+        out["no_short_convolution"] = run(no_conv)
+        def last_only(m):
+            for k in [k for k in m.w if k.endswith("shortconv.conv.weight")]:
+                m.w[k] = m.w[k] * np.array([0.0, 0.0, 1.0])
+        out["convolution_sees_its_own_position_only"] = run(last_only)
     if m0.n_expert:
         out["no_topk_renormalization"] = run(lambda m: setattr(m, "norm_topk", False))
         out["one_expert_fewer"] = run(lambda m: setattr(m, "n_expert_used", m.n_expert_used - 1))
@@ -772,7 +824,7 @@ def generate(args):
                     "num_attention_heads": cfg.num_attention_heads,
                     "num_key_value_heads": cfg.num_key_value_heads, "head_dim": hd["head_dim"],
                     "rope_dims": hd["n_rot"], "rope_parameters": hd["rope_parameters"],
-                    "rms_norm_eps": cfg.rms_norm_eps, "tie_word_embeddings": cfg.tie_word_embeddings,
+                    "rms_norm_eps": getattr(cfg, "rms_norm_eps", getattr(cfg, "norm_eps", None)), "tie_word_embeddings": cfg.tie_word_embeddings,
                     "max_position_embeddings": cfg.max_position_embeddings,
                     "sliding_window": getattr(cfg, "sliding_window", None),
                     "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
@@ -886,7 +938,7 @@ def write_readme(args, results, vers):
 README_TEMPLATE = """# Tiny random-weight reference models per architecture
 
 Generated by `scripts/gen-arch-refs.py --llama-cpp-check` (seed {seed}; setup steps in the script's docstring;
-smollm3 and gemma2 were added later with `--only smollm3 gemma2`, without the llama.cpp run);
+smollm3, gemma2, qwen3moe and lfm2 were added later with `--only NAME`, without the llama.cpp run);
 rerun it to regenerate everything (the GGUF bytes, reference values and this README are deterministic for a given
 seed and library versions: two full runs gave byte-identical files).
 Versions: {vers}.
@@ -956,6 +1008,11 @@ Each `<name>/` holds:
   (1/sqrt(hidden/heads)), so the tiny model sets `query_pre_attn_scalar = head_dim`; the converter skips `lm_head`
   (always tied) and adds 1 to every norm weight (Gemma's `1 + w` RMSNorm); its vocab is patched to the GPT-2 path
   like phi3's.
+
+- LFM2: which layers are short convolutions: those whose entry in the per-layer `attention.head_count_kv` array
+  is 0 (the converter writes the array from `layer_types`; llama.cpp's `load_arch_hparams` marks them recurrent
+  so); the kernel length is `shortconv.l_cache`; the final norm is `token_embd_norm` (transformers'
+  `embedding_norm`, applied after the last layer).
 
 ## reference.json
 - `meta`: names, GGUF architecture, rope style, `gguf_sha256`, `config` (hidden, heads, kv heads, head_dim,

@@ -146,6 +146,7 @@ function showModel(title, model) {
   facts.size.textContent = formatBytes(model.fileBytes);
   facts.memory.textContent =
     `${formatBytes(model.gpuBytes)}: weights ${formatBytes(model.weightBytes)} + KV cache ${formatBytes(model.kvBytes)} ` +
+    (model.stateBytes ? `+ recurrent state ${formatBytes(model.stateBytes)} ` : "") +
     `(${model.kvBytesPerValue === 2 ? "f16" : "f32"}, ${model.context} tokens)`;
   facts.context.textContent =
     `${model.context} tokens (trained for ${model.maxContext}); this GPU can afford about ${model.affordableContext}`;

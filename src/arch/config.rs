@@ -79,13 +79,16 @@ impl ModelConfig {
                 return Err(invalid(&key("attention.head_count"), n_heads, &reason));
             }
         };
-        // Every architecture projects the heads back to the model width with blk.0.attn_output
-        // ([q_dim, d_model]) and the FFN with blk.0.ffn_down ([ffn_dim, d_model]).
+        // Every architecture projects the heads back to the model width with attn_output
+        // ([q_dim, d_model]; the first attention layer's: LFM2 starts with convolutions) and the
+        // FFN with ffn_down ([ffn_dim, d_model]).
         let q_dim = (n_heads as u64).checked_mul(head_dim as u64);
-        let attn_output = gguf.require_tensor("blk.0.attn_output.weight")?;
+        let first_attention = (0..n_layers).find(|i| gguf.tensor(&format!("blk.{i}.attn_output.weight")).is_some());
+        let output_name = format!("blk.{}.attn_output.weight", first_attention.unwrap_or(0));
+        let attn_output = gguf.require_tensor(&output_name)?;
         if q_dim != Some(attn_output.shape[0]) {
             let reason = format!(
-                "{n_heads} heads of {head_dim} values do not make the {} inputs of blk.0.attn_output.weight",
+                "{n_heads} heads of {head_dim} values do not make the {} inputs of {output_name}",
                 attn_output.shape[0]
             );
             return Err(invalid(&key(head_key), head_value, &reason));
@@ -95,9 +98,25 @@ impl ModelConfig {
                 return Err(invalid(&key("attention.value_length"), v, "must equal the key length"));
             }
         }
-        let n_kv_heads = match gguf.get_u64(&key("attention.head_count_kv"))? {
-            Some(v) => positive(&key("attention.head_count_kv"), v)?,
-            None => n_heads,
+        let n_kv_heads = match kv_heads_per_layer(gguf, &arch, n_layers)? {
+            Some(per_layer) => {
+                // LFM2: 0 marks a short-convolution layer; the attention layers share one count.
+                let mut counts = per_layer.iter().copied().filter(|&n| n > 0);
+                let first = counts.next().ok_or_else(|| {
+                    invalid(&key("attention.head_count_kv"), "all 0", "some layer must have attention")
+                })?;
+                if counts.any(|n| n != first) {
+                    return Err(Error::Unsupported(format!(
+                        "attention layers with different KV head counts ({})",
+                        key("attention.head_count_kv")
+                    )));
+                }
+                positive(&key("attention.head_count_kv"), first as u64)?
+            }
+            None => match gguf.get_u64(&key("attention.head_count_kv"))? {
+                Some(v) => positive(&key("attention.head_count_kv"), v)?,
+                None => n_heads,
+            },
         };
         if n_heads % n_kv_heads != 0 {
             return Err(invalid(
@@ -164,6 +183,28 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
+}
+
+/// `attention.head_count_kv` as one count per layer, when the file writes an array (LFM2:
+/// 0 for its short-convolution layers); None when it is one number or absent.
+pub(crate) fn kv_heads_per_layer(gguf: &Gguf, arch: &str, n_layers: usize) -> Result<Option<Vec<usize>>> {
+    let key = format!("{arch}.attention.head_count_kv");
+    if !matches!(gguf.get(&key), Some(crate::gguf::Value::List(_))) {
+        return Ok(None);
+    }
+    let list = gguf.get_array(&key)?.expect("checked above");
+    if list.len() != n_layers {
+        return Err(invalid(&key, format!("{} values", list.len()), &format!("must have one per layer ({n_layers})")));
+    }
+    (0..list.len())
+        .map(|i| {
+            let v = list.get(i).and_then(|v| v.as_u64());
+            v.filter(|&v| v <= u32::MAX as u64)
+                .map(|v| v as usize)
+                .ok_or_else(|| invalid(&key, format!("element {i}"), "must be an unsigned integer"))
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
 }
 
 fn positive(key: &str, v: u64) -> Result<usize> {

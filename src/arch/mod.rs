@@ -9,8 +9,8 @@ use crate::error::{Error, Result};
 use crate::gguf::{Gguf, GgufError, TensorInfo};
 mod config;
 
-pub(crate) use config::invalid;
 pub use config::ModelConfig;
+pub(crate) use config::{invalid, kv_heads_per_layer};
 
 /// Context used when the caller does not choose one: the model's, capped to keep the cache small.
 pub const DEFAULT_CONTEXT: usize = 4096;
@@ -24,7 +24,7 @@ pub const MOE_ARCHITECTURES: &[&str] = &["qwen3moe"];
 
 /// Architectures (`general.architecture`) with a plan.
 pub const ARCHITECTURES: &[&str] =
-    &["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "smollm3", "qwen3moe"];
+    &["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "smollm3", "qwen3moe", "lfm2"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -99,6 +99,20 @@ pub struct Experts {
     pub scale: f32,
 }
 
+/// LFM2's gated short convolution in place of attention: in_proj gives B, C and x (each
+/// d_model wide), B * x goes through a causal depthwise convolution over the last `kernel`
+/// positions (weights [kernel, d] in ggml order: channel c's taps, oldest first), C times that
+/// through out_proj. Its state is the last kernel - 1 positions' B * x, which the engine keeps
+/// per position in the layer's cache, as it keeps keys: forks, rollback and the prefix cache
+/// need nothing more.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShortConv {
+    pub in_proj: String,
+    pub conv: String,
+    pub out_proj: String,
+    pub kernel: usize,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerPlan {
     pub attn_norm: String,
@@ -115,6 +129,8 @@ pub struct LayerPlan {
     pub down: String,
     /// The FFN is a mixture of these experts (`gate_up` and `down` are theirs, stacked).
     pub experts: Option<Experts>,
+    /// A short convolution instead of attention (LFM2): the attention fields are unused.
+    pub conv: Option<ShortConv>,
     /// RMSNorm of the FFN output before the residual add (Gemma 3).
     pub post_ffn_norm: Option<String>,
     /// Index into `Plan::ropes`.
@@ -231,6 +247,26 @@ impl Plan {
             None => None,
             Some(count) => Some(experts(gguf, &arch, count)?),
         };
+        // LFM2's short-convolution layers: those with no KV heads (llama.cpp marks them so).
+        let kv_per_layer = config::kv_heads_per_layer(gguf, &arch, c.n_layers)?;
+        let conv_kernel = match (arch.as_str(), &kv_per_layer) {
+            ("lfm2", _) => {
+                let k = key("shortconv.l_cache");
+                let l = gguf.get_u64(&k)?.ok_or_else(|| Error::MissingMetadata(k.clone()))?;
+                if !(2..=16).contains(&l) {
+                    return Err(invalid(&k, l, "must be from 2 to 16"));
+                }
+                l as usize
+            }
+            (_, Some(_)) => {
+                return Err(Error::Unsupported(format!(
+                    "a KV head count per layer ({}) for architecture {arch:?}",
+                    key("attention.head_count_kv")
+                )))
+            }
+            _ => 0,
+        };
+        let is_conv = |i: usize| kv_per_layer.as_ref().is_some_and(|k| k[i] == 0);
         // Each layer's tensors are checked as it is planned, so a block count larger than the
         // file's layers stops at the first missing one, before more is allocated.
         let has = |name: &str| gguf.tensor(name).is_some();
@@ -263,6 +299,12 @@ impl Plan {
                 gate_up,
                 down,
                 experts,
+                conv: is_conv(i).then(|| ShortConv {
+                    in_proj: format!("blk.{i}.shortconv.in_proj.weight"),
+                    conv: format!("blk.{i}.shortconv.conv.weight"),
+                    out_proj: format!("blk.{i}.shortconv.out_proj.weight"),
+                    kernel: conv_kernel,
+                }),
                 post_ffn_norm: optional(n("post_ffw_norm")),
                 rope: if no_rope(i) {
                     none_rope
@@ -301,7 +343,8 @@ impl Plan {
             ropes,
             layers,
             token_embd: "token_embd.weight".into(),
-            output_norm: "output_norm.weight".into(),
+            // LFM2's final norm is its "embedding norm" (applied after the last layer).
+            output_norm: if arch == "lfm2" { "token_embd_norm.weight" } else { "output_norm.weight" }.into(),
             output: if c.tied_output { "token_embd.weight" } else { "output.weight" }.into(),
             config: c,
         };
@@ -341,9 +384,17 @@ impl Plan {
 impl LayerPlan {
     /// Every tensor of the layer, with the shape (ggml order) it must have.
     pub fn expected_shapes(&self, c: &ModelConfig) -> Vec<(&str, Vec<u64>)> {
-        let (d, q, kv, f, hd) =
-            (c.d_model as u64, c.q_dim() as u64, c.kv_dim() as u64, c.ffn_dim as u64, c.head_dim as u64);
+        let (d, q, kv, hd) = (c.d_model as u64, c.q_dim() as u64, c.kv_dim() as u64, c.head_dim as u64);
         let mut out = vec![(self.attn_norm.as_str(), vec![d])];
+        if let Some(sc) = &self.conv {
+            out.extend([
+                (sc.in_proj.as_str(), vec![d, 3 * d]),
+                (sc.conv.as_str(), vec![sc.kernel as u64, d]),
+                (sc.out_proj.as_str(), vec![d, d]),
+            ]);
+            out.extend(self.ffn_shapes(c));
+            return out;
+        }
         match &self.qkv {
             Qkv::Separate([wq, wk, wv]) => {
                 out.extend([(wq.as_str(), vec![d, q]), (wk, vec![d, kv]), (wv, vec![d, kv])])
@@ -358,7 +409,14 @@ impl LayerPlan {
         }
         out.push((&self.wo, vec![q, d]));
         out.extend(self.post_attn_norm.iter().map(|n| (n.as_str(), vec![d])));
-        out.push((&self.ffn_norm, vec![d]));
+        out.extend(self.ffn_shapes(c));
+        out
+    }
+
+    /// The FFN's tensors, with their shapes (ggml order).
+    fn ffn_shapes(&self, c: &ModelConfig) -> Vec<(&str, Vec<u64>)> {
+        let (d, f) = (c.d_model as u64, c.ffn_dim as u64);
+        let mut out = vec![(self.ffn_norm.as_str(), vec![d])];
         // Experts' tensors stack `count` matrices along a third dimension.
         let stack = |mut shape: Vec<u64>| {
             shape.extend(self.experts.as_ref().map(|e| e.count as u64));

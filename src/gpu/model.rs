@@ -93,6 +93,9 @@ struct LayerWeights {
     /// A mixture of experts' router (`gate_up` and `w_down` then stack the experts: gate
     /// experts' rows, then up experts').
     router: Option<Linear>,
+    /// A short convolution's taps (d x kernel, f32); `qkv` is then its in_proj, `wo` its
+    /// out_proj.
+    conv_taps: Option<wgpu::Buffer>,
 }
 
 /// A mixture of experts' activations, for a pass's rows: the router's logits, each token's
@@ -137,8 +140,12 @@ struct Buffers {
     chain: wgpu::Buffer,
     /// One cos/sin table per RoPE of the plan.
     rope: Vec<wgpu::Buffer>,
+    /// Each attention layer's keys and values (a short-convolution layer's are 16 unused bytes).
     k_cache: Vec<wgpu::Buffer>,
     v_cache: Vec<wgpu::Buffer>,
+    /// Each short-convolution layer's B * x at every position (f32, d_model a position), paged
+    /// like the KV cache.
+    conv_state: Vec<Option<wgpu::Buffer>>,
     /// Two, used in turn: pipelined greedy steps read one while the next step fills the other.
     staging_argmax: [wgpu::Buffer; 2],
     staging_logits: wgpu::Buffer,
@@ -309,6 +316,7 @@ impl GpuModel {
         let mut layers = Vec::with_capacity(c.n_layers);
         for (i, l) in plan.layers.iter().enumerate() {
             let qkv = match &l.qkv {
+                _ if l.conv.is_some() => linear("in_proj", &[&l.conv.as_ref().expect("checked").in_proj]).await?,
                 Qkv::Separate([q, k, v]) => linear("qkv", &[q, k, v]).await?,
                 Qkv::Fused(name) => linear("qkv", &[name]).await?,
             };
@@ -338,7 +346,14 @@ impl GpuModel {
                 qkv,
                 qkv_bias: optional_f32("qkv_bias", l.qkv_bias.as_ref().map(|n| &n[..])).await?,
                 qk_norm: optional_f32("qk_norm", l.qk_norm.as_ref().map(|n| &n[..])).await?,
-                wo: linear("wo", &[&l.wo]).await?,
+                wo: match &l.conv {
+                    Some(sc) => linear("out_proj", &[&sc.out_proj]).await?,
+                    None => linear("wo", &[&l.wo]).await?,
+                },
+                conv_taps: match &l.conv {
+                    Some(sc) => Some(f32_buffer("conv_taps", fetch(g, src, &[&sc.conv]).await?)?),
+                    None => None,
+                },
                 post_attn_norm: optional_f32("post_attn_norm", l.post_attn_norm.as_ref().map(std::slice::from_ref))
                     .await?,
                 ffn_norm: f32_buffer("ffn_norm", fetch(g, src, &[&l.ffn_norm]).await?)?,
@@ -439,7 +454,7 @@ impl GpuModel {
     /// a RoPE table, decode attention's chunk records) each fit one binding.
     fn max_context(gpu: &Gpu, plan: &Plan) -> usize {
         let c = &plan.config;
-        let per_token = [c.kv_dim() * gpu.kv_bytes() as usize, c.rope_dim * 4];
+        let per_token = [c.kv_dim() * gpu.kv_bytes() as usize, c.rope_dim * 4, c.d_model * 4];
         let max = gpu.max_binding() as usize;
         // The cache is whole blocks.
         let fits = per_token.iter().map(|&b| max / b.max(1)).min().unwrap_or(0) / KV_BLOCK * KV_BLOCK;
@@ -462,6 +477,15 @@ impl GpuModel {
         let n = PREFILL_CHUNK as u64;
         let f = 4u64;
         let kv_bytes = (pool_tokens * c.kv_dim()) as u64 * gpu.kv_bytes();
+        let cache_per_layer = |label: &str| -> Result<Vec<wgpu::Buffer>> {
+            plan.layers.iter().map(|l| gpu.storage(label, if l.conv.is_some() { 16 } else { kv_bytes })).collect()
+        };
+        // A short convolution's in_proj (3 d a row) and output (d) share q|k|v's and attention's.
+        let conv = plan.layers.iter().any(|l| l.conv.is_some());
+        let (qkv_row, attn_row) = match conv {
+            true => ((c.q_dim() + 2 * c.kv_dim()).max(3 * c.d_model), c.q_dim().max(c.d_model)),
+            false => (c.q_dim() + 2 * c.kv_dim(), c.q_dim()),
+        };
         let batch = max_batch as u64;
         Ok(Buffers {
             params: gpu.uniform("params", std::mem::size_of::<Params>() as u64),
@@ -477,8 +501,8 @@ impl GpuModel {
             tokens: gpu.storage("tokens", n * 4)?,
             x: gpu.storage("x", n * c.d_model as u64 * f)?,
             xn: gpu.storage("xn", n * c.d_model as u64 * f)?,
-            qkv: gpu.storage("qkv", n * (c.q_dim() + 2 * c.kv_dim()) as u64 * f)?,
-            attn: gpu.storage("attn", n * c.q_dim() as u64 * f)?,
+            qkv: gpu.storage("qkv", n * qkv_row as u64 * f)?,
+            attn: gpu.storage("attn", n * attn_row as u64 * f)?,
             gu: gpu.storage("gate_up", n * 2 * c.ffn_dim as u64 * f)?,
             h: gpu.storage("ffn_hidden", n * c.ffn_dim as u64 * f)?,
             proj: gpu.storage("proj", n * c.d_model as u64 * f)?,
@@ -505,8 +529,15 @@ impl GpuModel {
                 .iter()
                 .map(|r| gpu.storage_init("rope", bytemuck::cast_slice(&kernels::rope_table(r, context))))
                 .collect::<Result<_>>()?,
-            k_cache: (0..c.n_layers).map(|_| gpu.storage("k_cache", kv_bytes)).collect::<Result<_>>()?,
-            v_cache: (0..c.n_layers).map(|_| gpu.storage("v_cache", kv_bytes)).collect::<Result<_>>()?,
+            k_cache: cache_per_layer("k_cache")?,
+            v_cache: cache_per_layer("v_cache")?,
+            conv_state: plan
+                .layers
+                .iter()
+                .map(|l| {
+                    l.conv.as_ref().map(|_| gpu.storage("conv_state", (pool_tokens * c.d_model) as u64 * f)).transpose()
+                })
+                .collect::<Result<_>>()?,
             staging_argmax: [gpu.readback("staging_argmax", batch * 4), gpu.readback("staging_argmax", batch * 4)],
             staging_logits: gpu.readback("staging_logits", batch * c.vocab_size as u64 * f),
             top_k_want: gpu.storage("top_k_want", batch * 8)?,
@@ -564,50 +595,75 @@ impl GpuModel {
             if !fuse {
                 ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, &l.attn_norm, &b.xn));
             }
-            // Decode on GPUs hands RoPE and the cache write to the projection's epilogue where it
-            // can; CPU adapters keep the separate pass (the epilogue's barrier costs them 13% of
-            // a decode step on lavapipe: 4.1-4.4 against 5.0-5.1 tok/s).
-            let fold =
-                RopeKvFold { config: c, rope, batch: &b.batch, table: &b.rope[lp.rope], k_cache: kc, v_cache: vc };
-            let folded = fuse && fold.applies(&extras, &l.qkv);
-            let norm = fuse.then_some((&l.attn_norm, eps));
-            if tiled {
-                ops.extend(kernels::gemm(gpu, p, params, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
-            } else if folded {
-                ops.extend(kernels::gemv_rope_kv(gpu, p, gb, &l.qkv, &fold, norm, input, &b.qkv, qkv_stride));
-            } else {
-                ops.extend(kernels::gemv(gpu, p, gb, &l.qkv, act, Epilogue::Store, norm, input, &b.qkv, qkv_stride));
-            }
-            if !folded {
-                let table = &b.rope[lp.rope];
-                ops.push(kernels::rope_kv(gpu, p, params, c, rope, extras, &b.qkv, table, kc, vc, &b.batch));
-            }
-            if prefill {
-                ops.push(kernels::attention_prefill(gpu, p, params, c, kind, &b.qkv, kc, vc, &b.attn, &b.batch));
-            } else {
-                // Each decode row its own sequence's keys (a round's decode rows; every row of a
-                // decode step, where the decode segment is all of them).
-                let decode = kernels::attention_decode(
-                    gpu,
-                    p,
-                    c,
-                    kind,
-                    self.context,
-                    &b.qkv,
-                    kc,
-                    vc,
-                    &b.partials,
-                    &b.attn,
-                    &b.batch,
-                );
-                ops.extend(decode.into_iter().map(|op| op.on(Segment::Decode)));
-                // A round's prompt chunks: flash attention over each chunk's own rows.
-                for (k, chunk) in b.params_chunks.iter().enumerate().take(if round { ROUND_PASSES - 1 } else { 0 }) {
-                    let op = kernels::attention_prefill(gpu, p, chunk, c, kind, &b.qkv, kc, vc, &b.attn, &b.batch);
-                    ops.push(op.on(Segment::Chunk(k as u8)));
+            if let (Some(sc), Some(state), Some(taps)) = (&lp.conv, &b.conv_state[i], &l.conv_taps) {
+                // LFM2's short convolution: in_proj (in `qkv`) to B, C, x; B * x into the
+                // layer's state at each row's position; C * its convolution into `attn`.
+                let (d, norm) = (c.d_model, fuse.then_some((&l.attn_norm, eps)));
+                if tiled {
+                    ops.extend(kernels::gemm(gpu, p, params, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, 3 * d));
+                } else {
+                    ops.extend(kernels::gemv(gpu, p, gb, &l.qkv, act, Epilogue::Store, norm, input, &b.qkv, 3 * d));
                 }
+                ops.extend(kernels::short_conv(gpu, p, params, d, sc.kernel, &b.qkv, state, taps, &b.attn, &b.batch));
+                residual(&mut ops, p, &l.wo, &b.attn, &l.post_attn_norm);
+            } else {
+                // Decode on GPUs hands RoPE and the cache write to the projection's epilogue where it
+                // can; CPU adapters keep the separate pass (the epilogue's barrier costs them 13% of
+                // a decode step on lavapipe: 4.1-4.4 against 5.0-5.1 tok/s).
+                let fold =
+                    RopeKvFold { config: c, rope, batch: &b.batch, table: &b.rope[lp.rope], k_cache: kc, v_cache: vc };
+                let folded = fuse && fold.applies(&extras, &l.qkv);
+                let norm = fuse.then_some((&l.attn_norm, eps));
+                if tiled {
+                    ops.extend(kernels::gemm(gpu, p, params, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
+                } else if folded {
+                    ops.extend(kernels::gemv_rope_kv(gpu, p, gb, &l.qkv, &fold, norm, input, &b.qkv, qkv_stride));
+                } else {
+                    ops.extend(kernels::gemv(
+                        gpu,
+                        p,
+                        gb,
+                        &l.qkv,
+                        act,
+                        Epilogue::Store,
+                        norm,
+                        input,
+                        &b.qkv,
+                        qkv_stride,
+                    ));
+                }
+                if !folded {
+                    let table = &b.rope[lp.rope];
+                    ops.push(kernels::rope_kv(gpu, p, params, c, rope, extras, &b.qkv, table, kc, vc, &b.batch));
+                }
+                if prefill {
+                    ops.push(kernels::attention_prefill(gpu, p, params, c, kind, &b.qkv, kc, vc, &b.attn, &b.batch));
+                } else {
+                    // Each decode row its own sequence's keys (a round's decode rows; every row of a
+                    // decode step, where the decode segment is all of them).
+                    let decode = kernels::attention_decode(
+                        gpu,
+                        p,
+                        c,
+                        kind,
+                        self.context,
+                        &b.qkv,
+                        kc,
+                        vc,
+                        &b.partials,
+                        &b.attn,
+                        &b.batch,
+                    );
+                    ops.extend(decode.into_iter().map(|op| op.on(Segment::Decode)));
+                    // A round's prompt chunks: flash attention over each chunk's own rows.
+                    for (k, chunk) in b.params_chunks.iter().enumerate().take(if round { ROUND_PASSES - 1 } else { 0 })
+                    {
+                        let op = kernels::attention_prefill(gpu, p, chunk, c, kind, &b.qkv, kc, vc, &b.attn, &b.batch);
+                        ops.push(op.on(Segment::Chunk(k as u8)));
+                    }
+                }
+                residual(&mut ops, p, &l.wo, &b.attn, &l.post_attn_norm);
             }
-            residual(&mut ops, p, &l.wo, &b.attn, &l.post_attn_norm);
 
             if let (Some(e), Some(m), Some(router)) = (&lp.experts, &b.moe, &l.router) {
                 // A mixture of experts: the router's logits, each token's choice, the chosen
@@ -723,13 +779,24 @@ impl GpuModel {
     pub fn min_decode_traffic(&self, seq: usize) -> Ledger {
         let c = &self.config;
         let kv_row = 2 * c.kv_dim() as u64 * self.gpu.kv_bytes();
-        let kv_read = self.plan.layers.iter().map(|l| kv_row * l.window.map_or(seq, |w| seq.min(w)) as u64).sum();
+        let attention = self.plan.layers.iter().filter(|l| l.conv.is_none());
+        let kv_read = attention.clone().map(|l| kv_row * l.window.map_or(seq, |w| seq.min(w)) as u64).sum();
+        let attention_layers = attention.count();
         let per_layer = (c.q_dim() + 2 * c.kv_dim()) + c.q_dim() + 2 * c.d_model + c.ffn_dim;
+        // A short convolution's layer: in_proj's 3 d, the state written and the last `kernel`
+        // positions' read, C times the convolution, and the rest as an attention layer's.
+        let conv_layers: usize = self
+            .plan
+            .layers
+            .iter()
+            .filter_map(|l| l.conv.as_ref())
+            .map(|sc| 3 * c.d_model + (1 + sc.kernel) * c.d_model + c.d_model + 2 * c.d_model + c.ffn_dim)
+            .sum();
         Ledger {
             weights: self.file_weight_bytes,
-            activations: 4 * (c.n_layers * per_layer + c.vocab_size) as u64,
+            activations: 4 * (attention_layers * per_layer + conv_layers + c.vocab_size) as u64,
             kv_read,
-            kv_written: kv_row * c.n_layers as u64,
+            kv_written: kv_row * attention_layers as u64,
         }
     }
 

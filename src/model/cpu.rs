@@ -25,9 +25,20 @@ struct Layer {
     w_down: Vec<f32>,
     /// The router of a mixture of experts (`count` rows).
     router: Option<Vec<f32>>,
+    /// A short convolution in place of attention (whose weights are then empty).
+    conv: Option<ConvWeights>,
     post_ffn_norm: Option<Vec<f32>>,
     /// RoPE inverse frequency of each rotated pair.
     inv_freq: Vec<f64>,
+}
+
+/// LFM2's short convolution (`arch::ShortConv`).
+struct ConvWeights {
+    in_proj: Vec<f32>,
+    /// Channel c's taps at c * kernel .. (c + 1) * kernel, oldest position first.
+    taps: Vec<f32>,
+    out_proj: Vec<f32>,
+    kernel: usize,
 }
 
 pub struct CpuModel {
@@ -40,7 +51,8 @@ pub struct CpuModel {
     layers: Vec<Layer>,
 }
 
-/// Keys and values of every position seen so far, per layer, `[pos][kv_dim]`.
+/// Keys and values of every position seen so far, per layer, `[pos][kv_dim]` (a short
+/// convolution's layer: its B * x, `[pos][d_model]` in `k`).
 #[derive(Default, Clone)]
 pub struct CpuKvCache {
     k: Vec<Vec<f32>>,
@@ -55,11 +67,14 @@ impl CpuKvCache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    /// Forgets positions from `len` on (reuse of a shared prefix).
-    pub fn truncate(&mut self, len: usize, kv_dim: usize) {
+    /// Forgets positions from `len` on (reuse of a shared prefix). Each layer's rows are as
+    /// wide as it keeps (`kv_dim` for attention, d_model for a short convolution's B * x).
+    pub fn truncate(&mut self, len: usize, _kv_dim: usize) {
+        let old = self.len;
         self.len = self.len.min(len);
         for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-            buf.truncate(self.len * kv_dim);
+            let width = buf.len().checked_div(old).unwrap_or(0);
+            buf.truncate(self.len * width);
         }
     }
 }
@@ -87,6 +102,7 @@ impl CpuModel {
             .iter()
             .map(|l| {
                 let (wq, wk, wv) = match &l.qkv {
+                    _ if l.conv.is_some() => (Vec::new(), Vec::new(), Vec::new()),
                     Qkv::Separate([q, k, v]) => (load(q)?, load(k)?, load(v)?),
                     Qkv::Fused(name) => {
                         let w = load(name)?;
@@ -102,7 +118,18 @@ impl CpuModel {
                     }
                 };
                 let optional = |name: &Option<String>| name.as_deref().map(load).transpose();
+                let conv = match &l.conv {
+                    Some(sc) => Some(ConvWeights {
+                        in_proj: load(&sc.in_proj)?,
+                        taps: load(&sc.conv)?,
+                        out_proj: load(&sc.out_proj)?,
+                        kernel: sc.kernel,
+                    }),
+                    None => None,
+                };
+                let attention = l.conv.is_none();
                 Ok(Layer {
+                    conv,
                     attn_norm: load(&l.attn_norm)?,
                     wq,
                     wk,
@@ -110,10 +137,11 @@ impl CpuModel {
                     bias: l
                         .qkv_bias
                         .as_ref()
+                        .filter(|_| attention)
                         .map(|[q, k, v]| Ok::<_, Error>([load(q)?, load(k)?, load(v)?]))
                         .transpose()?,
                     qk_norm: l.qk_norm.as_ref().map(|[q, k]| Ok::<_, Error>([load(q)?, load(k)?])).transpose()?,
-                    wo: load(&l.wo)?,
+                    wo: if attention { load(&l.wo)? } else { Vec::new() },
                     post_attn_norm: optional(&l.post_attn_norm)?,
                     ffn_norm: load(&l.ffn_norm)?,
                     w_gate,
@@ -191,6 +219,12 @@ impl CpuModel {
 
         for ((li, layer), lp) in self.layers.iter().enumerate().zip(&plan.layers).take(layers) {
             rms_norm(&mut xn, &x, &layer.attn_norm, c.rms_eps);
+            if let Some(cw) = &layer.conv {
+                short_conv(d, cw, &xn, &mut cache.k[li], start, &mut proj);
+                add_in_place(&mut x, &proj);
+                self.ffn(c, lp, layer, &mut x, &mut xn, &mut gate, &mut up, &mut proj);
+                continue;
+            }
             matmul(&mut q, &xn, &layer.wq, d);
             matmul(&mut k, &xn, &layer.wk, d);
             matmul(&mut v, &xn, &layer.wv, d);
@@ -218,22 +252,7 @@ impl CpuModel {
                 rms_norm_in_place(&mut proj, w, c.rms_eps);
             }
             add_in_place(&mut x, &proj);
-
-            rms_norm(&mut xn, &x, &layer.ffn_norm, c.rms_eps);
-            if let (Some(e), Some(router)) = (&lp.experts, &layer.router) {
-                mixture(c, plan.activation, e, layer, router, &xn, &mut proj);
-            } else {
-                matmul(&mut gate, &xn, &layer.w_gate, d);
-                matmul(&mut up, &xn, &layer.w_up, d);
-                for (g, u) in gate.iter_mut().zip(&up) {
-                    *g = activation(plan.activation, *g) * u;
-                }
-                matmul(&mut proj, &gate, &layer.w_down, c.ffn_dim);
-            }
-            if let Some(w) = &layer.post_ffn_norm {
-                rms_norm_in_place(&mut proj, w, c.rms_eps);
-            }
-            add_in_place(&mut x, &proj);
+            self.ffn(c, lp, layer, &mut x, &mut xn, &mut gate, &mut up, &mut proj);
         }
         cache.len += n;
 
@@ -250,6 +269,67 @@ impl CpuModel {
         }
         Ok(logits)
     }
+}
+
+impl CpuModel {
+    /// A layer's FFN (dense or a mixture of experts) and its residual add.
+    #[allow(clippy::too_many_arguments)]
+    fn ffn(
+        &self,
+        c: &ModelConfig,
+        lp: &crate::arch::LayerPlan,
+        layer: &Layer,
+        x: &mut [f32],
+        xn: &mut [f32],
+        gate: &mut [f32],
+        up: &mut [f32],
+        proj: &mut [f32],
+    ) {
+        let (d, act) = (c.d_model, self.plan.activation);
+        rms_norm(xn, x, &layer.ffn_norm, c.rms_eps);
+        if let (Some(e), Some(router)) = (&lp.experts, &layer.router) {
+            mixture(c, act, e, layer, router, xn, proj);
+        } else {
+            matmul(gate, xn, &layer.w_gate, d);
+            matmul(up, xn, &layer.w_up, d);
+            for (g, u) in gate.iter_mut().zip(up.iter()) {
+                *g = activation(act, *g) * u;
+            }
+            matmul(proj, gate, &layer.w_down, c.ffn_dim);
+        }
+        if let Some(w) = &layer.post_ffn_norm {
+            rms_norm_in_place(proj, w, c.rms_eps);
+        }
+        add_in_place(x, proj);
+    }
+}
+
+/// LFM2's short convolution of the rows of `xn` (positions `start..`) into `out`: each
+/// position's B * x appended to `state` (the layer's cache, d values a position), then
+/// C * (the causal convolution of B * x over the last `kernel` positions, zeros before 0),
+/// through out_proj.
+fn short_conv(d: usize, cw: &ConvWeights, xn: &[f32], state: &mut Vec<f32>, start: usize, out: &mut [f32]) {
+    let n = xn.len() / d;
+    let mut bcx = vec![0f32; n * 3 * d];
+    matmul(&mut bcx, xn, &cw.in_proj, d);
+    for row in bcx.chunks_exact(3 * d) {
+        state.extend(row[..d].iter().zip(&row[2 * d..]).map(|(b, x)| b * x));
+    }
+    let mut y = vec![0f32; n * d];
+    for (t, (yt, row)) in y.chunks_exact_mut(d).zip(bcx.chunks_exact(3 * d)).enumerate() {
+        let pos = start + t;
+        for (ch, yc) in yt.iter_mut().enumerate() {
+            let mut s = 0f32;
+            for j in 0..cw.kernel {
+                // Tap j reads position pos - (kernel - 1) + j.
+                if let Some(p) = (pos + j + 1).checked_sub(cw.kernel) {
+                    s += cw.taps[ch * cw.kernel + j] * state[p * d + ch];
+                }
+            }
+            *yc = row[d + ch] * s;
+        }
+    }
+    matmul(out, &y, &cw.out_proj, d);
 }
 
 /// A mixture of experts' FFN for each row of `xn` into `out`: each token's chosen experts'

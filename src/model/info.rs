@@ -30,6 +30,9 @@ pub struct ModelInfo {
     /// GPU memory of the KV cache at `context`, f16 and f32.
     pub kv_bytes_f16: u64,
     pub kv_bytes_f32: u64,
+    /// GPU memory of a hybrid model's recurrent state at `context` (LFM2's short convolutions
+    /// keep each position's B * x, f32, paged with the KV cache); 0 for other models.
+    pub state_bytes: u64,
     /// The largest single tensor (it is split across bindings when larger than one).
     pub largest_tensor_bytes: u64,
 }
@@ -48,8 +51,13 @@ impl ModelInfo {
             let (cols, rows) = t.rows();
             weight_bytes += f.gpu_row_words(cols).map_or(t.byte_size, |w| 4 * w as u64 * rows as u64);
         }
-        // K and V of every layer at every position; checked, as the context may come from the caller.
-        let kv_values = [c.n_layers, c.kv_dim(), context, 2]
+        // LFM2's short-convolution layers keep no K and V, but each position's B * x (f32).
+        let conv_layers = crate::arch::kv_heads_per_layer(gguf, &c.architecture, c.n_layers)?
+            .map_or(0, |per_layer| per_layer.iter().filter(|&&n| n == 0).count());
+        let state_bytes = (conv_layers * c.d_model * 4) as u64 * context as u64;
+        // K and V of every attention layer at every position; checked, as the context may come
+        // from the caller.
+        let kv_values = [c.n_layers - conv_layers, c.kv_dim(), context, 2]
             .iter()
             .try_fold(1u64, |acc, &n| acc.checked_mul(n as u64))
             .filter(|&v| v.checked_mul(4).is_some())
@@ -70,6 +78,7 @@ impl ModelInfo {
             weight_bytes,
             kv_bytes_f16: kv_values * 2,
             kv_bytes_f32: kv_values * 4,
+            state_bytes,
             largest_tensor_bytes: gguf.tensors.iter().map(|t| t.byte_size).max().unwrap_or(0),
         })
     }

@@ -11,7 +11,7 @@ use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, Readback};
 use webgpu_llm::model::{CpuModel, Logits};
 use webgpu_llm::sampling::argmax;
 
-const MODELS: [&str; 8] = ["qwen2", "qwen3", "phi3", "llama3", "mistral", "smollm3", "gemma2", "qwen3moe"];
+const MODELS: [&str; 9] = ["qwen2", "qwen3", "phi3", "llama3", "mistral", "smollm3", "gemma2", "qwen3moe", "lfm2"];
 
 struct Reference {
     name: &'static str,
@@ -170,34 +170,58 @@ fn gpu_matches_transformers_on_every_architecture_and_path() {
 }
 
 /// The runtime's batched passes (a round's prompt chunks beside decode rows, batched decode
-/// steps) on the newer layer plans: the three reference prompts in one batch give transformers'
-/// greedy tokens on the f32 path (whose logits are within 1e-5 of the reference, far below every
-/// case's smallest top-1/top-2 margin), each as it gives them alone.
+/// steps) on the newer layer plans, on the f32 path (whose logits are within 2e-5 of the
+/// reference, far below every case's smallest top-1/top-2 margin): the three reference prompts
+/// in one batch give transformers' greedy tokens; so they do with speculation (self-speculation
+/// on the first layer and prompt lookup: drafts accepted and rejected, so a short convolution's
+/// state at rejected positions is written and then written over); and a second batch whose
+/// prompts are the first ones plus 8 generated tokens starts from the prefix cache's blocks (a
+/// hybrid model's state resumed mid-conversation) and gives the remaining 8.
 #[test]
 fn batched_generation_gives_the_reference_tokens_on_the_newer_plans() {
     use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt};
     use webgpu_llm::sampling::SamplingParams;
-    for name in ["smollm3", "gemma2", "qwen3moe"] {
+    use webgpu_llm::speculate::{Drafter, Speculation};
+    for name in ["smollm3", "gemma2", "qwen3moe", "lfm2"] {
         let r = Reference::load(name);
         let gpu = GpuOptions { force_f32: true, ..Default::default() };
         let opts = LoadOptions { backend: BackendKind::Gpu, context_length: Some(256), gpu };
         let mut engine = pollster::block_on(Engine::load(&r.bytes, opts, &mut |_, _| {})).unwrap();
-        let greedy = GenerateOptions {
-            max_tokens: 16,
+        let greedy = |n: usize, speculate: Option<Speculation>| GenerateOptions {
+            max_tokens: n,
             sampling: SamplingParams::greedy(),
             ignore_eos: true,
+            speculate,
             ..Default::default()
         };
-        let requests: Vec<(Prompt, GenerateOptions)> =
-            r.cases().iter().map(|c| (Prompt::Tokens(ids(&c["prompt_ids"])), greedy.clone())).collect();
-        let mut got = vec![Vec::new(); requests.len()];
-        pollster::block_on(engine.generate_batch(&requests, &mut |seq, ev| {
-            got[seq].push(ev.id);
-            true
-        }))
-        .unwrap();
-        for (ci, case) in r.cases().iter().enumerate() {
-            assert_eq!(got[ci], ids(&case["greedy_ids"]), "{name} case {ci} in a batch");
+        let mut run = |requests: Vec<(Prompt, GenerateOptions)>| {
+            let mut got = vec![Vec::new(); requests.len()];
+            pollster::block_on(engine.generate_batch(&requests, &mut |seq, ev| {
+                got[seq].push(ev.id);
+                true
+            }))
+            .unwrap();
+            got
+        };
+        let cases = r.cases();
+        let prompts: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["prompt_ids"])).collect();
+        let want: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["greedy_ids"])).collect();
+        let drafters = [None, Some(Drafter::Layers(1)), Some(Drafter::Lookup)];
+        for drafter in drafters {
+            let speculate = drafter.map(|drafter| Speculation { drafter, draft_tokens: 3 });
+            let requests = prompts.iter().map(|p| (Prompt::Tokens(p.clone()), greedy(16, speculate))).collect();
+            let got = run(requests);
+            for (ci, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g, w, "{name} case {ci} in a batch, drafter {drafter:?}");
+            }
+        }
+        let requests = prompts
+            .iter()
+            .zip(&want)
+            .map(|(p, w)| (Prompt::Tokens([&p[..], &w[..8]].concat()), greedy(8, None)))
+            .collect();
+        for (ci, (g, w)) in run(requests).iter().zip(&want).enumerate() {
+            assert_eq!(g[..], w[8..], "{name} case {ci} resumed from the prefix cache");
         }
     }
 }
@@ -255,9 +279,10 @@ fn an_unknown_expert_layout_is_an_error_naming_it() {
 }
 
 /// `ModelInfo` (what `inspect()` and the page show) counts a mixture of experts' active
-/// parameters: every tensor, but 2 of the 8 experts of each stacked expert tensor.
+/// parameters (every tensor, but 2 of the 8 experts of each stacked expert tensor) and a
+/// hybrid's recurrent state beside its KV cache.
 #[test]
-fn model_info_counts_the_active_parameters_of_a_mixture() {
+fn model_info_counts_a_mixtures_active_parameters_and_a_hybrids_state() {
     use webgpu_llm::model::ModelInfo;
     let r = Reference::load("qwen3moe");
     let gguf = r.gguf();
@@ -267,4 +292,49 @@ fn model_info_counts_the_active_parameters_of_a_mixture() {
     assert_eq!(info.parameters - info.active_parameters, experts / 8 * 6);
     let dense = ModelInfo::new(&Reference::load("qwen3").gguf(), 0, None).unwrap();
     assert_eq!(dense.active_parameters, dense.parameters);
+    assert_eq!(dense.state_bytes, 0);
+    // LFM2 at 100 tokens: K and V of its 2 attention layers (2 KV heads of 16), and each
+    // position's B * x (64 f32) for its 3 short-convolution layers.
+    let hybrid = ModelInfo::new(&Reference::load("lfm2").gguf(), 0, Some(100)).unwrap();
+    assert_eq!(hybrid.kv_bytes_f32, 2 * 2 * 32 * 100 * 4);
+    assert_eq!(hybrid.state_bytes, 3 * 64 * 100 * 4);
+}
+
+/// Beam search on the GPU (beams forked in the KV pool: a shared block copied when a beam
+/// writes into it, a short convolution's state block with the keys and values) gives the CPU
+/// reference's beams on LFM2 (the hybrid) and Qwen3-MoE: each score within 1e-3, the same ids
+/// where the scores are apart.
+#[test]
+fn beams_on_the_hybrid_and_the_mixture_give_the_cpu_beams() {
+    use webgpu_llm::beam::{BeamOptions, EarlyStopping};
+    use webgpu_llm::engine::{BackendKind, Engine, LoadOptions, Prompt};
+    for name in ["lfm2", "qwen3moe"] {
+        let r = Reference::load(name);
+        let load = |backend| {
+            let gpu = GpuOptions { force_f32: true, ..Default::default() };
+            let opts = LoadOptions { backend, context_length: Some(256), gpu };
+            pollster::block_on(Engine::load(&r.bytes, opts, &mut |_, _| {})).unwrap()
+        };
+        let (mut cpu, mut gpu) = (load(BackendKind::Cpu), load(BackendKind::Gpu));
+        for case in r.cases().iter().take(2) {
+            let prompt = Prompt::Tokens(ids(&case["prompt_ids"]));
+            let options = BeamOptions {
+                beams: 4,
+                max_tokens: 10,
+                stop_ids: vec![],
+                length_penalty: 1.0,
+                early_stopping: EarlyStopping::Heuristic,
+            };
+            let want = pollster::block_on(cpu.beam_search(&prompt, &options)).unwrap();
+            let got = pollster::block_on(gpu.beam_search(&prompt, &options)).unwrap();
+            assert_eq!(got.len(), want.len(), "{name}");
+            for (rank, ((g, _), (w, _))) in got.iter().zip(&want).enumerate() {
+                assert!((g.score - w.score).abs() < 1e-3, "{name} beam {rank}: {} vs {}", g.score, w.score);
+                let apart = want.iter().enumerate().all(|(j, (h, _))| j == rank || (h.score - w.score).abs() > 1e-3);
+                if apart {
+                    assert_eq!(g.ids, w.ids, "{name} beam {rank}");
+                }
+            }
+        }
+    }
 }

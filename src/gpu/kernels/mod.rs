@@ -10,6 +10,7 @@ mod matmul;
 mod moe;
 mod norm;
 mod rope;
+mod short_conv;
 mod softcap;
 mod top_k;
 
@@ -21,6 +22,7 @@ pub use matmul::{gemm, gemv, gemv_rope_kv, Epilogue, GemvBatch};
 pub use moe::{check_experts, moe_combine, moe_gemv, moe_route};
 pub use norm::{rms_norm, NormOut};
 pub use rope::{rope_kv, rope_table, QkvExtras, RopeKvFold};
+pub use short_conv::short_conv;
 pub use softcap::softcap_rows;
 pub use top_k::{top_k, MAX_TOP_K, NUCLEUS_K, TOP_K_WORDS};
 

@@ -318,18 +318,30 @@ impl GpuModel {
         }
     }
 
-    /// The pool's copy-on-write copies (`self.copies`), every layer's K and V block, through a
-    /// scratch block (WebGPU copies nothing within one buffer).
+    /// The pool's copy-on-write copies (`self.copies`), every attention layer's K and V block
+    /// and every short-convolution layer's state block, through a scratch block (WebGPU copies
+    /// nothing within one buffer).
     pub(super) fn copy_blocks(&mut self, enc: &mut wgpu::CommandEncoder) -> Result<()> {
-        let bytes = (KV_BLOCK * self.config.kv_dim()) as u64 * self.gpu.kv_bytes();
+        let kv = (KV_BLOCK * self.config.kv_dim()) as u64 * self.gpu.kv_bytes();
+        let state = (KV_BLOCK * self.config.d_model) as u64 * 4;
         if self.block_scratch.is_none() {
-            self.block_scratch = Some(self.gpu.storage("block_scratch", bytes)?);
+            self.block_scratch = Some(self.gpu.storage("block_scratch", kv.max(state))?);
         }
         let scratch = self.block_scratch.as_ref().expect("made above");
+        let b = &self.buf;
+        let mut copy = |cache: &wgpu::Buffer, bytes: u64, from: u32, to: u32| {
+            enc.copy_buffer_to_buffer(cache, from as u64 * bytes, scratch, 0, bytes);
+            enc.copy_buffer_to_buffer(scratch, 0, cache, to as u64 * bytes, bytes);
+        };
         for &(from, to) in &self.copies {
-            for cache in self.buf.k_cache.iter().chain(&self.buf.v_cache) {
-                enc.copy_buffer_to_buffer(cache, from as u64 * bytes, scratch, 0, bytes);
-                enc.copy_buffer_to_buffer(scratch, 0, cache, to as u64 * bytes, bytes);
+            for i in 0..self.plan.layers.len() {
+                match &b.conv_state[i] {
+                    Some(s) => copy(s, state, from, to),
+                    None => {
+                        copy(&b.k_cache[i], kv, from, to);
+                        copy(&b.v_cache[i], kv, from, to);
+                    }
+                }
             }
         }
         Ok(())
