@@ -214,6 +214,22 @@ ARCHS = [
                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
     },
     {
+        "name": "qwen3yarn",
+        "gguf_name": "Tiny Random Qwen3 YaRN",
+        "model_type": "qwen3",
+        "hf_class": "Qwen3ForCausalLM",
+        "exercises": "YaRN RoPE scaling (factor 64 over an original context of 16 positions, the 1024 trained; theta 10000, beta_fast 32 / "
+                     "beta_slow 1 by default: the pairs between the correction dims mix interpolated and original "
+                     "frequencies; cos and sin times 0.1 ln 64 + 1), written by the converter as rope.scaling.type yarn, "
+                     "factor and original_context_length; Qwen3 q/k norms, NEOX rope, GQA 4/2, tied output",
+        "config": dict(hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=32, max_position_embeddings=1024, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, use_sliding_window=False, sliding_window=None,
+                       attention_bias=False,
+                       rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 64.0,
+                                        "original_max_position_embeddings": 16}),
+    },
+    {
         "name": "lfm2",
         "gguf_name": "Tiny Random LFM2",
         "model_type": "lfm2",
@@ -496,13 +512,23 @@ class NpGGUF:
         ff = self.w.get("rope_freqs.weight", np.ones(half))
         assert ff.shape == (half,)
         self.inv_freq = self.base ** (-(2.0 * np.arange(half)) / self.n_rot) / ff
+        self.mscale = 1.0
+        if f(f"{a}.rope.scaling.type") == "yarn":
+            # llama.cpp's rope_yarn with ggml_rope_yarn_corr_dims (beta_fast 32, beta_slow 1).
+            factor = float(f(f"{a}.rope.scaling.factor"))
+            orig = float(f(f"{a}.rope.scaling.original_context_length"))
+            corr = lambda rot: self.n_rot * np.log(orig / (rot * 2 * np.pi)) / (2 * np.log(self.base))
+            low, high = max(0.0, np.floor(corr(32.0))), min(self.n_rot - 1.0, np.ceil(corr(1.0)))
+            ramp = 1.0 - np.clip((np.arange(half) - low) / max(0.001, high - low), 0.0, 1.0)  # extrapolation share
+            self.inv_freq = self.inv_freq * ((1.0 - ramp) / factor + ramp)
+            self.mscale = 0.1 * np.log(factor) + 1.0
 
     def rms(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
     def rope(self, x, pos):
         ang = pos[:, None] * self.inv_freq[None, :]
-        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        c, s = self.mscale * np.cos(ang)[:, None, :], self.mscale * np.sin(ang)[:, None, :]
         out = x.copy()
         n = self.n_rot
         if self.style == "norm":
@@ -654,6 +680,12 @@ def negative_controls(gguf_path, ref):
         out["no_final_softcap"] = run(lambda m: setattr(m, "final_cap", None))
     if m0.window:
         out["no_sliding_window"] = run(lambda m: setattr(m, "window", None))
+    if m0.mscale != 1.0:
+        out["yarn_without_attention_factor"] = run(lambda m: setattr(m, "mscale", 1.0))
+        def plain_rope(m):
+            half = m.n_rot // 2
+            m.inv_freq = m.base ** (-(2.0 * np.arange(half)) / m.n_rot)
+        out["rope_without_yarn"] = run(plain_rope)
     if m0.kv_per_layer:
         def no_conv(m):
             m.short_conv = lambda h, p: np.zeros_like(h)

@@ -566,7 +566,7 @@ gpu_test! {
         for mut h in Harness::kv_paths().await {
             let paging = h.set(n, start, ctx);
             for (style, dim, with_bias, with_norm, freq_factors) in cases.clone() {
-                let rope = Rope { base: 10000.0, dim, style, freq_factors };
+                let rope = Rope { base: 10000.0, dim, style, freq_factors, mscale: 1.0 };
                 let qkv = random(&mut rng, n * row, 2.0);
                 let bias = random(&mut rng, row, 0.5);
                 let norm = random(&mut rng, 2 * hd, 1.5);
@@ -628,7 +628,7 @@ gpu_test! {
                 (GgmlType::Q8_0, hd, Vec::new(), None),
                 (GgmlType::Q4K, hd / 2, (0..hd / 4).map(|i| 1.0 + i as f32).collect(), Some(64)),
             ] {
-                let rope = Rope { base: 10000.0, dim, style: RopeStyle::Adjacent, freq_factors: factors };
+                let rope = Rope { base: 10000.0, dim, style: RopeStyle::Adjacent, freq_factors: factors, mscale: 1.0 };
                 let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
                 let w = dequantize(&info, &bytes).unwrap();
                 let row_bytes = Rows::of(&info).unwrap().gpu_row_bytes();
@@ -671,7 +671,7 @@ gpu_test! {
                 assert!(got_k[..p].iter().chain(&got_k[p + kv..]).all(|&v| v == 0.0), "{what}");
             }
             // What the epilogue cannot do: pairs split between parts, biases, q/k norms, NeoX.
-            let rope = Rope { base: 10000.0, dim: hd, style: RopeStyle::Adjacent, freq_factors: Vec::new() };
+            let rope = Rope { base: 10000.0, dim: hd, style: RopeStyle::Adjacent, freq_factors: Vec::new(), mscale: 1.0 };
             let (info, bytes) = random_tensor(&mut rng, GgmlType::Q8_0, rows, cols);
             h.gpu.limits.max_storage_buffer_binding_size = 63 * Rows::of(&info).unwrap().gpu_row_bytes();
             let odd = linear(&h, &info, &bytes).await;

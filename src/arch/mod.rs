@@ -47,14 +47,17 @@ pub struct Rope {
     /// Rotated values per head (the first `dim` of each head; the rest pass through).
     pub dim: usize,
     pub style: RopeStyle,
-    /// Divisor of each pair's frequency (llama 3's `rope_freqs.weight`, linear scaling), or empty.
+    /// Divisor of each pair's frequency (llama 3's `rope_freqs.weight`, linear scaling, YaRN's
+    /// mix of interpolation and extrapolation), or empty.
     pub freq_factors: Vec<f32>,
+    /// Multiplies cos and sin (YaRN's attention factor; 1 otherwise).
+    pub mscale: f64,
 }
 
 impl Rope {
     /// No rotation at all (SmolLM3's NoPE layers): no pair is rotated.
     pub fn none(style: RopeStyle) -> Self {
-        Self { base: 10000.0, dim: 0, style, freq_factors: Vec::new() }
+        Self { base: 10000.0, dim: 0, style, freq_factors: Vec::new(), mscale: 1.0 }
     }
 }
 
@@ -187,8 +190,15 @@ impl Plan {
             (Some(_), None) => return Err(Error::Unsupported(format!("{ROPE_FREQS} without its data"))),
             (None, _) => Vec::new(),
         };
+        let mut mscale = 1.0;
         match gguf.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => {}
+            Some("yarn") => {
+                if !freq_factors.is_empty() {
+                    return Err(Error::Unsupported(format!("YaRN with {ROPE_FREQS}")));
+                }
+                (freq_factors, mscale) = yarn(gguf, &arch, &c)?;
+            }
             Some("linear") => {
                 let factor = gguf.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0);
                 if !(factor.is_finite() && factor > 0.0) {
@@ -204,7 +214,7 @@ impl Plan {
                 return Err(Error::Unsupported(format!("RoPE scaling {other:?} ({})", key("rope.scaling.type"))))
             }
         }
-        let global = Rope { base: c.rope_base as f64, dim: c.rope_dim, style, freq_factors };
+        let global = Rope { base: c.rope_base as f64, dim: c.rope_dim, style, freq_factors, mscale };
         let mut ropes = vec![global];
 
         // 0 means no window (llama.cpp's converter writes it for Phi-3 without one).
@@ -214,7 +224,7 @@ impl Plan {
             ("gemma3", Some(_)) => {
                 // Gemma 3: five sliding layers, then one global; the sliding ones use RoPE base
                 // 10000 without scaling (not in the metadata; llama.cpp and transformers agree).
-                ropes.push(Rope { base: 10000.0, dim: c.rope_dim, style, freq_factors: Vec::new() });
+                ropes.push(Rope { base: 10000.0, dim: c.rope_dim, style, freq_factors: Vec::new(), mscale: 1.0 });
                 |l| l % 6 != 5
             }
             // Gemma 2: sliding and global layers alternate, the first one sliding, one RoPE
@@ -476,6 +486,62 @@ fn experts(gguf: &Gguf, arch: &str, count: u64) -> Result<Experts> {
         return Err(invalid(&key("expert_weights_scale"), scale, "must be a finite number"));
     }
     Ok(Experts { router: String::new(), count: count as usize, used: used as usize, normalize: true, scale })
+}
+
+/// YaRN (transformers' `_compute_yarn_parameters`, llama.cpp's `rope_yarn`): each pair's
+/// frequency a mix of the original (extrapolation) and divided by the factor (interpolation),
+/// by a linear ramp between the pairs whose wavelengths fit beta_fast and beta_slow turns in
+/// the original context; cos and sin times the attention factor (0.1 ln(factor) + 1 unless the
+/// file gives `yarn_attn_factor`, times `rope.scaling.attn_factor`). Returns each pair's
+/// frequency divisor and that factor. The betas default to 32 and 1, as in both; DeepSeek's
+/// log multiplier and other extrapolation factors are refused.
+fn yarn(gguf: &Gguf, arch: &str, c: &ModelConfig) -> Result<(Vec<f32>, f64)> {
+    let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+    let number = |k: &str, default: f32| -> Result<f64> {
+        let v = gguf.get_f32(&key(k))?.unwrap_or(default);
+        if !(v.is_finite() && v > 0.0) {
+            return Err(invalid(&key(k), v, "must be a positive number"));
+        }
+        Ok(v as f64)
+    };
+    let factor = number("factor", 1.0)?;
+    if factor < 1.0 {
+        return Err(invalid(&key("factor"), factor, "YaRN needs a factor of at least 1"));
+    }
+    if gguf.get_f32(&key("yarn_log_multiplier"))?.is_some_and(|v| v != 0.0) {
+        return Err(Error::Unsupported(format!("YaRN's log multiplier ({})", key("yarn_log_multiplier"))));
+    }
+    if gguf.get_f32(&key("yarn_ext_factor"))?.is_some_and(|v| v != 1.0) {
+        return Err(Error::Unsupported(format!(
+            "a YaRN extrapolation factor other than 1 ({})",
+            key("yarn_ext_factor")
+        )));
+    }
+    let orig = match gguf.get_u64(&key("original_context_length"))? {
+        Some(n) if n > 0 => n as f64,
+        Some(n) => return Err(invalid(&key("original_context_length"), n, "must be positive")),
+        None => c.context_length as f64,
+    };
+    let (beta_fast, beta_slow) = (number("yarn_beta_fast", 32.0)?, number("yarn_beta_slow", 1.0)?);
+    let (dim, base) = (c.rope_dim as f64, c.rope_base as f64);
+    // The pair index whose wavelength turns `rotations` times in the original context.
+    let corr = |rotations: f64| dim * (orig / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln());
+    let low = corr(beta_fast).floor().max(0.0);
+    let high = corr(beta_slow).ceil().min(dim - 1.0);
+    let divisors = (0..c.rope_dim / 2)
+        .map(|i| {
+            let ramp = ((i as f64 - low) / (high - low).max(0.001)).clamp(0.0, 1.0);
+            // The share of extrapolation (the original frequency) in the mix.
+            let extrapolation = 1.0 - ramp;
+            (1.0 / ((1.0 - extrapolation) / factor + extrapolation)) as f32
+        })
+        .collect();
+    let attention = match gguf.get_f32(&key("yarn_attn_factor"))? {
+        Some(v) if v.is_finite() && v > 0.0 => v as f64,
+        Some(v) => return Err(invalid(&key("yarn_attn_factor"), v, "must be a positive number")),
+        None => 0.1 * factor.ln() + 1.0,
+    };
+    Ok((divisors, attention * number("attn_factor", 1.0)?))
 }
 
 /// A soft-capping value from `key`, `default` when absent.

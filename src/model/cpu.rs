@@ -28,8 +28,9 @@ struct Layer {
     /// A short convolution in place of attention (whose weights are then empty).
     conv: Option<ConvWeights>,
     post_ffn_norm: Option<Vec<f32>>,
-    /// RoPE inverse frequency of each rotated pair.
+    /// RoPE inverse frequency of each rotated pair, and the factor on cos and sin.
     inv_freq: Vec<f64>,
+    mscale: f64,
 }
 
 /// LFM2's short convolution (`arch::ShortConv`).
@@ -150,6 +151,7 @@ impl CpuModel {
                     router: l.experts.as_ref().map(|e| load(&e.router)).transpose()?,
                     post_ffn_norm: optional(&l.post_ffn_norm)?,
                     inv_freq: plan.ropes[l.rope].inv_freq(),
+                    mscale: plan.ropes[l.rope].mscale,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -240,8 +242,8 @@ impl CpuModel {
             let style = plan.ropes[lp.rope].style;
             for t in 0..n {
                 let pos = start + t;
-                rope(&mut q[t * c.q_dim()..(t + 1) * c.q_dim()], pos, hd, &layer.inv_freq, style);
-                rope(&mut k[t * kv_dim..(t + 1) * kv_dim], pos, hd, &layer.inv_freq, style);
+                rope(&mut q[t * c.q_dim()..(t + 1) * c.q_dim()], pos, hd, &layer.inv_freq, layer.mscale, style);
+                rope(&mut k[t * kv_dim..(t + 1) * kv_dim], pos, hd, &layer.inv_freq, layer.mscale, style);
             }
             cache.k[li].extend_from_slice(&k);
             cache.v[li].extend_from_slice(&v);
@@ -368,11 +370,13 @@ pub fn route(e: &Experts, logits: &[f32]) -> Vec<(usize, f32)> {
 }
 
 /// RoPE of every head of `x` at `pos`, rotating the first 2 inv_freq.len() values of each head:
-/// adjacent pairs (x[2i], x[2i+1]) or NeoX halves (x[i], x[i + dim/2]).
-pub fn rope(x: &mut [f32], pos: usize, head_dim: usize, inv_freq: &[f64], style: RopeStyle) {
+/// adjacent pairs (x[2i], x[2i+1]) or NeoX halves (x[i], x[i + dim/2]); cos and sin times
+/// `mscale` (YaRN's attention factor, else 1).
+pub fn rope(x: &mut [f32], pos: usize, head_dim: usize, inv_freq: &[f64], mscale: f64, style: RopeStyle) {
     let half = inv_freq.len();
     for (i, &f) in inv_freq.iter().enumerate() {
         let (sin, cos) = (pos as f64 * f).sin_cos();
+        let (sin, cos) = (sin * mscale, cos * mscale);
         let (ia, ib) = match style {
             RopeStyle::Adjacent => (2 * i, 2 * i + 1),
             RopeStyle::NeoX => (i, i + half),

@@ -11,7 +11,8 @@ use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, Readback};
 use webgpu_llm::model::{CpuModel, Logits};
 use webgpu_llm::sampling::argmax;
 
-const MODELS: [&str; 9] = ["qwen2", "qwen3", "phi3", "llama3", "mistral", "smollm3", "gemma2", "qwen3moe", "lfm2"];
+const MODELS: [&str; 10] =
+    ["qwen2", "qwen3", "phi3", "llama3", "mistral", "smollm3", "gemma2", "qwen3moe", "lfm2", "qwen3yarn"];
 
 struct Reference {
     name: &'static str,

@@ -8,7 +8,7 @@ use crate::gpu::weights::Linear;
 use crate::gpu::Gpu;
 use crate::model::ModelConfig;
 
-/// (cos, sin) per position and rotated pair, computed in f64: GPU sin/cos of large angles are
+/// (cos, sin) per position and rotated pair (times `Rope::mscale`), computed in f64: GPU sin/cos of large angles are
 /// not accurate enough (Vulkan only bounds their error on [-pi, pi]). A RoPE that rotates
 /// nothing (`Rope::none`) gets one unread pair: a buffer is never empty.
 pub fn rope_table(rope: &Rope, positions: usize) -> Vec<f32> {
@@ -20,7 +20,7 @@ pub fn rope_table(rope: &Rope, positions: usize) -> Vec<f32> {
     for pos in 0..positions {
         for &freq in &inv_freq {
             let (sin, cos) = (pos as f64 * freq).sin_cos();
-            table.extend([cos as f32, sin as f32]);
+            table.extend([(cos * rope.mscale) as f32, (sin * rope.mscale) as f32]);
         }
     }
     table
