@@ -811,6 +811,17 @@ impl GpuModel {
         &self.pool
     }
 
+    /// GPU memory of the KV cache (every attention layer's K and V) and of a hybrid's
+    /// recurrent state (LFM2's short convolutions' B * x), for the whole pool.
+    pub fn cache_bytes(&self) -> (u64, u64) {
+        let b = &self.buf;
+        let layers = self.plan.layers.iter().enumerate();
+        let kv =
+            layers.clone().filter(|(_, l)| l.conv.is_none()).map(|(i, _)| b.k_cache[i].size() + b.v_cache[i].size());
+        let state = b.conv_state.iter().flatten().map(|s| s.size());
+        (kv.sum(), state.sum())
+    }
+
     /// Decode rows one step takes at most.
     pub fn max_batch(&self) -> usize {
         self.max_batch

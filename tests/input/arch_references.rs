@@ -339,3 +339,39 @@ fn beams_on_the_hybrid_and_the_mixture_give_the_cpu_beams() {
         }
     }
 }
+
+/// A hybrid's layer kinds that do not add up are errors naming the key: a per-layer KV head
+/// count of the wrong length, no attention layer at all, two attention layers' counts apart,
+/// a per-layer count in an architecture without short convolutions, a kernel length out of
+/// range or missing.
+#[test]
+fn a_hybrid_layer_layout_that_does_not_add_up_is_an_error_naming_it() {
+    use webgpu_llm::arch::Plan;
+    use webgpu_llm::gguf::{Array, Value};
+    let r = Reference::load("lfm2");
+    let with = |key: &str, value: Option<Value>| {
+        let mut g = r.gguf();
+        match value {
+            Some(v) => g.metadata.insert(key.into(), v),
+            None => g.metadata.remove(key),
+        };
+        Plan::from_gguf(&g, None).unwrap_err().to_string()
+    };
+    let kv = "lfm2.attention.head_count_kv";
+    let cases = [
+        (kv, Some(Value::List(Array::U32(vec![0, 0, 2, 0]))), "one per layer"),
+        (kv, Some(Value::List(Array::U32(vec![0; 5]))), "some layer must have attention"),
+        (kv, Some(Value::List(Array::U32(vec![0, 0, 2, 0, 1]))), "different KV head counts"),
+        ("lfm2.shortconv.l_cache", Some(Value::U32(1)), "from 2 to 16"),
+        ("lfm2.shortconv.l_cache", None, "lfm2.shortconv.l_cache"),
+    ];
+    for (key, value, what) in cases {
+        let msg = with(key, value);
+        assert!(msg.contains(what) && msg.contains(key), "{key}: {msg}");
+    }
+    assert!(Plan::from_gguf(&r.gguf(), None).is_ok());
+    let mut g = Reference::load("qwen3").gguf();
+    g.metadata.insert("qwen3.attention.head_count_kv".into(), Value::List(Array::U32(vec![2, 2, 2])));
+    let msg = Plan::from_gguf(&g, None).unwrap_err().to_string();
+    assert!(msg.contains("qwen3.attention.head_count_kv"), "{msg}");
+}

@@ -853,6 +853,8 @@ struct GpuFigures {
     bytes_read_back: f64,
     ledger: webgpu_llm::gpu::kernels::Ledger,
     min: webgpu_llm::gpu::kernels::Ledger,
+    /// The pool's KV cache and a hybrid's recurrent state, bytes.
+    cache_bytes: (u64, u64),
 }
 
 impl BenchReport {
@@ -870,6 +872,7 @@ impl BenchReport {
                 bytes_read_back: c.bytes_read_back as f64 / steps,
                 ledger: m.decode_traffic(seq),
                 min: m.min_decode_traffic(seq),
+                cache_bytes: m.cache_bytes(),
             }
         });
         Self {
@@ -907,6 +910,8 @@ impl BenchReport {
             "ledger": g.map(|g| ledger(&g.ledger)),
             "min": g.map(|g| ledger(&g.min)),
             "decode_gb_s": g.map(|g| g.ledger.total() as f64 * self.decode_tok_s / 1e9),
+            "kv_cache_bytes": g.map(|g| g.cache_bytes.0),
+            "state_bytes": g.map(|g| g.cache_bytes.1),
         })
     }
 
@@ -923,6 +928,9 @@ impl BenchReport {
                 pool.max_seqs(),
                 m.max_batch()
             );
+            let (kv, state) = m.cache_bytes();
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            println!("cache memory:   KV {:.2} MiB, recurrent state {:.2} MiB", mib(kv), mib(state));
         }
         println!("prompt tokens:  {} (prefilled {})", s.prompt_tokens, s.prefilled_tokens);
         println!("prefill:        {:.1} tok/s, TTFT {:.1} ms", self.prefill_tok_s, self.ttft_ms);
