@@ -230,6 +230,29 @@ ARCHS = [
                                         "original_max_position_embeddings": 16}),
     },
     {
+        "name": "gptoss",
+        "gguf_name": "Tiny Random GPT-OSS",
+        "model_type": "gpt_oss",
+        "hf_class": "GptOssForCausalLM",
+        # Its many biases (q, k, v, o, router, experts) at the others' 0.2 make every token's
+        # residual stream alike and greedy decoding one token (the sinks, drawn alike, still move
+        # every softmax: exp(sink) joins each denominator).
+        "bias_std": 0.02,
+        "exercises": "gpt-oss: attention sinks (a learned logit per head in every softmax's denominator), q/k/v and "
+                     "output biases, sliding (window 8, even layers) and full layers alternating, YaRN RoPE "
+                     "(factor 4 over 16 positions, transformers' truncate=False), a mixture of 8 experts (top 2: "
+                     "softmax over the chosen logits) with router and expert biases and the clamped SwiGLU "
+                     "((up + 1) * gate * sigmoid(1.702 gate), gate <= 7, |up| <= 7), F32 experts (the converter "
+                     "keeps unquantized experts as they are), untied output",
+        "config": dict(hidden_size=64, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       sliding_window=8, max_position_embeddings=64, rms_norm_eps=1e-5,
+                       tie_word_embeddings=False, attention_bias=True,
+                       rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                        "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                        "original_max_position_embeddings": 16}),
+    },
+    {
         "name": "lfm2",
         "gguf_name": "Tiny Random LFM2",
         "model_type": "lfm2",
@@ -249,7 +272,7 @@ ARCHS = [
 
 # llama.cpp src/llama-model.cpp llama_model_rope_type(): which pairs rotate.
 ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "smollm3": "norm",
-              "gemma2": "neox", "qwen3moe": "neox", "lfm2": "neox"}
+              "gemma2": "neox", "qwen3moe": "neox", "lfm2": "neox", "gpt-oss": "neox"}
 
 
 def f32(v):
@@ -317,9 +340,10 @@ def build_hf_model(spec, seed, arch_index):
             elif name.endswith("norm.weight"):
                 v = rng.uniform(NORM_LO, NORM_HI, size=shape)
                 kind = "rmsnorm U(%g,%g)" % (NORM_LO, NORM_HI)
-            elif name.endswith(".bias"):
-                v = rng.normal(0.0, STD_BIAS, size=shape)
-                kind = "bias N(0,%g)" % STD_BIAS
+            elif name.endswith((".bias", "_bias", ".sinks")):
+                std = spec.get("bias_std", STD_BIAS)
+                v = rng.normal(0.0, std, size=shape)
+                kind = "bias N(0,%g)" % std
             elif "embed_tokens" in name or name == "lm_head.weight":
                 std = TIED_STD_EMBED if tied else STD_EMBED
                 v = rng.normal(0.0, std, size=shape)
@@ -513,12 +537,19 @@ class NpGGUF:
         assert ff.shape == (half,)
         self.inv_freq = self.base ** (-(2.0 * np.arange(half)) / self.n_rot) / ff
         self.mscale = 1.0
+        self.gptoss = a == "gpt-oss"
+        if self.gptoss:
+            # gpt-oss: sliding layers are the even ones (llama.cpp's swa pattern 2, transformers' layer_types).
+            self.sliding = lambda l: l % 2 == 0
         if f(f"{a}.rope.scaling.type") == "yarn":
             # llama.cpp's rope_yarn with ggml_rope_yarn_corr_dims (beta_fast 32, beta_slow 1).
             factor = float(f(f"{a}.rope.scaling.factor"))
             orig = float(f(f"{a}.rope.scaling.original_context_length"))
             corr = lambda rot: self.n_rot * np.log(orig / (rot * 2 * np.pi)) / (2 * np.log(self.base))
-            low, high = max(0.0, np.floor(corr(32.0))), min(self.n_rot - 1.0, np.ceil(corr(1.0)))
+            # gpt-oss's checkpoints say truncate=False (transformers keeps the fractional correction
+            # dims; llama.cpp floors and ceils them for every architecture).
+            rnd_lo, rnd_hi = (lambda v: v, lambda v: v) if self.gptoss else (np.floor, np.ceil)
+            low, high = max(0.0, rnd_lo(corr(32.0))), min(self.n_rot - 1.0, rnd_hi(corr(1.0)))
             ramp = 1.0 - np.clip((np.arange(half) - low) / max(0.001, high - low), 0.0, 1.0)  # extrapolation share
             self.inv_freq = self.inv_freq * ((1.0 - ramp) / factor + ramp)
             self.mscale = 0.1 * np.log(factor) + 1.0
@@ -564,7 +595,9 @@ class NpGGUF:
         return self.lin(g / (1.0 + np.exp(-g)) * u, p + "ffn_down")
 
     def moe(self, h, p):
-        logits = h @ self.w[p + "ffn_gate_inp.weight"].T
+        logits = h @ self.w[p + "ffn_gate_inp.weight"].T + self.w.get(p + "ffn_gate_inp.bias", 0.0)
+        if self.gptoss:
+            return self.moe_oai(h, p, logits)
         probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
         probs /= probs.sum(axis=-1, keepdims=True)
         out = np.zeros_like(h)
@@ -577,6 +610,22 @@ class NpGGUF:
                 g = self.w[p + "ffn_gate_exps.weight"][e] @ h[t]
                 u = self.w[p + "ffn_up_exps.weight"][e] @ h[t]
                 out[t] += we * (self.w[p + "ffn_down_exps.weight"][e] @ (g / (1.0 + np.exp(-g)) * u))
+        return out
+
+    def moe_oai(self, h, p, logits):
+        # gpt-oss: softmax over the chosen experts' logits; biased experts; clamped SwiGLU.
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            top = np.argsort(-logits[t], kind="stable")[:self.n_expert_used]
+            w = np.exp(logits[t][top] - logits[t][top].max())
+            w = w / w.sum()
+            for e, we in zip(top, w):
+                bias = lambda n: self.w[p + n][e] if p + n in self.w else 0.0
+                g = self.w[p + "ffn_gate_exps.weight"][e] @ h[t] + bias("ffn_gate_exps.bias")
+                u = self.w[p + "ffn_up_exps.weight"][e] @ h[t] + bias("ffn_up_exps.bias")
+                g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+                a = (u + 1.0) * g / (1.0 + np.exp(-1.702 * g))
+                out[t] += we * (self.w[p + "ffn_down_exps.weight"][e] @ a + bias("ffn_down_exps.bias"))
         return out
 
     def forward(self, ids):
@@ -614,13 +663,21 @@ class NpGGUF:
                 if self.attn_cap:
                     sc = self.attn_cap * np.tanh(sc / self.attn_cap)
                 sc = sc + mask
+                if p + "attn_sinks.weight" in self.w:
+                    # gpt-oss: the head's sink is one more logit in the softmax, with no value.
+                    sink = self.w[p + "attn_sinks.weight"][hh]
+                    mx = np.maximum(sc.max(axis=-1, keepdims=True), sink)
+                    e = np.exp(sc - mx)
+                    att[:, hh, :] = (e / (e.sum(axis=-1, keepdims=True) + np.exp(sink - mx))) @ v[:, hh // rep, :]
+                    continue
                 sc = np.exp(sc - sc.max(axis=-1, keepdims=True))
                 att[:, hh, :] = (sc / sc.sum(axis=-1, keepdims=True)) @ v[:, hh // rep, :]
             o = self.lin(att.reshape(T, H * hd), p + "attn_output")
-            if p + "post_attention_norm.weight" in self.w:
+            if p + "post_attention_norm.weight" in self.w and not self.gptoss:
                 o = self.rms(o, self.w[p + "post_attention_norm.weight"])
             x = x + o
-            h = self.rms(x, self.w[p + "ffn_norm.weight"])
+            # gpt-oss names its pre-FFN norm post_attention_norm.
+            h = self.rms(x, self.w[p + ("post_attention_norm.weight" if self.gptoss else "ffn_norm.weight")])
             if self.n_expert:
                 x = x + self.moe(h, p)
                 continue
@@ -680,6 +737,9 @@ def negative_controls(gguf_path, ref):
         out["no_final_softcap"] = run(lambda m: setattr(m, "final_cap", None))
     if m0.window:
         out["no_sliding_window"] = run(lambda m: setattr(m, "window", None))
+    if m0.gptoss:
+        out["no_attention_sinks"] = run(lambda m: [m.w.pop(k) for k in list(m.w) if k.endswith("attn_sinks.weight")])
+        out["sliding_on_odd_layers"] = run(lambda m: setattr(m, "sliding", lambda l: l % 2 == 1))
     if m0.mscale != 1.0:
         out["yarn_without_attention_factor"] = run(lambda m: setattr(m, "mscale", 1.0))
         def plain_rope(m):

@@ -3,7 +3,8 @@
 // The chunks are spread over the invocations (M and the denominator by tree reductions; each
 // output dimension summed by CS invocations over a CS-th of the chunks each), so no invocation
 // walks every chunk alone.
-// Bindings: 0 partials, 1 out (rows of Q_DIM), 2 batch. Dispatch: (N_HEADS, rows, 1).
+// With SINKS, head h's sink logit (gpt-oss) joins M and the denominator (exp(sink - M), no value).
+// Bindings: 0 partials, 1 out (rows of Q_DIM), 2 batch, 3 sinks. Dispatch: (N_HEADS, rows, 1).
 // HEAD_DIM, CHUNK, THREADS (a power of two) and the batch's accessors come from the host.
 
 override MAX_CHUNKS: u32;
@@ -13,6 +14,8 @@ const CS = max(THREADS / HEAD_DIM, 1u);
 @group(0) @binding(0) var<storage, read> partials: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
 @group(0) @binding(2) var<storage, read> batch: array<u32>;
+@group(0) @binding(3) var<storage, read> sinks: array<f32>;
+override SINKS: bool = false;
 
 var<workgroup> red: array<f32, THREADS>;
 
@@ -45,12 +48,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     var m = -3.0e38;
     for (var c = c0 + t; c <= c1; c += THREADS) { m = max(m, partials[base + c * (HEAD_DIM + 2u) + HEAD_DIM]); }
     m = reduce(m, t, true);
+    if (SINKS) { m = max(m, sinks[wg.x]); }
     var l = 0.0;
     for (var c = c0 + t; c <= c1; c += THREADS) {
         let rec = base + c * (HEAD_DIM + 2u);
         l += exp(partials[rec + HEAD_DIM] - m) * partials[rec + HEAD_DIM + 1u];
     }
     l = reduce(l, t, false);
+    if (SINKS) { l += exp(sinks[wg.x] - m); }
     // Dimension t % HEAD_DIM (and every THREADS-th after it when the head is wider) over chunks
     // c0 + t / HEAD_DIM, stepping by CS.
     let split = t / HEAD_DIM;

@@ -21,6 +21,9 @@ override WINDOW: u32 = 0u;
 @group(0) @binding(3) var<storage, read> v_cache: array<kv_t>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> batch: array<u32>;
+// With SINKS, each head's sink logit (gpt-oss): it starts the softmax as a score with no value.
+@group(0) @binding(6) var<storage, read> sinks: array<f32>;
+override SINKS: bool = false;
 
 // Rows of the key and score tiles are padded by one word: the invocations of a warp read keys
 // j, j + 1, ... at the same dimension, which with a row stride of HD words (a multiple of the 32
@@ -50,7 +53,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
         let t = q0 + r;
         qt[r * HD + d] = select(0.0, qkv[(row0 + min(t, n - 1u)) * row + h * HD + d] * SCALE, t < n);
     }
-    if (d < BQ) { row_max[d] = -1.0e30; row_sum[d] = 0.0; }
+    if (d < BQ) {
+        row_max[d] = select(-1.0e30, sinks[h], SINKS);
+        row_sum[d] = select(0.0, 1.0, SINKS);
+    }
     var o: array<f32, BQ>;
     for (var r = 0u; r < BQ; r++) { o[r] = 0.0; }
     let n_keys = start + min(q0 + BQ, n);

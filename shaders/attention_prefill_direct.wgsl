@@ -21,6 +21,9 @@ override WINDOW: u32 = 0u;
 @group(0) @binding(3) var<storage, read> v_cache: array<kv_t>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> batch: array<u32>;
+// With SINKS, each head's sink logit (gpt-oss): it starts the softmax as a score with no value.
+@group(0) @binding(6) var<storage, read> sinks: array<f32>;
+override SINKS: bool = false;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -52,8 +55,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (WINDOW > 0u && p + 1u > WINDOW) { first = p + 1u - WINDOW; }
     let p0 = start + wg.x * 64u;
     if (WINDOW > 0u && p0 + 1u > WINDOW) { k_first = p0 + 1u - WINDOW; }
-    var m = -1.0e30;
-    var sum = 0.0;
+    var m = select(-1.0e30, sinks[h], SINKS);
+    var sum = select(0.0, 1.0, SINKS);
     for (var s0 = k_first; s0 <= p; s0 += 4u) {
         // The 4 keys' rows in the cache (a key past the query read at the query's own row).
         var rows: vec4<u32>;

@@ -2,27 +2,35 @@
 // router logits (the lowest index first among equals; the softmax keeps their order), and
 // their weights: softmax probabilities, divided by their sum with NORMALIZE, times SCALE
 // (src/model/cpu.rs `route`, the CPU reference).
+// With ROUTER_BIAS the router's bias is added to the logits first (gpt-oss).
 // Bindings: 0 params, 1 logits (rows of COUNT), 2 ids (rows of USED u32), 3 weights (rows of
-// USED f32). Dispatch: (ceil(n_tokens / 64), 1, 1): an invocation per token.
+// USED f32), 4 bias (COUNT; any buffer without ROUTER_BIAS). Dispatch: (ceil(n_tokens / 64), 1, 1):
+// an invocation per token.
 
 override COUNT: u32;
 override NORMALIZE: bool = true;
 override SCALE: f32 = 1.0;
+override ROUTER_BIAS: bool = false;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> weights: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+
+fn logit(base: u32, e: u32) -> f32 {
+    return select(logits[base + e], logits[base + e] + bias[e], ROUTER_BIAS);
+}
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.x;
     if (t >= params.n_tokens) { return; }
     let base = t * COUNT;
-    var m = logits[base];
-    for (var e = 1u; e < COUNT; e++) { m = max(m, logits[base + e]); }
+    var m = logit(base, 0u);
+    for (var e = 1u; e < COUNT; e++) { m = max(m, logit(base, e)); }
     var sum = 0.0;
-    for (var e = 0u; e < COUNT; e++) { sum += exp(logits[base + e] - m); }
+    for (var e = 0u; e < COUNT; e++) { sum += exp(logit(base, e) - m); }
     // Experts taken so far, a bit each (COUNT <= 1024).
     var taken: array<u32, 32>;
     for (var i = 0u; i < 32u; i++) { taken[i] = 0u; }
@@ -33,7 +41,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         var best_v = -3.0e38;
         var found = false;
         for (var e = 0u; e < COUNT; e++) {
-            let v = logits[base + e];
+            let v = logit(base, e);
             if ((taken[e / 32u] & (1u << (e % 32u))) == 0u && (!found || v > best_v)) {
                 best = e;
                 best_v = v;

@@ -693,16 +693,18 @@ gpu_test! {
 /// random cache, and compares with the CPU reference on the values the GPU stores.
 async fn check_attention(h: &mut Harness, n: usize, start: usize, window: Option<usize>, rng: &mut Rng) {
     let kind = AttentionKind { scale: 0.3, window, softcap: None };
-    check_attention_with(h, &small_config(), 256, kind, n, start, rng).await;
+    check_attention_with(h, &small_config(), 256, kind, false, n, start, rng).await;
 }
 
 /// `check_attention` for a model shape `c`, a cache of `ctx` keys and a layer's attention
-/// (scale, window, soft-capping).
+/// (scale, window, soft-capping) and, with `sinks`, a sink logit per head.
+#[allow(clippy::too_many_arguments)]
 async fn check_attention_with(
     h: &mut Harness,
     c: &ModelConfig,
     ctx: usize,
     kind: AttentionKind,
+    sinks: bool,
     n: usize,
     start: usize,
     rng: &mut Rng,
@@ -718,18 +720,24 @@ async fn check_attention_with(
     let (vc, v_rows) = h.kv_buf(&random(rng, paging.rows() * kv, 1.0));
     let (k_seen, v_seen) = (paging.gather(0, &k_rows, kv, ctx), paging.gather(0, &v_rows, kv, ctx));
     let (qb, out) = (h.buf(&qkv), h.buf(&vec![0.0; n * q]));
+    // gpt-oss's sinks: a logit per query head (from -2 to 3, the size of the scores).
+    let sink_values: Vec<f32> = (0..c.n_heads).map(|i| -2.0 + 5.0 * i as f32 / c.n_heads as f32).collect();
+    let sink_buf = h.buf(&sink_values);
+    let sinks_gpu = sinks.then_some(&sink_buf);
     let ops = if n == 1 {
         let partials = h.buf(&vec![0.0; kernels::decode_partials_len(&c, ctx)]);
         let (cache, batch) = (&mut h.cache, &h.batch);
-        kernels::attention_decode(&h.gpu, cache, &c, kind, ctx, &qb, &kc, &vc, &partials, &out, batch).into()
+        kernels::attention_decode(&h.gpu, cache, &c, kind, ctx, &qb, &kc, &vc, &partials, &out, batch, sinks_gpu).into()
     } else {
-        vec![kernels::attention_prefill(&h.gpu, &mut h.cache, &h.params, &c, kind, &qb, &kc, &vc, &out, &h.batch)]
+        let (cache, params) = (&mut h.cache, &h.params);
+        vec![kernels::attention_prefill(&h.gpu, cache, params, &c, kind, &qb, &kc, &vc, &out, &h.batch, sinks_gpu)]
     };
     h.run(&ops, n);
     let got = h.read(&out, n * q).await;
     let queries: Vec<f32> = qkv.chunks_exact(row).flat_map(|r| r[..q].to_vec()).collect();
     let mut want = vec![0f32; n * q];
-    reference::attention(&c, kind, &mut want, &queries, &k_seen, &v_seen, start);
+    let sinks_cpu = sinks.then_some(&sink_values[..]);
+    reference::attention(&c, kind, sinks_cpu, &mut want, &queries, &k_seen, &v_seen, start);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!(
             (g - w).abs() < 1e-4,
@@ -754,9 +762,10 @@ gpu_test! {
 }
 
 // Gemma 2's soft-capped scores (cap 1.5 against scores of several units, so the cap bends most
-// of them) in decode and prefill attention, both kernel styles, with and without a window.
+// of them) and gpt-oss's sinks (a logit per head in every softmax's denominator) in decode and
+// prefill attention, both kernel styles, with and without a window.
 gpu_test! {
-    async fn soft_capped_attention_matches_the_cpu_reference() {
+    async fn soft_capped_attention_and_sinks_match_the_cpu_reference() {
         let mut rng = Rng::new(12);
         for mut h in Harness::kv_paths().await {
             let own = h.gpu.style;
@@ -764,7 +773,10 @@ gpu_test! {
                 h.gpu.style = style;
                 for (n, start, window) in [(1, 100, None), (1, 40, Some(16)), (37, 20, None), (70, 0, Some(9))] {
                     let kind = AttentionKind { scale: 1.0, window, softcap: Some(1.5) };
-                    check_attention_with(&mut h, &small_config(), 256, kind, n, start, &mut rng).await;
+                    check_attention_with(&mut h, &small_config(), 256, kind, false, n, start, &mut rng).await;
+                    // gpt-oss's sinks (without soft-capping, as gpt-oss has them).
+                    let kind = AttentionKind { scale: 0.3, window, softcap: None };
+                    check_attention_with(&mut h, &small_config(), 256, kind, true, n, start, &mut rng).await;
                 }
             }
             h.gpu.style = own;
@@ -813,12 +825,12 @@ gpu_test! {
                         let short = |&&k: &&usize| style == own || k <= 1000;
                         for &keys in lengths.iter().filter(short) {
                             let kind = AttentionKind { scale, window: None, softcap: None };
-                            check_attention_with(&mut h, &c, keys, kind, 1, keys - 1, &mut rng).await;
+                            check_attention_with(&mut h, &c, keys, kind, false, 1, keys - 1, &mut rng).await;
                         }
                         // Sliding windows that start inside a chunk, far from the first key.
                         for (keys, window) in [(1000, 300), (16384, 4096)].iter().filter(|(k, _)| short(&k)) {
                             let kind = AttentionKind { scale, window: Some(*window), softcap: None };
-                            check_attention_with(&mut h, &c, *keys, kind, 1, keys - 1, &mut rng).await;
+                            check_attention_with(&mut h, &c, *keys, kind, false, 1, keys - 1, &mut rng).await;
                         }
                     }
                     // Prefill at this head size too, one query per invocation and (on one KV
@@ -829,7 +841,7 @@ gpu_test! {
                     for &style in styles {
                         h.gpu.style = style;
                         let kind = AttentionKind { scale, window: None, softcap: None };
-                        check_attention_with(&mut h, &c, 256, kind, 40, 200, &mut rng).await;
+                        check_attention_with(&mut h, &c, 256, kind, false, 40, 200, &mut rng).await;
                     }
                     h.gpu.style = own;
                 }
@@ -861,7 +873,7 @@ gpu_test! {
                     let partials = h.buf(&vec![0.0; n * kernels::decode_partials_len(&c, ctx)]);
                     let (cache, batch) = (&mut h.cache, &h.batch);
                     let ops: Vec<Dispatch> = kernels::attention_decode(
-                        &h.gpu, cache, &c, kind, ctx, &qb, &kc, &vc, &partials, &out, batch,
+                        &h.gpu, cache, &c, kind, ctx, &qb, &kc, &vc, &partials, &out, batch, None,
                     )
                     .into();
                     h.run(&ops, n);
@@ -870,7 +882,7 @@ gpu_test! {
                         let (k_seen, v_seen) =
                             (paging.gather(seq, &k_rows, kv, pos + 1), paging.gather(seq, &v_rows, kv, pos + 1));
                         let mut want = vec![0f32; q];
-                        reference::attention(&c, kind, &mut want, &qkv[i * row..][..q], &k_seen, &v_seen, pos);
+                        reference::attention(&c, kind, None, &mut want, &qkv[i * row..][..q], &k_seen, &v_seen, pos);
                         for (d, (g, w)) in got[i * q..][..q].iter().zip(&want).enumerate() {
                             assert!(
                                 (g - w).abs() < 1e-4,

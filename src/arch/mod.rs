@@ -20,11 +20,11 @@ use std::collections::HashSet;
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// Architectures whose plan has a mixture of experts.
-pub const MOE_ARCHITECTURES: &[&str] = &["qwen3moe"];
+pub const MOE_ARCHITECTURES: &[&str] = &["qwen3moe", "gpt-oss"];
 
 /// Architectures (`general.architecture`) with a plan.
 pub const ARCHITECTURES: &[&str] =
-    &["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "smollm3", "qwen3moe", "lfm2"];
+    &["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "smollm3", "qwen3moe", "lfm2", "gpt-oss"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -100,7 +100,19 @@ pub struct Experts {
     pub used: usize,
     pub normalize: bool,
     pub scale: f32,
+    /// The router's bias (gpt-oss).
+    pub router_bias: Option<String>,
+    /// Each expert's gate, up and down biases, stacked (gpt-oss: [ffn, count], [ffn, count],
+    /// [d, count]).
+    pub biases: Option<[String; 3]>,
+    /// gpt-oss's clamped SwiGLU in place of the plan's activation: (min(up, L) clamped to
+    /// [-L, L] + 1) * g * sigmoid(ALPHA g), g = min(gate, L) (`SWIGLU_OAI`).
+    pub swiglu_oai: bool,
 }
+
+/// gpt-oss's SwiGLU constants (alpha, limit): transformers' config defaults, which llama.cpp
+/// hard-codes.
+pub const SWIGLU_OAI: (f32, f32) = (1.702, 7.0);
 
 /// LFM2's gated short convolution in place of attention: in_proj gives B, C and x (each
 /// d_model wide), B * x goes through a causal depthwise convolution over the last `kernel`
@@ -134,6 +146,10 @@ pub struct LayerPlan {
     pub experts: Option<Experts>,
     /// A short convolution instead of attention (LFM2): the attention fields are unused.
     pub conv: Option<ShortConv>,
+    /// A logit per query head that joins every softmax's denominator with no value (gpt-oss).
+    pub attn_sinks: Option<String>,
+    /// The attention output projection's bias (gpt-oss).
+    pub wo_bias: Option<String>,
     /// RMSNorm of the FFN output before the residual add (Gemma 3).
     pub post_ffn_norm: Option<String>,
     /// Index into `Plan::ropes`.
@@ -227,9 +243,9 @@ impl Plan {
                 ropes.push(Rope { base: 10000.0, dim: c.rope_dim, style, freq_factors: Vec::new(), mscale: 1.0 });
                 |l| l % 6 != 5
             }
-            // Gemma 2: sliding and global layers alternate, the first one sliding, one RoPE
-            // for both (llama.cpp's swa pattern 2; transformers' layer_types).
-            ("gemma2", Some(_)) => |l| l % 2 == 0,
+            // Gemma 2 and gpt-oss: sliding and global layers alternate, the first one sliding,
+            // one RoPE for both (llama.cpp's swa pattern 2; transformers' layer_types).
+            ("gemma2" | "gpt-oss", Some(_)) => |l| l % 2 == 0,
             ("phi3" | "mistral", Some(_)) => |_| true,
             (_, Some(w)) if w >= c.context_length => |_| false,
             (_, Some(w)) => {
@@ -291,7 +307,13 @@ impl Plan {
             };
             let (gate_up, down, experts) = match &experts {
                 Some(e) => {
-                    let e = Experts { router: n("ffn_gate_inp"), ..e.clone() };
+                    let e = Experts {
+                        router: n("ffn_gate_inp"),
+                        router_bias: has(&b("ffn_gate_inp")).then(|| b("ffn_gate_inp")),
+                        biases: has(&b("ffn_gate_exps"))
+                            .then(|| [b("ffn_gate_exps"), b("ffn_up_exps"), b("ffn_down_exps")]),
+                        ..e.clone()
+                    };
                     (GateUp::Separate([n("ffn_gate_exps"), n("ffn_up_exps")]), n("ffn_down_exps"), Some(e))
                 }
                 None if has(&n("ffn_gate")) => (GateUp::Separate([n("ffn_gate"), n("ffn_up")]), n("ffn_down"), None),
@@ -304,8 +326,11 @@ impl Plan {
                 qkv_bias: has(&b("attn_q")).then(|| [b("attn_q"), b("attn_k"), b("attn_v")]),
                 qk_norm: has(&n("attn_q_norm")).then(|| [n("attn_q_norm"), n("attn_k_norm")]),
                 wo: n("attn_output"),
-                post_attn_norm: optional(n("post_attention_norm")),
-                ffn_norm: n("ffn_norm"),
+                // gpt-oss names its pre-FFN norm post_attention_norm.
+                post_attn_norm: optional(n("post_attention_norm")).filter(|_| arch != "gpt-oss"),
+                ffn_norm: if arch == "gpt-oss" { n("post_attention_norm") } else { n("ffn_norm") },
+                attn_sinks: optional(n("attn_sinks")),
+                wo_bias: optional(b("attn_output")),
                 gate_up,
                 down,
                 experts,
@@ -418,6 +443,8 @@ impl LayerPlan {
             out.extend([(qn.as_str(), vec![hd]), (kn, vec![hd])]);
         }
         out.push((&self.wo, vec![q, d]));
+        out.extend(self.wo_bias.iter().map(|n| (n.as_str(), vec![d])));
+        out.extend(self.attn_sinks.iter().map(|n| (n.as_str(), vec![c.n_heads as u64])));
         out.extend(self.post_attn_norm.iter().map(|n| (n.as_str(), vec![d])));
         out.extend(self.ffn_shapes(c));
         out
@@ -438,7 +465,12 @@ impl LayerPlan {
         }
         out.push((&self.down, stack(vec![f, d])));
         if let Some(e) = &self.experts {
-            out.push((&e.router, vec![d, e.count as u64]));
+            let count = e.count as u64;
+            out.push((&e.router, vec![d, count]));
+            out.extend(e.router_bias.iter().map(|n| (n.as_str(), vec![count])));
+            if let Some([g, u, dn]) = &e.biases {
+                out.extend([(g.as_str(), vec![f, count]), (u, vec![f, count]), (dn, vec![d, count])]);
+            }
         }
         out.extend(self.post_ffn_norm.iter().map(|n| (n.as_str(), vec![d])));
         out
@@ -485,7 +517,18 @@ fn experts(gguf: &Gguf, arch: &str, count: u64) -> Result<Experts> {
     if !scale.is_finite() {
         return Err(invalid(&key("expert_weights_scale"), scale, "must be a finite number"));
     }
-    Ok(Experts { router: String::new(), count: count as usize, used: used as usize, normalize: true, scale })
+    // gpt-oss: a softmax over the chosen experts' logits, the same weights as the renormalized
+    // softmax over all of them; its clamped SwiGLU (llama.cpp: LLM_FFN_SWIGLU_OAI_MOE).
+    Ok(Experts {
+        router: String::new(),
+        count: count as usize,
+        used: used as usize,
+        normalize: true,
+        scale,
+        router_bias: None,
+        biases: None,
+        swiglu_oai: arch == "gpt-oss",
+    })
 }
 
 /// YaRN (transformers' `_compute_yarn_parameters`, llama.cpp's `rope_yarn`): each pair's
@@ -526,8 +569,12 @@ fn yarn(gguf: &Gguf, arch: &str, c: &ModelConfig) -> Result<(Vec<f32>, f64)> {
     let (dim, base) = (c.rope_dim as f64, c.rope_base as f64);
     // The pair index whose wavelength turns `rotations` times in the original context.
     let corr = |rotations: f64| dim * (orig / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln());
-    let low = corr(beta_fast).floor().max(0.0);
-    let high = corr(beta_slow).ceil().min(dim - 1.0);
+    // gpt-oss's checkpoints say truncate: false (transformers keeps the fractional correction
+    // dims; llama.cpp rounds them for every architecture, which moves gpt-oss's logits).
+    let truncate = arch != "gpt-oss";
+    let (low, high) = (corr(beta_fast), corr(beta_slow));
+    let (low, high) = if truncate { (low.floor(), high.ceil()) } else { (low, high) };
+    let (low, high) = (low.max(0.0), high.min(dim - 1.0));
     let divisors = (0..c.rope_dim / 2)
         .map(|i| {
             let ramp = ((i as f64 - low) / (high - low).max(0.001)).clamp(0.0, 1.0);

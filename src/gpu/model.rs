@@ -96,6 +96,13 @@ struct LayerWeights {
     /// A short convolution's taps (d x kernel, f32); `qkv` is then its in_proj, `wo` its
     /// out_proj.
     conv_taps: Option<wgpu::Buffer>,
+    /// A logit per query head in every softmax (gpt-oss); the output projection's bias.
+    sinks: Option<wgpu::Buffer>,
+    wo_bias: Option<wgpu::Buffer>,
+    /// A mixture's router bias, and its experts' biases: gate then up ([count][ffn] each, one
+    /// buffer, as the gate|up rows), and down ([count][d]).
+    router_bias: Option<wgpu::Buffer>,
+    expert_biases: Option<(wgpu::Buffer, wgpu::Buffer)>,
 }
 
 /// A mixture of experts' activations, for a pass's rows: the router's logits, each token's
@@ -350,6 +357,20 @@ impl GpuModel {
                     Some(sc) => linear("out_proj", &[&sc.out_proj]).await?,
                     None => linear("wo", &[&l.wo]).await?,
                 },
+                sinks: optional_f32("attn_sinks", l.attn_sinks.as_ref().map(std::slice::from_ref)).await?,
+                wo_bias: optional_f32("wo_bias", l.wo_bias.as_ref().map(std::slice::from_ref)).await?,
+                router_bias: optional_f32(
+                    "router_bias",
+                    l.experts.as_ref().and_then(|e| e.router_bias.as_ref()).map(std::slice::from_ref),
+                )
+                .await?,
+                expert_biases: match l.experts.as_ref().and_then(|e| e.biases.as_ref()) {
+                    Some([gb, ub, db]) => Some((
+                        f32_buffer("expert_gate_up_bias", fetch(g, src, &[gb, ub]).await?)?,
+                        f32_buffer("expert_down_bias", fetch(g, src, &[db]).await?)?,
+                    )),
+                    None => None,
+                },
                 conv_taps: match &l.conv {
                     Some(sc) => Some(f32_buffer("conv_taps", fetch(g, src, &[&sc.conv]).await?)?),
                     None => None,
@@ -574,11 +595,14 @@ impl GpuModel {
             let (kc, vc) = (&b.k_cache[i], &b.v_cache[i]);
             let rope = &plan.ropes[lp.rope];
             let kind = AttentionKind::of(plan, lp);
+            let sinks = l.sinks.as_ref();
             let extras = QkvExtras { bias: l.qkv_bias.as_ref(), qk_norm: l.qk_norm.as_ref().map(|n| (n, eps)) };
-            // A projection into the residual stream: added to x, or through its post-norm first.
+            // A projection into the residual stream (plus its bias, where it has one): added to
+            // x, or through its post-norm first.
             let residual = |ops: &mut Vec<Dispatch>,
                             p: &mut PipelineCache,
                             w: &Linear,
+                            bias: Option<&wgpu::Buffer>,
                             x: &wgpu::Buffer,
                             post: &Option<wgpu::Buffer>| {
                 let (epilogue, out) = if post.is_some() { (Epilogue::Store, &b.proj) } else { (Epilogue::Add, &b.x) };
@@ -586,6 +610,9 @@ impl GpuModel {
                     ops.extend(kernels::gemm(gpu, p, params, w, epilogue, x, out, c.d_model));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, w, act, epilogue, None, x, out, c.d_model));
+                }
+                if let Some(bias) = bias {
+                    ops.push(kernels::bias_add(gpu, p, params, c.d_model, out, bias));
                 }
                 if let Some(post) = post {
                     ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Add, &b.proj, post, &b.x));
@@ -605,7 +632,7 @@ impl GpuModel {
                     ops.extend(kernels::gemv(gpu, p, gb, &l.qkv, act, Epilogue::Store, norm, input, &b.qkv, 3 * d));
                 }
                 ops.extend(kernels::short_conv(gpu, p, params, d, sc.kernel, &b.qkv, state, taps, &b.attn, &b.batch));
-                residual(&mut ops, p, &l.wo, &b.attn, &l.post_attn_norm);
+                residual(&mut ops, p, &l.wo, None, &b.attn, &l.post_attn_norm);
             } else {
                 // Decode on GPUs hands RoPE and the cache write to the projection's epilogue where it
                 // can; CPU adapters keep the separate pass (the epilogue's barrier costs them 13% of
@@ -637,7 +664,9 @@ impl GpuModel {
                     ops.push(kernels::rope_kv(gpu, p, params, c, rope, extras, &b.qkv, table, kc, vc, &b.batch));
                 }
                 if prefill {
-                    ops.push(kernels::attention_prefill(gpu, p, params, c, kind, &b.qkv, kc, vc, &b.attn, &b.batch));
+                    let op =
+                        kernels::attention_prefill(gpu, p, params, c, kind, &b.qkv, kc, vc, &b.attn, &b.batch, sinks);
+                    ops.push(op);
                 } else {
                     // Each decode row its own sequence's keys (a round's decode rows; every row of a
                     // decode step, where the decode segment is all of them).
@@ -653,16 +682,19 @@ impl GpuModel {
                         &b.partials,
                         &b.attn,
                         &b.batch,
+                        sinks,
                     );
                     ops.extend(decode.into_iter().map(|op| op.on(Segment::Decode)));
                     // A round's prompt chunks: flash attention over each chunk's own rows.
                     for (k, chunk) in b.params_chunks.iter().enumerate().take(if round { ROUND_PASSES - 1 } else { 0 })
                     {
-                        let op = kernels::attention_prefill(gpu, p, chunk, c, kind, &b.qkv, kc, vc, &b.attn, &b.batch);
+                        let op = kernels::attention_prefill(
+                            gpu, p, chunk, c, kind, &b.qkv, kc, vc, &b.attn, &b.batch, sinks,
+                        );
                         ops.push(op.on(Segment::Chunk(k as u8)));
                     }
                 }
-                residual(&mut ops, p, &l.wo, &b.attn, &l.post_attn_norm);
+                residual(&mut ops, p, &l.wo, l.wo_bias.as_ref(), &b.attn, &l.post_attn_norm);
             }
 
             if let (Some(e), Some(m), Some(router)) = (&lp.experts, &b.moe, &l.router) {
@@ -685,10 +717,14 @@ impl GpuModel {
                         e.count,
                     ));
                 }
-                ops.push(kernels::moe_route(gpu, p, params, e, &m.logits, &m.ids, &m.weights));
+                let rb = l.router_bias.as_ref();
+                ops.push(kernels::moe_route(gpu, p, params, e, &m.logits, rb, &m.ids, &m.weights));
                 let (f, d) = (c.ffn_dim, c.d_model);
-                ops.push(kernels::moe_gemv(gpu, p, params, e, &l.gate_up, f, true, act, true, &b.xn, &m.ids, &m.h));
-                ops.push(kernels::moe_gemv(gpu, p, params, e, &l.w_down, d, false, act, false, &m.h, &m.ids, &m.y));
+                let (gub, db) = (l.expert_biases.as_ref().map(|b| &b.0), l.expert_biases.as_ref().map(|b| &b.1));
+                let gu = &l.gate_up;
+                ops.push(kernels::moe_gemv(gpu, p, params, e, gu, f, true, act, true, gub, &b.xn, &m.ids, &m.h));
+                let dn = &l.w_down;
+                ops.push(kernels::moe_gemv(gpu, p, params, e, dn, d, false, act, false, db, &m.h, &m.ids, &m.y));
                 let post = &l.post_ffn_norm;
                 let out = if post.is_some() { &b.proj } else { &b.x };
                 ops.push(kernels::moe_combine(gpu, p, params, e, d, post.is_none(), &m.y, &m.weights, out));
@@ -712,7 +748,7 @@ impl GpuModel {
                     ops.push(kernels::act_mul(gpu, p, params, act, c.ffn_dim, &b.gu, &b.h));
                 }
             }
-            residual(&mut ops, p, &l.w_down, &b.h, &l.post_ffn_norm);
+            residual(&mut ops, p, &l.w_down, None, &b.h, &l.post_ffn_norm);
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embd);
         let output_norm = &self.output_norm;

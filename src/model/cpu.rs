@@ -23,8 +23,14 @@ struct Layer {
     w_gate: Vec<f32>,
     w_up: Vec<f32>,
     w_down: Vec<f32>,
-    /// The router of a mixture of experts (`count` rows).
+    /// The router of a mixture of experts (`count` rows), its bias, and the experts' gate, up
+    /// and down biases (stacked as their matrices' rows).
     router: Option<Vec<f32>>,
+    router_bias: Option<Vec<f32>>,
+    expert_biases: Option<[Vec<f32>; 3]>,
+    /// A logit per query head in every softmax (gpt-oss), the output projection's bias.
+    sinks: Option<Vec<f32>>,
+    wo_bias: Option<Vec<f32>>,
     /// A short convolution in place of attention (whose weights are then empty).
     conv: Option<ConvWeights>,
     post_ffn_norm: Option<Vec<f32>>,
@@ -149,6 +155,13 @@ impl CpuModel {
                     w_up,
                     w_down: load(&l.down)?,
                     router: l.experts.as_ref().map(|e| load(&e.router)).transpose()?,
+                    router_bias: optional(&l.experts.as_ref().and_then(|e| e.router_bias.clone()))?,
+                    expert_biases: match l.experts.as_ref().and_then(|e| e.biases.as_ref()) {
+                        Some([g, u, d]) => Some([load(g)?, load(u)?, load(d)?]),
+                        None => None,
+                    },
+                    sinks: optional(&l.attn_sinks)?,
+                    wo_bias: optional(&l.wo_bias)?,
                     post_ffn_norm: optional(&l.post_ffn_norm)?,
                     inv_freq: plan.ropes[l.rope].inv_freq(),
                     mscale: plan.ropes[l.rope].mscale,
@@ -248,8 +261,11 @@ impl CpuModel {
             cache.k[li].extend_from_slice(&k);
             cache.v[li].extend_from_slice(&v);
             let kind = AttentionKind::of(plan, lp);
-            attention(c, kind, &mut attn, &q, &cache.k[li], &cache.v[li], start);
+            attention(c, kind, layer.sinks.as_deref(), &mut attn, &q, &cache.k[li], &cache.v[li], start);
             matmul(&mut proj, &attn, &layer.wo, c.q_dim());
+            if let Some(b) = &layer.wo_bias {
+                add_rows(&mut proj, b);
+            }
             if let Some(w) = &layer.post_attn_norm {
                 rms_norm_in_place(&mut proj, w, c.rms_eps);
             }
@@ -340,19 +356,37 @@ fn mixture(c: &ModelConfig, act: Activation, e: &Experts, layer: &Layer, router:
     let (d, f) = (c.d_model, c.ffn_dim);
     let mut logits = vec![0f32; xn.len() / d * e.count];
     matmul(&mut logits, xn, router, d);
+    if let Some(b) = &layer.router_bias {
+        add_rows(&mut logits, b);
+    }
     let (mut gate, mut up, mut y) = (vec![0f32; f], vec![0f32; f], vec![0f32; d]);
     for ((xt, lt), ot) in xn.chunks_exact(d).zip(logits.chunks_exact(e.count)).zip(out.chunks_exact_mut(d)) {
         ot.fill(0.0);
         for (ex, w) in route(e, lt) {
             matmul(&mut gate, xt, &layer.w_gate[ex * f * d..(ex + 1) * f * d], d);
             matmul(&mut up, xt, &layer.w_up[ex * f * d..(ex + 1) * f * d], d);
+            if let Some([bg, bu, _]) = &layer.expert_biases {
+                add_in_place(&mut gate, &bg[ex * f..(ex + 1) * f]);
+                add_in_place(&mut up, &bu[ex * f..(ex + 1) * f]);
+            }
             for (g, u) in gate.iter_mut().zip(&up) {
-                *g = activation(act, *g) * u;
+                *g = if e.swiglu_oai { swiglu_oai(*g, *u) } else { activation(act, *g) * u };
             }
             matmul(&mut y, &gate, &layer.w_down[ex * d * f..(ex + 1) * d * f], f);
+            if let Some([_, _, bd]) = &layer.expert_biases {
+                add_in_place(&mut y, &bd[ex * d..(ex + 1) * d]);
+            }
             ot.iter_mut().zip(&y).for_each(|(o, v)| *o += w * v);
         }
     }
+}
+
+/// gpt-oss's clamped SwiGLU of a gate and an up value (`arch::SWIGLU_OAI`).
+pub fn swiglu_oai(gate: f32, up: f32) -> f32 {
+    let (alpha, limit) = crate::arch::SWIGLU_OAI;
+    let g = gate.min(limit);
+    let u = up.clamp(-limit, limit);
+    (u + 1.0) * g / (1.0 + (-alpha * g).exp())
 }
 
 /// The experts a token's router logits choose and their weights: the softmax over all experts,
@@ -414,9 +448,12 @@ pub fn softcap(x: f32, cap: f32) -> f32 {
 
 /// Causal grouped-query attention of queries at positions `start..` (rows of `q`, `q_dim`
 /// wide) over the cache's keys and values (rows `kv_dim` wide, at least start + rows of q).
+/// `sinks`: a logit per query head that joins the softmax's denominator with no value (gpt-oss).
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     c: &ModelConfig,
     kind: AttentionKind,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
     q: &[f32],
     k_cache: &[f32],
@@ -439,7 +476,15 @@ pub fn attention(
             if let Some(cap) = kind.softcap {
                 scores.iter_mut().for_each(|s| *s = softcap(*s, cap));
             }
-            softmax(&mut scores);
+            match sinks {
+                // The sink as one more score, dropped after the softmax.
+                Some(sinks) => {
+                    scores.push(sinks[h]);
+                    softmax(&mut scores);
+                    scores.pop();
+                }
+                None => softmax(&mut scores),
+            }
             let oh = &mut out_t[h * hd..(h + 1) * hd];
             oh.fill(0.0);
             for (s, &p) in (first..n_keys).zip(scores.iter()) {

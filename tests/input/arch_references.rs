@@ -11,8 +11,8 @@ use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, Readback};
 use webgpu_llm::model::{CpuModel, Logits};
 use webgpu_llm::sampling::argmax;
 
-const MODELS: [&str; 10] =
-    ["qwen2", "qwen3", "phi3", "llama3", "mistral", "smollm3", "gemma2", "qwen3moe", "lfm2", "qwen3yarn"];
+const MODELS: [&str; 11] =
+    ["qwen2", "qwen3", "phi3", "llama3", "mistral", "smollm3", "gemma2", "qwen3moe", "lfm2", "qwen3yarn", "gptoss"];
 
 struct Reference {
     name: &'static str,
@@ -177,15 +177,16 @@ fn gpu_matches_transformers_on_every_architecture_and_path() {
 /// on the first layer and prompt lookup: drafts accepted and rejected, so a short convolution's
 /// state at rejected positions is written and then written over); and a second batch whose
 /// prompts are the first ones plus 8 generated tokens starts from the prefix cache's blocks (a
-/// hybrid model's state resumed mid-conversation) and gives the remaining 8.
+/// hybrid model's state resumed mid-conversation) and gives the remaining 8. (A pool of 1024
+/// tokens: the tiny gpt-oss file's context is 64.)
 #[test]
 fn batched_generation_gives_the_reference_tokens_on_the_newer_plans() {
     use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt};
     use webgpu_llm::sampling::SamplingParams;
     use webgpu_llm::speculate::{Drafter, Speculation};
-    for name in ["smollm3", "gemma2", "qwen3moe", "lfm2"] {
+    for name in ["smollm3", "gemma2", "qwen3moe", "lfm2", "gptoss"] {
         let r = Reference::load(name);
-        let gpu = GpuOptions { force_f32: true, ..Default::default() };
+        let gpu = GpuOptions { force_f32: true, kv_tokens: Some(1024), ..Default::default() };
         let opts = LoadOptions { backend: BackendKind::Gpu, context_length: Some(256), gpu };
         let mut engine = pollster::block_on(Engine::load(&r.bytes, opts, &mut |_, _| {})).unwrap();
         let greedy = |n: usize, speculate: Option<Speculation>| GenerateOptions {
@@ -309,10 +310,10 @@ fn model_info_counts_a_mixtures_active_parameters_and_a_hybrids_state() {
 fn beams_on_the_hybrid_and_the_mixture_give_the_cpu_beams() {
     use webgpu_llm::beam::{BeamOptions, EarlyStopping};
     use webgpu_llm::engine::{BackendKind, Engine, LoadOptions, Prompt};
-    for name in ["lfm2", "qwen3moe"] {
+    for name in ["lfm2", "qwen3moe", "gptoss"] {
         let r = Reference::load(name);
         let load = |backend| {
-            let gpu = GpuOptions { force_f32: true, ..Default::default() };
+            let gpu = GpuOptions { force_f32: true, kv_tokens: Some(1024), ..Default::default() };
             let opts = LoadOptions { backend, context_length: Some(256), gpu };
             pollster::block_on(Engine::load(&r.bytes, opts, &mut |_, _| {})).unwrap()
         };

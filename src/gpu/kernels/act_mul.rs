@@ -27,3 +27,25 @@ pub fn act_mul(
         traffic,
     }
 }
+
+/// Adds `bias` (d values) to each of the pass's rows of `x` in place (shaders/bias_add.wgsl).
+pub fn bias_add(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    params: &wgpu::Buffer,
+    d: usize,
+    x: &wgpu::Buffer,
+    bias: &wgpu::Buffer,
+) -> Dispatch {
+    let source = include_str!("../../../shaders/bias_add.wgsl");
+    let pipeline = cache.get(gpu, "bias_add", source, Needs::default(), &[], &[("D", d as f64)]);
+    let bind_group = gpu.bind_group("bias_add", &pipeline, &[params, x, bias]);
+    let traffic = Traffic { weights: 4 * d as u64, activations: 8 * d as u64, ..Default::default() };
+    Dispatch {
+        label: "bias_add",
+        pipeline,
+        bind_group,
+        groups: Groups::per_token((d as u32).div_ceil(64), 1, 1),
+        traffic,
+    }
+}

@@ -47,6 +47,7 @@ pub fn attention_decode(
     partials: &wgpu::Buffer,
     out: &wgpu::Buffer,
     batch: &wgpu::Buffer,
+    sinks: Option<&wgpu::Buffer>,
 ) -> [Dispatch; 2] {
     let group = c.n_heads / c.n_kv_heads;
     let chunks = context.div_ceil(DECODE_CHUNK);
@@ -89,10 +90,10 @@ pub fn attention_decode(
         },
     };
     let source = include_str!("../../../shaders/attention_combine.wgsl");
-    let overrides = [("MAX_CHUNKS", chunks as f64), window];
+    let overrides = [("MAX_CHUNKS", chunks as f64), window, ("SINKS", sinks.is_some() as u32 as f64)];
     let needs = Needs { batch: true, ..Default::default() };
     let pipeline = cache.get(gpu, "attention_combine", source, needs, &consts, &overrides);
-    let bind_group = gpu.bind_group("attention_combine", &pipeline, &[partials, out, batch]);
+    let bind_group = gpu.bind_group("attention_combine", &pipeline, &[partials, out, batch, sinks.unwrap_or(partials)]);
     let combine = Dispatch {
         label: "attention_combine",
         pipeline,
@@ -137,6 +138,7 @@ pub fn attention_prefill(
     v_cache: &wgpu::Buffer,
     out: &wgpu::Buffer,
     batch: &wgpu::Buffer,
+    sinks: Option<&wgpu::Buffer>,
 ) -> Dispatch {
     let hd = c.head_dim as u32;
     let bk = key_block(hd, gpu.limits.max_compute_workgroup_storage_size);
@@ -147,6 +149,7 @@ pub fn attention_prefill(
         ("GROUP", (c.n_heads / c.n_kv_heads) as f64),
         ("SCALE", kind.scale as f64),
         ("WINDOW", kind.window.unwrap_or(0) as f64),
+        ("SINKS", sinks.is_some() as u32 as f64),
     ];
     let needs = softcapped(kind, &mut overrides);
     // CPU adapters: one query per invocation, no tiles (shaders/attention_prefill_direct.wgsl).
@@ -155,7 +158,9 @@ pub fn attention_prefill(
         KernelStyle::Cpu => (include_str!("../../../shaders/attention_prefill_direct.wgsl"), 64),
     };
     let pipeline = cache.get(gpu, "attention_prefill", source, needs, &consts, &overrides);
-    let bind_group = gpu.bind_group("attention_prefill", &pipeline, &[params, qkv, k_cache, v_cache, out, batch]);
+    let sinks = sinks.unwrap_or(qkv);
+    let bind_group =
+        gpu.bind_group("attention_prefill", &pipeline, &[params, qkv, k_cache, v_cache, out, batch, sinks]);
     let mut groups = Groups::per_token(1, 0, queries_per_group);
     groups.fixed[1] = c.n_heads as u32;
     // Prefill only: the decode ledger never counts it.

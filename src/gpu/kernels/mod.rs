@@ -14,7 +14,7 @@ mod short_conv;
 mod softcap;
 mod top_k;
 
-pub use act_mul::act_mul;
+pub use act_mul::{act_mul, bias_add};
 pub use argmax::argmax;
 pub use attention::{attention_decode, attention_prefill, decode_partials_len, DECODE_CHUNK};
 pub use embed::embed;

@@ -17,13 +17,19 @@ pub fn moe_route(
     params: &wgpu::Buffer,
     e: &Experts,
     logits: &wgpu::Buffer,
+    bias: Option<&wgpu::Buffer>,
     ids: &wgpu::Buffer,
     weights: &wgpu::Buffer,
 ) -> Dispatch {
-    let overrides = [("COUNT", e.count as f64), ("NORMALIZE", e.normalize as u32 as f64), ("SCALE", e.scale as f64)];
+    let overrides = [
+        ("COUNT", e.count as f64),
+        ("NORMALIZE", e.normalize as u32 as f64),
+        ("SCALE", e.scale as f64),
+        ("ROUTER_BIAS", bias.is_some() as u32 as f64),
+    ];
     let source = include_str!("../../../shaders/moe_route.wgsl");
     let pipeline = cache.get(gpu, "moe_route", source, Needs::default(), &[("USED", e.used as u32)], &overrides);
-    let bind_group = gpu.bind_group("moe_route", &pipeline, &[params, logits, ids, weights]);
+    let bind_group = gpu.bind_group("moe_route", &pipeline, &[params, logits, ids, weights, bias.unwrap_or(logits)]);
     let traffic = Traffic { activations: 4 * (e.count + 2 * e.used) as u64, ..Default::default() };
     Dispatch { label: "moe_route", pipeline, bind_group, groups: Groups::per_token(1, 0, 64), traffic }
 }
@@ -52,11 +58,13 @@ pub fn moe_gemv(
     pair: bool,
     act: Activation,
     x_per_token: bool,
+    bias: Option<&wgpu::Buffer>,
     x: &wgpu::Buffer,
     ids: &wgpu::Buffer,
     y: &wgpu::Buffer,
 ) -> Dispatch {
     let p = &w.parts[0];
+    let (alpha, limit) = crate::arch::SWIGLU_OAI;
     let overrides = [
         ("COLS", p.cols as f64),
         ("ROW_WORDS", p.row_words as f64),
@@ -64,11 +72,15 @@ pub fn moe_gemv(
         ("COUNT", e.count as f64),
         ("PAIR", pair as u32 as f64),
         ("X_PER_TOKEN", x_per_token as u32 as f64),
+        ("BIAS", bias.is_some() as u32 as f64),
+        ("OAI", (pair && e.swiglu_oai) as u32 as f64),
+        ("ALPHA", alpha as f64),
+        ("LIMIT", limit as f64),
     ];
     let needs = Needs { weights: Some(p.format), act: Some(act), ..Default::default() };
     let source = include_str!("../../../shaders/moe_gemv.wgsl");
     let pipeline = cache.get(gpu, "moe_gemv", source, needs, &[("USED", e.used as u32)], &overrides);
-    let bind_group = gpu.bind_group("moe_gemv", &pipeline, &[&p.buffer, x, y, ids, params]);
+    let bind_group = gpu.bind_group("moe_gemv", &pipeline, &[&p.buffer, x, y, ids, params, bias.unwrap_or(x)]);
     // A token reads its chosen experts' rows alone: `used` of the `count` experts.
     let matrices = if pair { 2 } else { 1 };
     let traffic = Traffic {
