@@ -65,6 +65,9 @@ pub struct CpuKvCache {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
     len: usize,
+    /// Each layer's values a position (kv_dim, or d_model for a short convolution's B * x);
+    /// empty: every layer's are the caller's kv_dim.
+    widths: Vec<usize>,
 }
 
 impl CpuKvCache {
@@ -76,12 +79,12 @@ impl CpuKvCache {
     }
     /// Forgets positions from `len` on (reuse of a shared prefix). Each layer's rows are as
     /// wide as it keeps (`kv_dim` for attention, d_model for a short convolution's B * x).
-    pub fn truncate(&mut self, len: usize, _kv_dim: usize) {
-        let old = self.len;
+    pub fn truncate(&mut self, len: usize, kv_dim: usize) {
         self.len = self.len.min(len);
-        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-            let width = buf.len().checked_div(old).unwrap_or(0);
-            buf.truncate(self.len * width);
+        for (i, (k, v)) in self.k.iter_mut().zip(self.v.iter_mut()).enumerate() {
+            let width = self.widths.get(i).copied().unwrap_or(kv_dim);
+            k.truncate(self.len * width);
+            v.truncate(self.len * width);
         }
     }
 }
@@ -180,7 +183,9 @@ impl CpuModel {
     }
 
     pub fn new_cache(&self) -> CpuKvCache {
-        CpuKvCache { k: vec![Vec::new(); self.config.n_layers], v: vec![Vec::new(); self.config.n_layers], len: 0 }
+        let c = &self.config;
+        let widths = self.plan.layers.iter().map(|l| if l.conv.is_some() { c.d_model } else { c.kv_dim() }).collect();
+        CpuKvCache { k: vec![Vec::new(); c.n_layers], v: vec![Vec::new(); c.n_layers], len: 0, widths }
     }
 
     /// Runs `tokens` at positions `cache.len()..`, appends their keys and values to the cache and

@@ -171,7 +171,7 @@ fn gpu_matches_transformers_on_every_architecture_and_path() {
 }
 
 /// The runtime's batched passes (a round's prompt chunks beside decode rows, batched decode
-/// steps) on the newer layer plans, on the f32 path (whose logits are within 2e-5 of the
+/// steps) on the newer layer plans, on the CPU backend and the GPU's f32 path (whose logits are within 2e-5 of the
 /// reference, far below every case's smallest top-1/top-2 margin): the three reference prompts
 /// in one batch give transformers' greedy tokens; so they do with speculation (self-speculation
 /// on the first layer and prompt lookup: drafts accepted and rejected, so a short convolution's
@@ -184,10 +184,13 @@ fn batched_generation_gives_the_reference_tokens_on_the_newer_plans() {
     use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt};
     use webgpu_llm::sampling::SamplingParams;
     use webgpu_llm::speculate::{Drafter, Speculation};
-    for name in ["smollm3", "gemma2", "qwen3moe", "lfm2", "gptoss"] {
+    let backends = [BackendKind::Cpu, BackendKind::Gpu];
+    for (name, backend) in
+        ["smollm3", "gemma2", "qwen3moe", "lfm2", "gptoss"].into_iter().flat_map(|n| backends.map(|b| (n, b)))
+    {
         let r = Reference::load(name);
         let gpu = GpuOptions { force_f32: true, kv_tokens: Some(1024), ..Default::default() };
-        let opts = LoadOptions { backend: BackendKind::Gpu, context_length: Some(256), gpu };
+        let opts = LoadOptions { backend, context_length: Some(256), gpu };
         let mut engine = pollster::block_on(Engine::load(&r.bytes, opts, &mut |_, _| {})).unwrap();
         let greedy = |n: usize, speculate: Option<Speculation>| GenerateOptions {
             max_tokens: n,
@@ -214,7 +217,7 @@ fn batched_generation_gives_the_reference_tokens_on_the_newer_plans() {
             let requests = prompts.iter().map(|p| (Prompt::Tokens(p.clone()), greedy(16, speculate))).collect();
             let got = run(requests);
             for (ci, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(g, w, "{name} case {ci} in a batch, drafter {drafter:?}");
+                assert_eq!(g, w, "{name} {backend:?} case {ci} in a batch, drafter {drafter:?}");
             }
         }
         let requests = prompts
@@ -223,7 +226,7 @@ fn batched_generation_gives_the_reference_tokens_on_the_newer_plans() {
             .map(|(p, w)| (Prompt::Tokens([&p[..], &w[..8]].concat()), greedy(8, None)))
             .collect();
         for (ci, (g, w)) in run(requests).iter().zip(&want).enumerate() {
-            assert_eq!(g[..], w[8..], "{name} case {ci} resumed from the prefix cache");
+            assert_eq!(g[..], w[8..], "{name} {backend:?} case {ci} resumed from the prefix cache");
         }
     }
 }
