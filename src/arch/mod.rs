@@ -354,6 +354,7 @@ impl Plan {
             layers.push(layer);
         }
 
+        check_sliding_layout(gguf, &arch, &layers, &ropes[sliding_rope])?;
         let gemma = arch == "gemma3" || arch == "gemma2";
         // Gemma 2 27B (46 layers) and Gemma 3 27B (62) scale by d_model / heads, the others by
         // the head size: transformers' query_pre_attn_scalar, which the file does not carry
@@ -589,6 +590,38 @@ fn yarn(gguf: &Gguf, arch: &str, c: &ModelConfig) -> Result<(Vec<f32>, f64)> {
         None => 0.1 * factor.ln() + 1.0,
     };
     Ok((divisors, attention * number("attn_factor", 1.0)?))
+}
+
+/// Which layers slide and their RoPE base come from the architecture here (as llama.cpp
+/// hard-codes them); a file that says otherwise (`attention.sliding_window_pattern`, a period
+/// or one flag per layer, read as llama.cpp reads it; `rope.freq_base_swa`) must agree, or it
+/// is an error naming the key, never a silently different model.
+fn check_sliding_layout(gguf: &Gguf, arch: &str, layers: &[LayerPlan], sliding: &Rope) -> Result<()> {
+    let key = format!("{arch}.attention.sliding_window_pattern");
+    let planned = |i: usize| layers[i].window.is_some();
+    let agrees = match gguf.get(&key) {
+        None => true,
+        Some(crate::gguf::Value::List(_)) => {
+            let flags = gguf.get_array(&key)?.expect("a list");
+            flags.len() == layers.len()
+                && flags.iter().enumerate().all(|(i, v)| v == crate::gguf::ValueRef::Bool(planned(i)))
+        }
+        Some(_) => {
+            // llama.cpp's set_swa_pattern: layer i slides when i % n < n - 1 (every layer for 0).
+            let n = gguf.get_u64(&key)?.unwrap_or(0) as usize;
+            (0..layers.len()).all(|i| planned(i) == (n == 0 || i % n < n - 1))
+        }
+    };
+    if !agrees {
+        return Err(Error::Unsupported(format!("a sliding-window layer layout other than {arch}'s ({key})")));
+    }
+    let key = format!("{arch}.rope.freq_base_swa");
+    match gguf.get_f32(&key)? {
+        Some(base) if layers.iter().any(|l| l.window.is_some()) && base as f64 != sliding.base => {
+            Err(Error::Unsupported(format!("a RoPE base of {base} for the sliding layers ({key})")))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A soft-capping value from `key`, `default` when absent.

@@ -379,3 +379,32 @@ fn a_hybrid_layer_layout_that_does_not_add_up_is_an_error_naming_it() {
     let msg = Plan::from_gguf(&g, None).unwrap_err().to_string();
     assert!(msg.contains("qwen3.attention.head_count_kv"), "{msg}");
 }
+
+/// Which layers slide, and their RoPE base, come from the architecture (as llama.cpp hard-codes
+/// them): a file whose `attention.sliding_window_pattern` or `rope.freq_base_swa` says otherwise
+/// is refused naming the key; one that says the same loads.
+#[test]
+fn a_sliding_layout_other_than_the_architectures_is_an_error_naming_it() {
+    use webgpu_llm::arch::Plan;
+    use webgpu_llm::gguf::{Array, Value};
+    for name in ["gemma2", "gptoss"] {
+        let r = Reference::load(name);
+        let arch = r.gguf().get_str("general.architecture").unwrap().unwrap().to_string();
+        let with = |key: &str, value: Value| {
+            let mut g = r.gguf();
+            g.metadata.insert(format!("{arch}.{key}"), value);
+            Plan::from_gguf(&g, None).map(|_| ()).map_err(|e| e.to_string())
+        };
+        assert_eq!(with("attention.sliding_window_pattern", Value::U32(2)), Ok(()), "{name}");
+        let flags = Value::List(Array::Bool(vec![true, false, true, false]));
+        assert_eq!(with("attention.sliding_window_pattern", flags), Ok(()), "{name}");
+        for value in [Value::U32(3), Value::List(Array::Bool(vec![false, true, false, true]))] {
+            let msg = with("attention.sliding_window_pattern", value).unwrap_err();
+            assert!(msg.contains("attention.sliding_window_pattern"), "{name}: {msg}");
+        }
+        let base = r.gguf().get_f32(&format!("{arch}.rope.freq_base")).unwrap().unwrap_or(10000.0);
+        assert_eq!(with("rope.freq_base_swa", Value::F32(base)), Ok(()), "{name}");
+        let msg = with("rope.freq_base_swa", Value::F32(base / 2.0)).unwrap_err();
+        assert!(msg.contains("rope.freq_base_swa"), "{name}: {msg}");
+    }
+}
