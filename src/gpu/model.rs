@@ -342,7 +342,11 @@ impl GpuModel {
             let w_down = linear("w_down", &[&l.down]).await?;
             let router = match &l.experts {
                 Some(e) => {
-                    kernels::check_experts(&gate_up, &l.down)?;
+                    let gate_name = match &l.gate_up {
+                        GateUp::Separate([gate, _]) => gate,
+                        GateUp::Fused(gate_up) => gate_up,
+                    };
+                    kernels::check_experts(&gate_up, gate_name)?;
                     kernels::check_experts(&w_down, &l.down)?;
                     Some(linear("router", &[&e.router]).await?)
                 }

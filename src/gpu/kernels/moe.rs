@@ -11,6 +11,7 @@ use crate::gpu::weights::Linear;
 use crate::gpu::Gpu;
 
 /// Each token's `used` experts (`ids`, u32) and weights (f32) from its router logits.
+#[allow(clippy::too_many_arguments)]
 pub fn moe_route(
     gpu: &Gpu,
     cache: &mut PipelineCache,
