@@ -19,7 +19,11 @@ Pipeline per model (everything deterministic from --seed):
      cross-checked against a full no-cache forward;
   5. independent check: a float64 numpy forward pass that reads only the GGUF (gguf-py GGUFReader),
      implementing llama.cpp's math (NORM vs NEOX rope, partial rope, rope_freqs, fused qkv / gate_up,
-     q/k norms, biases, GQA, tied output).
+     q/k norms, biases, GQA, tied output; later: soft-capping, sliding windows, experts, sinks, short
+     convolutions, Qwen3.5's Gated DeltaNet and gated attention).
+  6. qwen35 only: random `mtp.*` (multi-token prediction) tensors are added to the checkpoint before step 3, and
+     reference.json's `mtp` holds the MTP head's logits computed by NpGGUF.mtp from the GGUF as llama.cpp's
+     graph_mtp (transformers does not run it), cross-checked with transformers modules on the HF weights.
 
 Setup (outside the repo):
   python3 -m venv /work/venv-refs
@@ -68,7 +72,7 @@ TOPK = 20
 STD_MATRIX = 0.08
 STD_EMBED = 0.4
 STD_BIAS = 0.2
-STD_CONV = 0.5  # LFM2's short-convolution taps (3 per channel): large enough to move the logits
+STD_CONV = 0.5  # LFM2's short-convolution taps (3 per channel), Qwen3.5's conv1d (4): large enough to move the logits
 NORM_LO, NORM_HI = 0.5, 1.5
 # Tied models (qwen3, llama3): with the scheme above the token just fed dominates the residual stream
 # and, through the shared embedding, its own logit (E[t].E[t] >> E[t].E[v]), so greedy decoding
@@ -268,11 +272,52 @@ ARCHS = [
                        conv_L_cache=3, conv_bias=False, tie_word_embeddings=True,
                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
     },
+    {
+        "name": "qwen35",
+        "gguf_name": "Tiny Random Qwen3.5",
+        "model_type": "qwen3_5_text",
+        "hf_class": "Qwen3_5ForCausalLM",
+        # Qwen3.5's RMSNorms are zero-centred ((1 + w) in transformers; the converter writes 1 + w) except the
+        # Gated DeltaNet's gated output norm (plain w, written as is): drawn so that every effective norm
+        # multiplier is the other models' (U(0.5, 1.5); the tied final norm U(1.5, 4.5)).
+        "zero_centred_norms": True,
+        # One multi-token-prediction block (transformers ignores mtp.*; added to the checkpoint before converting).
+        "mtp": True,
+        "exercises": "hybrid Qwen3.5 dense: Gated DeltaNet linear-attention layers (0, 2: fused qkv projection, "
+                     "causal depthwise convolution over 4 positions + SiLU, L2-normalised q/k, per-v-head decay "
+                     "g = ssm_a * softplus(alpha + dt_bias) and beta = sigmoid(b), delta-rule state 16x16 per v head, "
+                     "gated RMSNorm times SiLU(z), ssm_out) with 4 value heads over 2 key heads (the converter's "
+                     "grouped -> tiled v-head reorder: GGUF v head i uses k head i % 2) beside gated full-attention "
+                     "layers (1, 3: q projection = per-head [query | gate], q/k RMSNorms, partial interleaved-MRoPE "
+                     "on 8 of 16 head dims (sections [2, 1, 1], = NEOX pairs at text positions), sigmoid(gate) * attention "
+                     "before o_proj, GQA 4/2); layer kinds from attention.recurrent_layers (full_attention_interval 2 "
+                     "agrees); zero-centred norms written +1 by the converter; tied output (no output.weight); one MTP "
+                     "(nextn) block blk.4 (block_count 5 = 4 + nextn_predict_layers 1) whose logits are reference.json's "
+                     "`mtp` (numpy from the GGUF as llama.cpp's graph_mtp, cross-checked with torch modules on the HF "
+                     "mtp.* weights)",
+        # 4 layers and FFN width 64 (tied output) keep the F32 GGUF under 800 kB with the MTP block.
+        "config": dict(hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, attention_bias=False,
+                       layer_types=["linear_attention", "full_attention"] * 2,
+                       full_attention_interval=2,
+                       linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                       linear_num_key_heads=2, linear_num_value_heads=4, mtp_num_hidden_layers=1,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                        "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
+    },
 ]
 
 # llama.cpp src/llama-model.cpp llama_model_rope_type(): which pairs rotate.
+# qwen35: IMROPE (interleaved multi-section rope; NEOX pairs, each pair's angle from one of 4 position streams).
 ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "smollm3": "norm",
-              "gemma2": "neox", "qwen3moe": "neox", "lfm2": "neox", "gpt-oss": "neox"}
+              "gemma2": "neox", "qwen3moe": "neox", "lfm2": "neox", "gpt-oss": "neox", "qwen35": "imrope"}
+
+# Qwen3.5 (Gated DeltaNet)
+STD_DT_BIAS = 0.5          # dt_bias N(0, 0.5)
+A_RANGE = (0.05, 0.6)      # A = exp(A_log) ~ U: per-token decay exp(-A * softplus(alpha + dt_bias)) mostly in (0.5, 1)
+L2NORM_EPS = 1e-6          # transformers' l2norm(q or k) = x / sqrt(sum(x^2) + 1e-6) (hard-coded); llama.cpp uses rms eps
+MTP_SEED_TAG = 11          # numpy default_rng([seed, arch_index, 11]) draws the mtp.* tensors
 
 
 def f32(v):
@@ -335,11 +380,28 @@ def build_hf_model(spec, seed, arch_index):
             shape = tuple(p.shape)
             if tied and name in ("model.norm.weight", "model.embedding_norm.weight"):
                 lo, hi = TIED_FINAL_NORM
-                v = rng.uniform(lo, hi, size=shape)
-                kind = "final rmsnorm (tied model) U(%g,%g)" % (lo, hi)
+                if spec.get("zero_centred_norms"):
+                    v = rng.uniform(lo - 1.0, hi - 1.0, size=shape)
+                    kind = "final zero-centred rmsnorm (tied model) (1 + w), w U(%g,%g)" % (lo - 1.0, hi - 1.0)
+                else:
+                    v = rng.uniform(lo, hi, size=shape)
+                    kind = "final rmsnorm (tied model) U(%g,%g)" % (lo, hi)
+            elif spec.get("zero_centred_norms") and name.endswith("norm.weight") \
+                    and not name.endswith("linear_attn.norm.weight"):
+                v = rng.uniform(NORM_LO - 1.0, NORM_HI - 1.0, size=shape)
+                kind = "zero-centred rmsnorm (1 + w), w U(%g,%g)" % (NORM_LO - 1.0, NORM_HI - 1.0)
             elif name.endswith("norm.weight"):
                 v = rng.uniform(NORM_LO, NORM_HI, size=shape)
                 kind = "rmsnorm U(%g,%g)" % (NORM_LO, NORM_HI)
+            elif name.endswith(".A_log"):
+                v = np.log(rng.uniform(A_RANGE[0], A_RANGE[1], size=shape))
+                kind = "A_log = log U(%g,%g)" % A_RANGE
+            elif name.endswith(".dt_bias"):
+                v = rng.normal(0.0, STD_DT_BIAS, size=shape)
+                kind = "dt_bias N(0,%g)" % STD_DT_BIAS
+            elif name.endswith("conv1d.weight"):
+                v = rng.normal(0.0, STD_CONV, size=shape)
+                kind = "depthwise convolution taps N(0,%g)" % STD_CONV
             elif name.endswith((".bias", "_bias", ".sinks")):
                 std = spec.get("bias_std", STD_BIAS)
                 v = rng.normal(0.0, std, size=shape)
@@ -351,7 +413,7 @@ def build_hf_model(spec, seed, arch_index):
             elif name.endswith("conv.conv.weight"):
                 v = rng.normal(0.0, STD_CONV, size=shape)
                 kind = "short-convolution taps N(0,%g)" % STD_CONV
-            elif tied and name.endswith(("o_proj.weight", "down_proj.weight")):
+            elif tied and name.endswith(("o_proj.weight", "down_proj.weight", "linear_attn.out_proj.weight")):
                 v = rng.normal(0.0, TIED_STD_RESID_OUT, size=shape)
                 kind = "residual-writing matrix (tied model) N(0,%g)" % TIED_STD_RESID_OUT
             else:
@@ -362,6 +424,55 @@ def build_hf_model(spec, seed, arch_index):
             init_log[name] = kind
     model.eval()
     return model, init_log
+
+
+def mtp_param_shapes(cfg):
+    """Qwen3.5's multi-token-prediction block as real checkpoints store it (`mtp.*`, ignored by transformers;
+    conversion/qwen.py _QwenMtpMixin maps fc -> eh_proj, pre_fc_norm_embedding -> enorm, pre_fc_norm_hidden ->
+    hnorm, norm -> shared_head.norm, layers.0.* -> layer num_hidden_layers; every *norm.weight gets + 1)."""
+    d, hd, H, KV, ff = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
+    L = "mtp.layers.0."
+    return {
+        "mtp.fc.weight": (d, 2 * d),  # input [enorm(embedding); hnorm(hidden)]
+        "mtp.pre_fc_norm_embedding.weight": (d,), "mtp.pre_fc_norm_hidden.weight": (d,), "mtp.norm.weight": (d,),
+        L + "input_layernorm.weight": (d,), L + "post_attention_layernorm.weight": (d,),
+        L + "self_attn.q_proj.weight": (2 * H * hd, d), L + "self_attn.k_proj.weight": (KV * hd, d),
+        L + "self_attn.v_proj.weight": (KV * hd, d), L + "self_attn.o_proj.weight": (d, H * hd),
+        L + "self_attn.q_norm.weight": (hd,), L + "self_attn.k_norm.weight": (hd,),
+        L + "mlp.gate_proj.weight": (ff, d), L + "mlp.up_proj.weight": (ff, d), L + "mlp.down_proj.weight": (d, ff),
+    }
+
+
+def add_mtp_tensors(hf_dir, cfg, seed, arch_index, init_log):
+    """Random mtp.* tensors (the main model's scheme: matrices N(0, 0.08), residual-writing ones N(0, 0.3) when
+    tied, zero-centred norms w U(-0.5, 0.5), the head norm mtp.norm like the tied final norm) written into the
+    saved model.safetensors so that the converter emits the nextn block; returns them (float32 numpy)."""
+    from safetensors.numpy import load_file, save_file
+    rng = np.random.default_rng([seed, arch_index, MTP_SEED_TAG])
+    tied = bool(cfg.tie_word_embeddings)
+    mtp = {}
+    for name, shape in sorted(mtp_param_shapes(cfg).items()):
+        if tied and name == "mtp.norm.weight":
+            lo, hi = TIED_FINAL_NORM[0] - 1.0, TIED_FINAL_NORM[1] - 1.0
+            v = rng.uniform(lo, hi, size=shape)
+            init_log[name] = "MTP head norm (tied model) (1 + w), w U(%g,%g)" % (lo, hi)
+        elif tied and name.endswith(("o_proj.weight", "down_proj.weight")):
+            v = rng.normal(0.0, TIED_STD_RESID_OUT, size=shape)
+            init_log[name] = "residual-writing matrix (tied model) N(0,%g)" % TIED_STD_RESID_OUT
+        elif name.endswith("norm.weight"):
+            v = rng.uniform(NORM_LO - 1.0, NORM_HI - 1.0, size=shape)
+            init_log[name] = "zero-centred rmsnorm (1 + w), w U(%g,%g)" % (NORM_LO - 1.0, NORM_HI - 1.0)
+        else:
+            v = rng.normal(0.0, STD_MATRIX, size=shape)
+            init_log[name] = "matrix N(0,%g)" % STD_MATRIX
+        mtp[name] = v.astype(np.float32)
+    path = os.path.join(hf_dir, "model.safetensors")
+    assert os.path.exists(path) and not os.path.exists(path + ".index.json")
+    tensors = load_file(path)
+    assert not any(k.startswith("mtp.") for k in tensors)
+    tensors.update(mtp)
+    save_file(tensors, path, metadata={"format": "pt"})
+    return mtp
 
 
 # ----------------------------------------------------------------------------------------------
@@ -475,7 +586,8 @@ def run_oracle(model, prompts):
 # Independent numpy (float64) forward from the GGUF only
 # ----------------------------------------------------------------------------------------------
 class NpGGUF:
-    """llama.cpp math for arch llama / qwen2 / qwen3 / phi3, float64, weights read from the GGUF.
+    """llama.cpp math for arch llama / qwen2 / qwen3 / phi3 (and the later ones; qwen35: forward_qwen35, mtp),
+    float64, weights read from the GGUF.
 
     Tensors are F32; GGUFReader gives each 2-D tensor as (ne1, ne0) = (out_features, in_features).
     Rope: theta_i = pos * freq_base^(-2i/n_rot) / rope_freqs[i] (rope_freqs = 1 when absent), i < n_rot/2.
@@ -553,12 +665,70 @@ class NpGGUF:
             ramp = 1.0 - np.clip((np.arange(half) - low) / max(0.001, high - low), 0.0, 1.0)  # extrapolation share
             self.inv_freq = self.inv_freq * ((1.0 - ramp) / factor + ramp)
             self.mscale = 0.1 * np.log(factor) + 1.0
+        # Qwen3.5 (hybrid Gated DeltaNet / gated full attention, plus the MTP block after the main layers).
+        self.qwen35 = a == "qwen35"
+        self.n_nextn = int(f(f"{a}.nextn_predict_layers", 0))
+        self.n_main = self.n_layer - self.n_nextn  # block_count counts the nextn (MTP) blocks too
+        if self.qwen35:
+            # Layer kinds as llama.cpp's load_arch_hparams reads them: the per-layer attention.recurrent_layers
+            # array when present, else (i < n_main) && (i + 1) % full_attention_interval != 0 (default 4).
+            rec = f(f"{a}.attention.recurrent_layers")
+            if rec is None:
+                iv = int(f(f"{a}.full_attention_interval", 4))
+                rec = [i < self.n_main and (i + 1) % iv != 0 for i in range(self.n_layer)]
+            self.recurrent = [bool(x) for x in rec]
+            assert len(self.recurrent) == self.n_layer and not any(self.recurrent[self.n_main:])
+            self.sections = [int(x) for x in f(f"{a}.rope.dimension_sections")]
+            self.d_conv = int(f(f"{a}.ssm.conv_kernel"))
+            self.d_state = int(f(f"{a}.ssm.state_size"))      # head_k_dim (= head_v_dim: llama.cpp requires it)
+            self.n_kh = int(f(f"{a}.ssm.group_count"))        # key heads
+            self.n_vh = int(f(f"{a}.ssm.time_step_rank"))     # value heads
+            self.head_v = int(f(f"{a}.ssm.inner_size")) // self.n_vh
+            assert self.head_v == self.d_state and self.n_vh % self.n_kh == 0
+            self.l2_eps = L2NORM_EPS
+            # Which key (and query) head a value head uses, in GGUF order. transformers: v head j (grouped by key
+            # head) uses k head j // (n_vh / n_kh) (repeat_interleave). The converter reorders the v heads
+            # (in_proj_qkv's v rows, in_proj_z, in_proj_a/b, A_log, dt_bias, conv1d's v channels, out_proj's
+            # columns) from grouped to tiled: GGUF v head i = r * n_kh + g is HF v head g * (n_vh / n_kh) + r,
+            # and llama.cpp tiles q/k with ggml_repeat_4d (the fused kernel: iq1 = iv1 % neq1), so GGUF v head i
+            # uses k head i % n_kh (here v heads 0, 1, 2, 3 -> k heads 0, 1, 0, 1).
+            self.v_to_k = lambda i: i % self.n_kh
+            # Switches for the negative controls (all True / all taps = the real math).
+            self.conv_mask = np.ones(self.d_conv)
+            self.gdn_decay = self.gdn_state = self.gdn_l2 = self.ssm_gate = True
+            self.attn_gate = self.qg_interleaved = True
+            self.mtp_variant = None
+            self.gdn_log = None  # a list: collects (g, beta) of every Gated DeltaNet layer
 
     def rms(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
+    def rope_angles(self, pos):
+        if self.style != "imrope":
+            return pos[:, None] * self.inv_freq[None, :]
+        # ggml's interleaved M-RoPE (GGML_ROPE_TYPE_IMROPE, ggml_mrope_cache_init): rotary pair i takes its
+        # angle from one of four position streams by sector = i % sum(sections): sector % 3 == 1 and
+        # sector < 3 * s1 -> h, % 3 == 2 and < 3 * s2 -> w, % 3 == 0 and < 3 * s0 -> t, any other -> e.
+        # For text llama.cpp feeds t = h = w = pos and e = 0 (llm_graph_input_pos); pairs: NEOX (i, i + n_rot/2).
+        s = self.sections
+        tot = sum(s)
+        streams = {"t": pos, "h": pos, "w": pos, "e": np.zeros_like(pos)}
+        cols = []
+        for i in range(self.n_rot // 2):
+            sec = i % tot
+            if sec % 3 == 1 and sec < 3 * s[1]:
+                st = "h"
+            elif sec % 3 == 2 and sec < 3 * s[2]:
+                st = "w"
+            elif sec % 3 == 0 and sec < 3 * s[0]:
+                st = "t"
+            else:
+                st = "e"
+            cols.append(streams[st] * self.inv_freq[i])
+        return np.stack(cols, axis=1)
+
     def rope(self, x, pos):
-        ang = pos[:, None] * self.inv_freq[None, :]
+        ang = self.rope_angles(pos)
         c, s = self.mscale * np.cos(ang)[:, None, :], self.mscale * np.sin(ang)[:, None, :]
         out = x.copy()
         n = self.n_rot
@@ -628,7 +798,122 @@ class NpGGUF:
                 out[t] += we * (self.w[p + "ffn_down_exps.weight"][e] @ a + bias("ffn_down_exps.bias"))
         return out
 
+    # ---- Qwen3.5 -------------------------------------------------------------------------------------
+    def gated_attention(self, h, p, pos):
+        """llama.cpp qwen35 build_layer_attn: q projection rows per head [query (hd) | gate (hd)]."""
+        T = h.shape[0]
+        H, KV, hd = self.n_head, self.n_kv, self.head_dim
+        rep = H // KV
+        qg = self.lin(h, p + "attn_q")
+        if self.qg_interleaved:
+            qg = qg.reshape(T, H, 2 * hd)
+            q, gate = qg[..., :hd], qg[..., hd:]
+        else:  # negative control: [all queries | all gates]
+            q, gate = qg[:, :H * hd].reshape(T, H, hd), qg[:, H * hd:].reshape(T, H, hd)
+        k = self.lin(h, p + "attn_k").reshape(T, KV, hd)
+        v = self.lin(h, p + "attn_v").reshape(T, KV, hd)
+        if p + "attn_q_norm.weight" in self.w:
+            q = self.rms(q, self.w[p + "attn_q_norm.weight"])
+            k = self.rms(k, self.w[p + "attn_k_norm.weight"])
+        q, k = self.rope(q, pos), self.rope(k, pos)
+        mask = np.triu(np.full((T, T), -np.inf), k=1)
+        att = np.empty((T, H, hd))
+        for hh in range(H):
+            sc = q[:, hh, :] @ k[:, hh // rep, :].T / np.sqrt(hd) + mask
+            sc = np.exp(sc - sc.max(axis=-1, keepdims=True))
+            att[:, hh, :] = (sc / sc.sum(axis=-1, keepdims=True)) @ v[:, hh // rep, :]
+        if self.attn_gate:
+            att = att / (1.0 + np.exp(-gate))
+        return self.lin(att.reshape(T, H * hd), p + "attn_output")
+
+    def gated_delta_net(self, h, p):
+        """llama.cpp qwen35 build_layer_attn_linear + delta-net-base (one sequence, from a zero state)."""
+        T = h.shape[0]
+        nk, nv, dk, dv = self.n_kh, self.n_vh, self.d_state, self.head_v
+        silu = lambda x: x / (1.0 + np.exp(-x))
+        qkv = self.lin(h, p + "attn_qkv")                      # (T, 2 nk dk + nv dv): [q | k | v]
+        z = self.lin(h, p + "attn_gate").reshape(T, nv, dv)
+        beta = 1.0 / (1.0 + np.exp(-(h @ self.w[p + "ssm_beta.weight"].T)))               # (T, nv)
+        alpha = h @ self.w[p + "ssm_alpha.weight"].T + self.w.get(p + "ssm_dt.bias", 0.0)
+        g = self.w[p + "ssm_a"] * np.logaddexp(0.0, alpha)   # ssm_a = -exp(A_log) (converter); g <= 0
+        if self.gdn_log is not None:
+            self.gdn_log.append((g, beta))
+        # Causal depthwise convolution: taps (channels, d_conv), the last tap on the current position.
+        taps = self.w[p + "ssm_conv1d.weight"] * self.conv_mask
+        K, C = taps.shape[1], taps.shape[0]
+        padded = np.concatenate([np.zeros((K - 1, C)), qkv], axis=0)
+        conv = silu(np.stack([(padded[t:t + K] * taps.T).sum(axis=0) for t in range(T)]))
+        q = conv[:, :nk * dk].reshape(T, nk, dk)
+        k = conv[:, nk * dk:2 * nk * dk].reshape(T, nk, dk)
+        v = conv[:, 2 * nk * dk:].reshape(T, nv, dv)
+        if self.gdn_l2:
+            q = q / np.sqrt(np.sum(q * q, axis=-1, keepdims=True) + self.l2_eps)
+            k = k / np.sqrt(np.sum(k * k, axis=-1, keepdims=True) + self.l2_eps)
+        q = q / np.sqrt(dk)
+        out = np.zeros((T, nv, dv))
+        for i in range(nv):
+            kh = self.v_to_k(i)
+            S = np.zeros((dk, dv))  # S[key dim, value dim]
+            for t in range(T):
+                if not self.gdn_state:
+                    S = np.zeros((dk, dv))
+                if self.gdn_decay:
+                    S = S * np.exp(g[t, i])
+                delta = (v[t, i] - S.T @ k[t, kh]) * beta[t, i]
+                S = S + np.outer(k[t, kh], delta)
+                out[t, i] = S.T @ q[t, kh]
+        o = self.rms(out, self.w[p + "ssm_norm.weight"])      # one [dv] weight shared by all v heads
+        if self.ssm_gate:
+            o = o * silu(z)
+        return o.reshape(T, nv * dv) @ self.w[p + "ssm_out.weight"].T
+
+    def forward_qwen35(self, ids):
+        """Main model: returns (logits, h) with h = output_norm(last layer output) (llama.cpp's t_h_nextn) and
+        the last layer output before it."""
+        ids = np.asarray(ids, dtype=np.int64)
+        pos = np.arange(len(ids), dtype=np.float64)
+        x = self.w["token_embd.weight"][ids]
+        for l in range(self.n_main):
+            p = f"blk.{l}."
+            h = self.rms(x, self.w[p + "attn_norm.weight"])
+            x = x + (self.gated_delta_net(h, p) if self.recurrent[l] else self.gated_attention(h, p, pos))
+            x = x + self.ffn(self.rms(x, self.w[p + "post_attention_norm.weight"]), p)
+        hn = self.rms(x, self.w["output_norm.weight"])
+        return hn @ self.out_w.T, hn, x
+
+    def mtp(self, ids, pos_offset=0):
+        """llama.cpp qwen35 graph_mtp over a whole sequence x_0..x_{n-1}: row j (0 .. n-2) of the result is the
+        MTP's logits for x_{j+2}, from h_j (main model, after output_norm) and the token x_{j+1}, at MTP
+        position j + pos_offset, attending causally to MTP positions 0..j. Returns (mtp_logits, main_logits)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        main, hn, pre = self.forward_qwen35(ids)
+        p = f"blk.{self.n_main}."
+        var = self.mtp_variant
+        emb = self.w.get(p + "nextn.embed_tokens.weight", self.w["token_embd.weight"])
+        e = emb[ids[:-1] if var == "token_x_j" else ids[1:]]
+        hh = (pre if var == "hidden_before_output_norm" else hn)[:-1]
+        e = self.rms(e, self.w[p + "nextn.enorm.weight"])
+        hh = self.rms(hh, self.w[p + "nextn.hnorm.weight"])
+        cat = np.concatenate([hh, e] if var == "concat_h_e" else [e, hh], axis=1)
+        cur = cat @ self.w[p + "nextn.eh_proj.weight"].T
+        pos = np.arange(len(cur), dtype=np.float64) + pos_offset
+        hin = self.rms(cur, self.w[p + "attn_norm.weight"])
+        if var == "no_mtp_kv_history":  # each MTP position attends to itself only
+            att = np.concatenate([self.gated_attention(hin[j:j + 1], p, pos[j:j + 1]) for j in range(len(hin))])
+        else:
+            att = self.gated_attention(hin, p, pos)
+        cur = cur + att
+        cur = cur + self.ffn(self.rms(cur, self.w[p + "post_attention_norm.weight"]), p)
+        norm_w = self.w.get(p + "nextn.shared_head_norm.weight", self.w["output_norm.weight"])
+        if var == "head_norm_is_output_norm":
+            norm_w = self.w["output_norm.weight"]
+        cur = self.rms(cur, norm_w)
+        head = self.w.get(p + "nextn.shared_head_head.weight", self.out_w)
+        return cur @ head.T, main
+
     def forward(self, ids):
+        if self.qwen35:
+            return self.forward_qwen35(ids)[0]
         ids = np.asarray(ids, dtype=np.int64)
         T = len(ids)
         H, KV, hd = self.n_head, self.n_kv, self.head_dim
@@ -759,6 +1044,18 @@ def negative_controls(gguf_path, ref):
         out["one_expert_fewer"] = run(lambda m: setattr(m, "n_expert_used", m.n_expert_used - 1))
     if m0.arch == "smollm3":
         out["rope_on_every_layer"] = run(lambda m: setattr(m, "no_rope", lambda l: False))
+    if m0.qwen35:
+        out["deltanet_no_state_decay"] = run(lambda m: setattr(m, "gdn_decay", False))
+        out["deltanet_state_reset_every_token"] = run(lambda m: setattr(m, "gdn_state", False))
+        def own_pos(m):
+            m.conv_mask = np.eye(m.d_conv)[-1]
+        out["convolution_sees_its_own_position_only"] = run(own_pos)
+        out["v_heads_use_k_heads_grouped_not_tiled"] = run(
+            lambda m: setattr(m, "v_to_k", lambda i: i // (m.n_vh // m.n_kh)))
+        out["deltanet_no_qk_l2norm"] = run(lambda m: setattr(m, "gdn_l2", False))
+        out["deltanet_no_silu_z_gate"] = run(lambda m: setattr(m, "ssm_gate", False))
+        out["attention_no_sigmoid_gate"] = run(lambda m: setattr(m, "attn_gate", False))
+        out["attention_query_gate_halves_not_per_head"] = run(lambda m: setattr(m, "qg_interleaved", False))
     return out
 
 
@@ -783,6 +1080,109 @@ def numpy_check(gguf_path, ref):
     res["all_steps_max_abs_diff"] = max(res["all_steps_max_abs_diff"], res["step0_max_abs_diff"])
     res["negative_controls_step0_max_abs_diff_last_prompt"] = negative_controls(gguf_path, ref)
     return res
+
+
+MTP_ABOUT = (
+    "Qwen3.5 multi-token prediction, computed (float64 numpy, from the GGUF only) exactly as llama.cpp's qwen35 "
+    "graph_mtp; transformers does not run the MTP. Per case the sequence s = prompt_ids + greedy_ids (n tokens, "
+    "positions 0..n-1). The main model runs once over s; h_j = output_norm(output of the last main layer at "
+    "position j) (llama.cpp's t_h_nextn: after the final norm, before the output matrix). MTP row j, j = 0..n-2: "
+    "x = nextn.eh_proj([nextn.enorm(E[s[j+1]]); nextn.hnorm(h_j)]) (E = nextn.embed_tokens when present, else "
+    "token_embd; embedding first), then one gated full-attention decoder block with the nextn layer's own tensors "
+    "(attn_norm, attn_q per head [query | gate], attn_k, attn_v, q/k norms, IMROPE at MTP position j, causal "
+    "attention over MTP rows 0..j, sigmoid(gate), attn_output, residual, post_attention_norm, SiLU FFN, residual), "
+    "then nextn.shared_head_norm (else output_norm) and nextn.shared_head_head (else output, else token_embd): "
+    "logits predicting s[j+2]. So the MTP row of position j is fed the hidden state of position j and the token of "
+    "position j+1 (the main model's greedy output at j). RoPE enters only through position differences: any "
+    "constant offset of the MTP positions gives the same logits (position_offset_max_abs_diff).")
+
+
+def mtp_torch(model, mtp_hf, seq):
+    """The MTP from the transformers weights (not the GGUF): Qwen3_5DecoderLayer / Qwen3_5RMSNorm modules loaded
+    with the mtp.* tensors (as vLLM's Qwen3.5 MTP composes them), torch float32. Rows as NpGGUF.mtp."""
+    import copy
+    import torch
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+    cfg = copy.deepcopy(model.config)
+    cfg.layer_types = ["full_attention"] * cfg.num_hidden_layers
+    d, eps = cfg.hidden_size, cfg.rms_norm_eps
+    layer = mq.Qwen3_5DecoderLayer(cfg, 0).eval()
+    t = lambda n: torch.from_numpy(mtp_hf[n])
+    layer.load_state_dict({k[len("mtp.layers.0."):]: t(k) for k in mtp_hf if k.startswith("mtp.layers.0.")}, strict=True)
+    norms = {}
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        norms[n] = mq.Qwen3_5RMSNorm(d, eps=eps)
+        norms[n].load_state_dict({"weight": t(f"mtp.{n}.weight")})
+    fc = torch.nn.Linear(2 * d, d, bias=False)
+    fc.load_state_dict({"weight": t("mtp.fc.weight")})
+    rotary = mq.Qwen3_5TextRotaryEmbedding(cfg)
+    with torch.no_grad():
+        ids = torch.tensor([seq], dtype=torch.long)
+        hn = model.model(ids, use_cache=False).last_hidden_state  # after model.norm
+        e = model.model.embed_tokens(ids[:, 1:])
+        x = fc(torch.cat([norms["pre_fc_norm_embedding"](e), norms["pre_fc_norm_hidden"](hn[:, :-1])], dim=-1))
+        n = x.shape[1]
+        pos = torch.arange(n)[None]
+        mask = torch.triu(torch.full((n, n), float("-inf")), diagonal=1)[None, None]
+        y = layer(x, position_embeddings=rotary(x, pos), attention_mask=mask, position_ids=pos)
+        return model.lm_head(norms["norm"](y))[0].float().numpy()
+
+
+def mtp_reference(gguf_path, ref, model=None, mtp_hf=None):
+    m = NpGGUF(gguf_path)
+    out = {"about": MTP_ABOUT, "nextn_block": m.n_main, "cases": []}
+    agree = total = 0
+    off_diff = {"1": 0.0, "1000": 0.0}
+    torch_diff = 0.0
+    for case in ref["cases"]:
+        P = len(case["prompt_ids"])
+        seq = case["prompt_ids"] + case["greedy_ids"]
+        lg, main = m.mtp(seq)
+        nxt = np.argmax(main, axis=-1)  # nxt[i] = the main model's greedy token after position i
+        assert nxt[P - 1:P - 1 + N_GEN].tolist() == case["greedy_ids"]
+        am = np.argmax(lg, axis=-1)
+        main_next = nxt[1:]             # row j predicts s[j+2]; the main model's greedy for it: argmax at j+1
+        a = int(np.sum(am == main_next))
+        agree, total = agree + a, total + len(am)
+        for o in off_diff:
+            off_diff[o] = max(off_diff[o], float(np.max(np.abs(m.mtp(seq, pos_offset=int(o))[0] - lg))))
+        if model is not None:
+            torch_diff = max(torch_diff, float(np.max(np.abs(mtp_torch(model, mtp_hf, seq) - lg))))
+        c = {"sequence_ids": seq, "n_prompt": P,
+             "top20": [dict(position=j, input_token=seq[j + 1], **topk_list(lg[j])) for j in range(len(lg))],
+             "argmax_ids": am.tolist(), "main_next_ids": main_next.tolist(),
+             "argmax_agrees_with_main": f"{a}/{len(am)}"}
+        if "all_positions_logits" in case:
+            c["all_positions_logits"] = [[f32(x) for x in row] for row in lg[:P]]
+        out["cases"].append(c)
+    out["argmax_agrees_with_main_total"] = f"{agree}/{total}"
+    out["position_offset_max_abs_diff"] = off_diff
+    if model is not None:
+        out["torch_crosscheck_max_abs_diff"] = torch_diff
+    # Deliberately wrong MTP variants (max |diff| over all MTP rows of the last case).
+    seq = ref["cases"][-1]["prompt_ids"] + ref["cases"][-1]["greedy_ids"]
+    want = m.mtp(seq)[0]
+    nc = {}
+    for var in ("token_x_j", "hidden_before_output_norm", "concat_h_e", "head_norm_is_output_norm",
+                "no_mtp_kv_history"):
+        mm = NpGGUF(gguf_path)
+        mm.mtp_variant = var
+        nc[var] = float(np.max(np.abs(mm.mtp(seq)[0] - want)))
+    out["negative_controls_max_abs_diff_last_case"] = nc
+    return out
+
+
+def mtp_recheck(gguf_path, ref):
+    """--check-only: recompute the MTP rows and compare with the stored float32 values."""
+    m = NpGGUF(gguf_path)
+    d = 0.0
+    for c in ref["mtp"]["cases"]:
+        lg = m.mtp(c["sequence_ids"])[0]
+        for t in c["top20"]:
+            d = max(d, float(np.max(np.abs(lg[t["position"]][t["ids"]] - np.array(t["logits"])))))
+        if "all_positions_logits" in c:
+            d = max(d, float(np.max(np.abs(lg[:c["n_prompt"]] - np.array(c["all_positions_logits"])))))
+    return d
 
 
 def llama_cpp_check(gguf_path, ref):
@@ -889,6 +1289,7 @@ def generate(args):
             model, init_log = build_hf_model(spec, args.seed, ai)
             model.save_pretrained(hf_dir, safe_serialization=True)
             tok.save_pretrained(hf_dir)
+            mtp_hf = add_mtp_tensors(hf_dir, model.config, args.seed, ai, init_log) if spec.get("mtp") else None
             dst = os.path.join(args.out, name)
             os.makedirs(dst, exist_ok=True)
             gguf_path = os.path.join(dst, "model.gguf")
@@ -936,6 +1337,20 @@ def generate(args):
             ref = {"meta": meta, "cases": [c for c, _, _ in cases]}
             nc = numpy_check(gguf_path, ref)
             meta["numpy_float64_crosscheck"] = nc
+            if spec["name"] == "qwen35":
+                npm = NpGGUF(gguf_path)
+                npm.gdn_log = []
+                npm.forward(ref["cases"][-1]["prompt_ids"])
+                dec = np.exp(np.concatenate([g.ravel() for g, _ in npm.gdn_log]))
+                bet = np.concatenate([b.ravel() for _, b in npm.gdn_log])
+                meta["deltanet_decay"] = {"min": float(dec.min()), "median": float(np.median(dec)),
+                                          "max": float(dec.max()), "beta_min": float(bet.min()),
+                                          "beta_max": float(bet.max())}
+            if mtp_hf is not None:
+                ref["mtp"] = mtp_reference(gguf_path, ref, model, mtp_hf)
+                mt = {k: v for k, v in ref["mtp"].items() if k not in ("cases", "about")}
+                print(f"   mtp {mt}", flush=True)
+                assert ref["mtp"]["torch_crosscheck_max_abs_diff"] < 1e-4, mt
             if args.llama_cpp_check:
                 lc = llama_cpp_check(gguf_path, ref)
                 meta["llama_cpp_crosscheck"] = lc
@@ -968,6 +1383,9 @@ def check_only(args):
         sha_ok = sha256_file(gp) == ref["meta"]["gguf_sha256"]
         nc = numpy_check(gp, ref)
         good = sha_ok and nc["all_steps_max_abs_diff"] < 1e-4
+        if "mtp" in ref:
+            nc["mtp_recomputed_vs_stored_max_abs_diff"] = mtp_recheck(gp, ref)
+            good &= nc["mtp_recomputed_vs_stored_max_abs_diff"] < 1e-5
         ok &= good
         print(spec["name"], "sha ok" if sha_ok else "SHA MISMATCH", nc)
         if args.llama_cpp_check:
@@ -995,6 +1413,34 @@ def write_readme(args, results, vers):
         tens = summary["tensors"]
         blk0 = [t for t in tens if t[0].startswith("blk.0.")]
         other = [t for t in tens if not t[0].startswith("blk.")]
+        extra = ""
+        if arch == "qwen35":
+            # The other block kinds: a full-attention layer and the nextn (MTP) block.
+            n_blk = md[f"{arch}.block_count"]
+            seen = [{n[6:] for n, _, _ in blk0}]
+            for b in range(1, n_blk):
+                bt = [t for t in tens if t[0].startswith(f"blk.{b}.")]
+                names = {n[len(f"blk.{b}."):] for n, _, _ in bt}
+                if names not in seen:
+                    seen.append(names)
+                    extra += (f"- per-block tensors (blk.{b}): "
+                              + ", ".join(f"`{n[len(f'blk.{b}.'):]}` {ne}" for n, _, ne in bt) + "\n")
+            if "deltanet_decay" in meta:
+                dd = meta["deltanet_decay"]
+                extra += (f"- Gated DeltaNet per-token decay exp(g) over the 40-token prompt's linear layers and v heads: "
+                          f"min {dd['min']:.3f}, median {dd['median']:.3f}, max {dd['max']:.3f}; beta min "
+                          f"{dd['beta_min']:.3f}, max {dd['beta_max']:.3f}\n")
+        if "mtp" in ref:
+            mt = ref["mtp"]
+            extra += (f"- MTP (`mtp` in reference.json, block blk.{mt['nextn_block']}): {sum(len(x['top20']) for x in mt['cases'])} "
+                      f"rows of top-{TOPK} over the three cases, full logits for the 40-token prompt's {mt['cases'][-1]['n_prompt']} "
+                      f"positions; torch (transformers modules on the HF mtp.* weights, float32) vs numpy max diff "
+                      f"{mt['torch_crosscheck_max_abs_diff']:.2e}; MTP positions offset by 1 / 1000: "
+                      f"{mt['position_offset_max_abs_diff']['1']:.1e} / {mt['position_offset_max_abs_diff']['1000']:.1e}; "
+                      f"MTP argmax = the main model's next greedy token in {mt['argmax_agrees_with_main_total']} rows "
+                      f"(random weights); MTP negative controls (max |diff| over the 40-token case's rows): "
+                      + ", ".join(f"{k} {v:.3g}" for k, v in mt["negative_controls_max_abs_diff_last_case"].items())
+                      + "\n")
         details.append(
             f"### {spec['name']}\n\n"
             f"Exercises: {spec['exercises']}.\n\n"
@@ -1015,6 +1461,7 @@ def write_readme(args, results, vers):
             f"- arch metadata: " + ", ".join(f"`{k[len(arch) + 1:]}`={md[k]!r}" for k in keys) + "\n"
             f"- non-block tensors: " + ", ".join(f"`{n}` {ne}" for n, _, ne in other) + "\n"
             f"- per-block tensors (blk.0): " + ", ".join(f"`{n[6:]}` {ne}" for n, _, ne in blk0) + "\n"
+            + extra +
             f"- greedy (prompt lengths {', '.join(str(len(x['prompt_ids'])) for x in ref['cases'])}): "
             + "; ".join(str(x["greedy_ids"]) for x in ref["cases"]) + "\n")
     text = README_TEMPLATE.format(
@@ -1030,7 +1477,8 @@ def write_readme(args, results, vers):
 README_TEMPLATE = """# Tiny random-weight reference models per architecture
 
 Generated by `scripts/gen-arch-refs.py --llama-cpp-check` (seed {seed}; setup steps in the script's docstring;
-smollm3, gemma2, qwen3moe and lfm2 were added later with `--only NAME`, without the llama.cpp run);
+smollm3, gemma2, qwen3moe, qwen3yarn, gptoss, lfm2 and qwen35 were added later with `--only NAME`, without the
+llama.cpp run);
 rerun it to regenerate everything (the GGUF bytes, reference values and this README are deterministic for a given
 seed and library versions: two full runs gave byte-identical files).
 Versions: {vers}.
@@ -1052,6 +1500,10 @@ Each `<name>/` holds:
   embedding N(0, {t_e}), o_proj/down_proj N(0, {t_o}), final norm U({t_lo}, {t_hi}); with the untied scheme the
   fed token dominates the residual stream and, through the shared embedding, its own logit, so greedy decoding
   just repeats the last input token. `meta.init.per_parameter` lists the distribution of every parameter.
+  qwen35 (tied too): its zero-centred norms store w with the multiplier 1 + w, so w is drawn U(-0.5, 0.5) (the
+  final norm U(0.5, 3.5)), except the Gated DeltaNet's plain `linear_attn.norm` U(0.5, 1.5); A_log = log U(0.05, 0.6),
+  dt_bias N(0, 0.5), convolution taps N(0, 0.5), the DeltaNet's out_proj like o_proj; its `mtp.*` tensors (same
+  scheme, numpy seed `[seed, arch_index, 11]`) are added to the saved model.safetensors before conversion.
 - Conversion: `convert_hf_to_gguf.py` from the llama-cpp-python 0.3.36 sdist (`vendor/llama.cpp`, with its vendored
   gguf-py), run via `runpy` with two monkey-patches: `TextModel.get_vocab_base_pre` returns `"smollm"` (the
   converter does not know our tokenizer's pre-tokenizer hash), and for phi3 `Phi3MiniModel.set_vocab` is replaced by
@@ -1106,6 +1558,31 @@ Each `<name>/` holds:
   so); the kernel length is `shortconv.l_cache`; the final norm is `token_embd_norm` (transformers'
   `embedding_norm`, applied after the last layer).
 
+- Qwen3.5 (`qwen35`): `block_count` counts the MTP blocks too: the main model is the first
+  `block_count - nextn_predict_layers` blocks (here 4 of 5; blk.4 is the nextn block, skipped by the main pass).
+  Linear-attention (Gated DeltaNet) layers: `attention.recurrent_layers` (per block, false for the nextn block),
+  else `(i + 1) % full_attention_interval != 0` (llama.cpp's default interval 4); here both are written and agree.
+  Dims: `ssm.state_size` = key (= value) head dim, `ssm.group_count` = key heads, `ssm.time_step_rank` = value heads,
+  `ssm.inner_size` = value heads x head dim, `ssm.conv_kernel`. The converter reorders the value heads from
+  grouped-by-key-head (transformers) to tiled, so GGUF v head i uses key/query head i % group_count (llama.cpp's
+  ggml_repeat); it stores `ssm_a` = -exp(A_log) and `ssm_dt.bias` = dt_bias, so g = ssm_a * softplus(alpha +
+  ssm_dt.bias), decay exp(g), beta = sigmoid(ssm_beta x). `attn_qkv` rows are [q (keys x dim) | k | v]; the
+  depthwise convolution (`ssm_conv1d` [kernel, channels], last tap on the current position) runs over those
+  channels, then SiLU; q and k are L2-normalised per head (x / sqrt(sum x^2 + eps): transformers hard-codes eps
+  1e-6, llama.cpp uses the file's rms eps, also 1e-6 here, so no difference), q is scaled by 1/sqrt(state_size);
+  the state S (key dim x value dim per v head, zero at the start) does S = exp(g) S; S += k (x) beta (v - S^T k);
+  o = S^T q; then RMSNorm(o) x `ssm_norm` (one weight of head-dim length for all v heads; NOT zero-centred: the
+  converter writes it as is) x SiLU(`attn_gate` x), then `ssm_out`. Full-attention layers: `attn_q` gives per
+  head [query (head_dim) | gate (head_dim)], q/k RMSNorms, rope, softmax(q k / sqrt(head_dim)), times
+  sigmoid(gate), `attn_output`. Every layer: x += mixer(attn_norm(x)); x += FFN(post_attention_norm(x)) (SiLU-gated).
+  All other norm weights are already 1 + w in the file (transformers' zero-centred Qwen3_5RMSNorm).
+  Rope: llama.cpp's IMROPE over `rope.dimension_count` (8 of 16) dims, NEOX pairs (i, i + 4), sections
+  `rope.dimension_sections` [2, 1, 1, 0]: pair i takes its angle from stream t, h, w or e by
+  sector = i % sum(sections) (interleaved: sector % 3 == 1 and < 3 s1 -> h, % 3 == 2 and < 3 s2 -> w,
+  % 3 == 0 and < 3 s0 -> t, else e). For text llama.cpp feeds t = h = w = pos and e = 0; with these sections every
+  pair is t, h or w, so the rope is plain NEOX with theta_i = pos * base^(-2i/8) on the first 8 dims (transformers
+  agrees: all three of its streams are the text position).
+
 ## reference.json
 - `meta`: names, GGUF architecture, rope style, `gguf_sha256`, `config` (hidden, heads, kv heads, head_dim,
   rope dims, rope parameters, eps, tying, sliding window), the saved HF `config.json`, init scheme, versions and
@@ -1118,6 +1595,20 @@ Each `<name>/` holds:
   logits vs one no-cache forward over prompt+greedy[:-1]) and `full_forward_argmax_agrees`.
   The last case also has `all_positions_logits` (40 x 512, every prompt position from one forward pass).
   Floats are written as the shortest decimal that round-trips the float32 value.
+- `mtp` (qwen35 only): the multi-token-prediction head's truth, which transformers cannot give (it ignores the
+  `mtp.*` weights): float64 numpy from the GGUF exactly as llama.cpp's `graph_mtp`. `about` states the convention:
+  per case the sequence s = prompt_ids + greedy_ids; row j (j = 0 .. len(s) - 2) is fed the main model's hidden
+  state h_j at position j (after `output_norm`) and the token s[j+1], and predicts s[j+2]; MTP rows attend causally
+  to MTP rows 0..j at MTP position j (any constant position offset gives the same logits). Keys: `nextn_block`
+  (the block index); `cases[3]` with `sequence_ids`, `n_prompt`, `top20` (per row: `position` j, `input_token`
+  s[j+1], `ids`, `logits`), `argmax_ids` (per row), `main_next_ids` (per row: the main model's greedy token after
+  position j+1, i.e. its own prediction of s[j+2]), `argmax_agrees_with_main`; the last case also
+  `all_positions_logits` (rows j = 0..39: the 40 prompt positions' hidden states, the last one fed greedy_ids[0]);
+  `argmax_agrees_with_main_total`, `position_offset_max_abs_diff`, `torch_crosscheck_max_abs_diff` (the same MTP
+  built from transformers modules (Qwen3_5DecoderLayer, Qwen3_5RMSNorm, a Linear) on the HF `mtp.*` weights and the
+  transformers hidden states, float32) and `negative_controls_max_abs_diff_last_case` (the token s[j] instead of
+  s[j+1], the hidden state before `output_norm`, the concatenation [h; e], `output_norm` as the head norm, each
+  row attending only to itself).
 
 ## Independent cross-check
 `NpGGUF` in the script is a float64 numpy forward pass that reads only the GGUF (gguf-py `GGUFReader`) and
@@ -1128,7 +1619,10 @@ q/k norms, biases, GQA, tied output when `output.weight` is absent). It is compa
 step difference reaches 1e-4. It also records negative controls (`meta.numpy_float64_crosscheck.
 negative_controls_step0_max_abs_diff_last_prompt`): the same forward with one thing deliberately wrong (other rope
 style, rope_freqs ignored, rope over all head dims, q/k norms skipped, biases dropped, token_embd used as output,
-no soft-capping of scores or of logits, no sliding window, RoPE on SmolLM3's NoPE layers);
+no soft-capping of scores or of logits, no sliding window, RoPE on SmolLM3's NoPE layers; for qwen35: no state
+decay, the state reset every token, the convolution seeing its own position only, v heads paired with k heads in
+transformers' grouped order, no q/k L2 norm, no SiLU(z) output gate, no sigmoid attention gate, the q projection
+read as [all queries | all gates]);
 each moves the logits by O(1), so the references do pin each of these details.
 `python scripts/gen-arch-refs.py --check-only` reruns just this check (and the
 sha256) on the committed files.
@@ -1143,8 +1637,11 @@ cache the diffs grow to ~5e-3.
 
 ## Guidance for tests
 - Logits of a float32 engine on these F32 weights: compare within ~1e-4 absolute (logits are O(1-10); numpy float64
-  vs transformers float32 differ by < 1e-5, KV-cached vs no-cache by < 1e-5). Greedy ids: exact equality expected;
-  the smallest top1-top2 margin of any step is in the table (> 1000x the float32 noise).
+  vs transformers float32 differ by < 1e-5, KV-cached vs no-cache by < 1e-5; up to ~3e-5 and ~5e-5 on the
+  qwen3yarn / qwen35 rows, qwen35's from transformers' float32 chunked delta rule). Greedy ids: exact equality
+  expected; the smallest top1-top2 margin of any step is in the table (> 100x the float32 noise).
+- qwen35's MTP rows (`mtp`): numpy float64 values stored as float32; a float32 engine should match within ~1e-4
+  (the torch float32 rebuild of the same MTP differs by < 5e-5).
 - Random models settle into short cycles on some prompts (e.g. qwen2 and mistral on the 40-token prompt); that is
   expected and still pins the math.
 
