@@ -328,6 +328,15 @@ impl Batcher {
                             .into(),
                 })
             }
+            Some(Drafter::Mtp) if !engine.has_mtp() => {
+                return Err(Error::InvalidOption {
+                    name: "speculate",
+                    value: "mtp".into(),
+                    expected:
+                        "lookup or layers:L: this model has no multi-token-prediction head (Qwen3.5's nextn layer)"
+                            .into(),
+                })
+            }
             Some(Drafter::Layers(layers)) if layers == 0 || layers >= engine.config.n_layers => {
                 return Err(Error::InvalidOption {
                     name: "speculate",
@@ -677,6 +686,18 @@ impl Batcher {
                                 spec.context.push(next);
                                 let draft = engine.draft.as_deref_mut().expect("refused at prepare without one");
                                 spec.model.draft(draft, &spec.context, k, vocab, &mut spec.draft).await?;
+                                spec.stats.draft_passes += spec.draft.len();
+                            }
+                            Drafter::Mtp => {
+                                spec.context.clear();
+                                spec.context.extend_from_slice(&r.seq.tokens);
+                                spec.context.push(next);
+                                match (&engine.backend, &mut r.kv) {
+                                    (Backend::Cpu { model, .. }, SeqState::Cpu(cache)) => {
+                                        model.mtp_draft(cache, &spec.context, k, &mut spec.draft)?
+                                    }
+                                    _ => unreachable!("an MTP head runs on the CPU backend (refused at prepare)"),
+                                }
                                 spec.stats.draft_passes += spec.draft.len();
                             }
                             Drafter::Lookup => {

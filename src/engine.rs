@@ -302,6 +302,14 @@ impl Engine {
         }
     }
 
+    /// The model has a multi-token-prediction head to draft with (`Drafter::Mtp`).
+    pub fn has_mtp(&self) -> bool {
+        match &self.backend {
+            Backend::Cpu { model } => model.has_mtp(),
+            Backend::Gpu(_) => false,
+        }
+    }
+
     /// The GPU model, when running on the GPU (benchmarks and tests look at its counters).
     pub fn gpu_model(&self) -> Option<&GpuModel> {
         match &self.backend {

@@ -3,8 +3,9 @@
 //! every row's logits are bit for bit those of a plain decode step), and the longest prefix the
 //! model agrees with is kept, plus the model's own token after it. Greedy output is unchanged.
 //! Drafters: prompt lookup (an n-gram of the context seen earlier proposes what followed it: no
-//! extra model), self-speculation (the model's first L layers and its LM head) and a separate
-//! draft model with the same tokenizer (`Engine::set_draft_model`).
+//! extra model), self-speculation (the model's first L layers and its LM head), a separate
+//! draft model with the same tokenizer (`Engine::set_draft_model`) and the model's own
+//! multi-token-prediction head (Qwen3.5's MTP layer).
 
 use crate::error::{Error, Result};
 use std::str::FromStr;
@@ -24,6 +25,8 @@ pub enum Drafter {
     Layers(usize),
     /// The engine's draft model (`Engine::set_draft_model`; the CLI's `draft:PATH` loads it).
     Model,
+    /// The model's multi-token-prediction head (`arch::Mtp`), one draft token a pass of it.
+    Mtp,
 }
 
 impl FromStr for Drafter {
@@ -32,13 +35,14 @@ impl FromStr for Drafter {
         let bad = || Error::InvalidOption {
             name: "speculate",
             value: s.to_string(),
-            expected:
-                "lookup, layers:L (L = layers of the model that draft, at least 1), or draft (the loaded draft model)"
-                    .into(),
+            expected: "lookup, layers:L (L = layers of the model that draft, at least 1), draft (the loaded draft \
+                       model) or mtp (the model's multi-token-prediction head)"
+                .into(),
         };
         match s.split_once(':') {
             None if s == "lookup" => Ok(Drafter::Lookup),
             None if s == "draft" => Ok(Drafter::Model),
+            None if s == "mtp" => Ok(Drafter::Mtp),
             Some(("layers", l)) => l.parse().ok().filter(|&l| l >= 1).map(Drafter::Layers).ok_or_else(bad),
             // A path is the command line's to load (`--speculate draft:PATH`), never a request's.
             Some(("draft", _)) => Err(Error::InvalidOption {
@@ -142,6 +146,7 @@ mod tests {
         assert_eq!("lookup".parse::<Drafter>().unwrap(), Drafter::Lookup);
         assert_eq!("layers:4".parse::<Drafter>().unwrap(), Drafter::Layers(4));
         assert_eq!("draft".parse::<Drafter>().unwrap(), Drafter::Model);
+        assert_eq!("mtp".parse::<Drafter>().unwrap(), Drafter::Mtp);
         for bad in ["layers:0", "layers:x", "look", "", "draft:/tmp/m.gguf"] {
             assert!(matches!(bad.parse::<Drafter>(), Err(Error::InvalidOption { name: "speculate", .. })), "{bad}");
         }

@@ -22,6 +22,9 @@ pub struct ModelConfig {
     pub rms_eps: f32,
     /// The output projection reuses `token_embd` (no `output.weight` tensor in the file).
     pub tied_output: bool,
+    /// Multi-token-prediction layers after the `n_layers` (Qwen3.5's `nextn_predict_layers`,
+    /// counted in the file's `block_count`).
+    pub mtp_layers: usize,
 }
 
 impl ModelConfig {
@@ -44,11 +47,24 @@ impl ModelConfig {
         // each is checked against the tensors it describes before anything is made from it: a
         // header cannot ask for more than its file holds.
         let token_embd = gguf.require_tensor("token_embd.weight")?;
-        let n_layers = required("block_count")?;
-        if n_layers > gguf.tensors.len() {
+        let blocks = required("block_count")?;
+        if blocks > gguf.tensors.len() {
             let reason = format!("the file has {} tensors, and every layer needs its own", gguf.tensors.len());
-            return Err(invalid(&key("block_count"), n_layers, &reason));
+            return Err(invalid(&key("block_count"), blocks, &reason));
         }
+        // Qwen3.5's MTP layers are the last of the blocks; no other plan has them.
+        let mtp_layers = gguf.get_u64(&key("nextn_predict_layers"))?.unwrap_or(0);
+        if mtp_layers > 0 && arch != "qwen35" {
+            return Err(Error::Unsupported(format!(
+                "multi-token-prediction layers ({}) for architecture {arch:?}",
+                key("nextn_predict_layers")
+            )));
+        }
+        if mtp_layers >= blocks as u64 {
+            let reason = format!("the block count {blocks} must be larger");
+            return Err(invalid(&key("nextn_predict_layers"), mtp_layers, &reason));
+        }
+        let (n_layers, mtp_layers) = (blocks - mtp_layers as usize, mtp_layers as usize);
         let d_model = required("embedding_length")?;
         if d_model as u64 != token_embd.shape[0] {
             let reason = format!("token_embd.weight has rows of {}", token_embd.shape[0]);
@@ -173,6 +189,7 @@ impl ModelConfig {
             rope_dim,
             rms_eps,
             tied_output: gguf.tensor("output.weight").is_none(),
+            mtp_layers,
         })
     }
 

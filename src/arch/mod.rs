@@ -23,8 +23,10 @@ pub const ROPE_FREQS: &str = "rope_freqs.weight";
 pub const MOE_ARCHITECTURES: &[&str] = &["qwen3moe", "gpt-oss"];
 
 /// Architectures (`general.architecture`) with a plan.
-pub const ARCHITECTURES: &[&str] =
-    &["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "smollm3", "qwen3moe", "lfm2", "gpt-oss"];
+pub const ARCHITECTURES: &[&str] = &[
+    "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "smollm3", "qwen3moe", "lfm2", "gpt-oss",
+    "qwen35",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -128,6 +130,79 @@ pub struct ShortConv {
     pub kernel: usize,
 }
 
+/// The sizes of Qwen3.5's Gated DeltaNet layers (`ssm.*` metadata, as llama.cpp reads them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaShape {
+    /// Positions of the causal depthwise convolution over the q|k|v projection.
+    pub kernel: usize,
+    /// Key heads (`ssm.group_count`) and value heads (`ssm.time_step_rank`); value head h reads
+    /// key head h % k_heads (llama.cpp tiles the keys; the converter orders the value heads so).
+    pub k_heads: usize,
+    pub v_heads: usize,
+    /// Each key head's and value head's size (`ssm.state_size`, `ssm.inner_size` / v_heads).
+    pub head_k: usize,
+    pub head_v: usize,
+}
+
+impl DeltaShape {
+    pub fn key_dim(&self) -> usize {
+        self.k_heads * self.head_k
+    }
+    pub fn value_dim(&self) -> usize {
+        self.v_heads * self.head_v
+    }
+    /// Channels of the convolution: q, k and v.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+    /// Values of one layer's recurrent state: a head_k x head_v matrix per value head.
+    pub fn state_values(&self) -> usize {
+        self.v_heads * self.head_k * self.head_v
+    }
+}
+
+/// Qwen3.5's Gated DeltaNet in place of attention (llama.cpp's `build_layer_attn_linear`,
+/// transformers' `Qwen3_5GatedDeltaNet`): `qkv` projects q|k|v, which go through a causal
+/// depthwise convolution over the last `kernel` positions (taps in ggml order [kernel, conv_dim],
+/// oldest first) and SiLU; q and k are L2-normalized per head (q then divided by sqrt(head_k));
+/// each value head's state S (head_k x head_v) decays by exp(g), g = a * softplus(alpha + dt_bias),
+/// and learns v at rate beta = sigmoid(beta's projection) by the delta rule
+/// S += k (v - S^T k)^T beta; its output S^T q goes through an RMSNorm (weights of head_v) times
+/// silu(z) (`gate`'s projection) and `out`. The engine keeps each position's convolution input
+/// and the delta rule's inputs, and the state at block boundaries (see the CPU cache).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeltaNet {
+    pub qkv: String,
+    pub gate: String,
+    pub conv: String,
+    pub dt_bias: String,
+    pub a: String,
+    pub beta: String,
+    pub alpha: String,
+    pub norm: String,
+    pub out: String,
+    pub shape: DeltaShape,
+}
+
+/// Qwen3.5's multi-token-prediction head (the converter's `nextn` layer after the others,
+/// llama.cpp's `graph_mtp`, DeepSeek-V3's MTP module): at position j it reads the main model's
+/// final hidden state h_j (after the output norm) and the embedding of the token after j:
+/// `eh_proj`(enorm(embed) | hnorm(h_j)) goes through one gated full-attention layer (a KV cache
+/// of its own), `head_norm` and `head`, and its logits guess the token after that one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mtp {
+    pub layer: LayerPlan,
+    pub eh_proj: String,
+    pub enorm: String,
+    pub hnorm: String,
+    /// `nextn.embed_tokens`, else the model's `token_embd`.
+    pub embed: String,
+    /// `nextn.shared_head_norm`, else the model's output norm.
+    pub head_norm: String,
+    /// `nextn.shared_head_head`, else the model's output projection.
+    pub head: String,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerPlan {
     pub attn_norm: String,
@@ -146,6 +221,11 @@ pub struct LayerPlan {
     pub experts: Option<Experts>,
     /// A short convolution instead of attention (LFM2): the attention fields are unused.
     pub conv: Option<ShortConv>,
+    /// A Gated DeltaNet instead of attention (Qwen3.5): the attention fields are unused.
+    pub delta: Option<DeltaNet>,
+    /// The q projection gives each head's query then as many gate values, and the attention
+    /// output is multiplied by sigmoid(gate) before `wo` (Qwen3.5's gated attention).
+    pub attn_gate: bool,
     /// A logit per query head that joins every softmax's denominator with no value (gpt-oss).
     pub attn_sinks: Option<String>,
     /// The attention output projection's bias (gpt-oss).
@@ -176,6 +256,16 @@ pub struct Plan {
     pub output_norm: String,
     /// The output projection: `token_embd.weight` when tied.
     pub output: String,
+    /// A multi-token-prediction head (Qwen3.5's `nextn` layer).
+    pub mtp: Option<Mtp>,
+}
+
+impl LayerPlan {
+    /// The layer attends (keeps keys and values), rather than a short convolution or a Gated
+    /// DeltaNet.
+    pub fn attends(&self) -> bool {
+        self.conv.is_none() && self.delta.is_none()
+    }
 }
 
 impl Plan {
@@ -293,6 +383,15 @@ impl Plan {
             _ => 0,
         };
         let is_conv = |i: usize| kv_per_layer.as_ref().is_some_and(|k| k[i] == 0);
+        // Qwen3.5: Gated DeltaNet layers, with full attention every `full_attention_interval`.
+        let delta = match arch.as_str() {
+            "qwen35" => Some((delta_shape(gguf, &arch)?, recurrent_layers(gguf, &arch, c.n_layers)?)),
+            _ => None,
+        };
+        let is_delta = |i: usize| delta.as_ref().is_some_and(|(_, r)| r[i]);
+        if arch == "qwen35" {
+            check_rope_sections(gguf, &arch, c.rope_dim)?;
+        }
         // Each layer's tensors are checked as it is planned, so a block count larger than the
         // file's layers stops at the first missing one, before more is allocated.
         let has = |name: &str| gguf.tensor(name).is_some();
@@ -326,9 +425,13 @@ impl Plan {
                 qkv_bias: has(&b("attn_q")).then(|| [b("attn_q"), b("attn_k"), b("attn_v")]),
                 qk_norm: has(&n("attn_q_norm")).then(|| [n("attn_q_norm"), n("attn_k_norm")]),
                 wo: n("attn_output"),
-                // gpt-oss names its pre-FFN norm post_attention_norm.
-                post_attn_norm: optional(n("post_attention_norm")).filter(|_| arch != "gpt-oss"),
-                ffn_norm: if arch == "gpt-oss" { n("post_attention_norm") } else { n("ffn_norm") },
+                // gpt-oss and Qwen3.5 name their pre-FFN norm post_attention_norm.
+                post_attn_norm: optional(n("post_attention_norm"))
+                    .filter(|_| !PRE_FFN_POST_ATTENTION.contains(&&*arch)),
+                ffn_norm: match PRE_FFN_POST_ATTENTION.contains(&&*arch) {
+                    true => n("post_attention_norm"),
+                    false => n("ffn_norm"),
+                },
                 attn_sinks: optional(n("attn_sinks")),
                 wo_bias: optional(b("attn_output")),
                 gate_up,
@@ -340,6 +443,19 @@ impl Plan {
                     out_proj: format!("blk.{i}.shortconv.out_proj.weight"),
                     kernel: conv_kernel,
                 }),
+                delta: delta.as_ref().filter(|_| is_delta(i)).map(|(shape, _)| DeltaNet {
+                    qkv: n("attn_qkv"),
+                    gate: n("attn_gate"),
+                    conv: n("ssm_conv1d"),
+                    dt_bias: b("ssm_dt"),
+                    a: format!("blk.{i}.ssm_a"),
+                    beta: n("ssm_beta"),
+                    alpha: n("ssm_alpha"),
+                    norm: n("ssm_norm"),
+                    out: n("ssm_out"),
+                    shape: *shape,
+                }),
+                attn_gate: arch == "qwen35" && !is_delta(i),
                 post_ffn_norm: optional(n("post_ffw_norm")),
                 rope: if no_rope(i) {
                     none_rope
@@ -382,8 +498,10 @@ impl Plan {
             // LFM2's final norm is its "embedding norm" (applied after the last layer).
             output_norm: if arch == "lfm2" { "token_embd_norm.weight" } else { "output_norm.weight" }.into(),
             output: if c.tied_output { "token_embd.weight" } else { "output.weight" }.into(),
+            mtp: None,
             config: c,
         };
+        let plan = Self { mtp: (plan.config.mtp_layers > 0).then(|| mtp(gguf, &plan)).transpose()?, ..plan };
         plan.validate(gguf)?;
         Ok(plan)
     }
@@ -397,6 +515,17 @@ impl Plan {
             out.push((self.output.as_str(), vec![d, v]));
         }
         out.extend(self.layers.iter().flat_map(|l| l.expected_shapes(c)));
+        if let Some(m) = &self.mtp {
+            out.extend(m.layer.expected_shapes(c));
+            out.extend([
+                (m.eh_proj.as_str(), vec![2 * d, d]),
+                (m.enorm.as_str(), vec![d]),
+                (m.hnorm.as_str(), vec![d]),
+                (m.embed.as_str(), vec![d, v]),
+                (m.head_norm.as_str(), vec![d]),
+                (m.head.as_str(), vec![d, v]),
+            ]);
+        }
         out
     }
 
@@ -431,9 +560,28 @@ impl LayerPlan {
             out.extend(self.ffn_shapes(c));
             return out;
         }
+        if let Some(dn) = &self.delta {
+            let s = dn.shape;
+            let (conv, value, heads) = (s.conv_dim() as u64, s.value_dim() as u64, s.v_heads as u64);
+            out.extend([
+                (dn.qkv.as_str(), vec![d, conv]),
+                (dn.gate.as_str(), vec![d, value]),
+                (dn.conv.as_str(), vec![s.kernel as u64, conv]),
+                (dn.dt_bias.as_str(), vec![heads]),
+                (dn.a.as_str(), vec![heads]),
+                (dn.beta.as_str(), vec![d, heads]),
+                (dn.alpha.as_str(), vec![d, heads]),
+                (dn.norm.as_str(), vec![s.head_v as u64]),
+                (dn.out.as_str(), vec![value, d]),
+            ]);
+            out.extend(self.ffn_shapes(c));
+            return out;
+        }
+        // Gated attention's q projection gives each head's query and gate.
+        let q_out = if self.attn_gate { 2 * q } else { q };
         match &self.qkv {
             Qkv::Separate([wq, wk, wv]) => {
-                out.extend([(wq.as_str(), vec![d, q]), (wk, vec![d, kv]), (wv, vec![d, kv])])
+                out.extend([(wq.as_str(), vec![d, q_out]), (wk, vec![d, kv]), (wv, vec![d, kv])])
             }
             Qkv::Fused(w) => out.push((w, vec![d, q + 2 * kv])),
         }
@@ -486,6 +634,122 @@ fn check_tensors(gguf: &Gguf, expected: &[(&str, Vec<u64>)]) -> Result<()> {
         crate::quant::tensor_format(info)?;
     }
     Ok(())
+}
+
+/// gpt-oss and Qwen3.5 name the norm before the FFN `post_attention_norm`.
+const PRE_FFN_POST_ATTENTION: &[&str] = &["gpt-oss", "qwen35"];
+
+/// Qwen3.5's Gated DeltaNet sizes, from `ssm.*` (llama.cpp's names: the state size is each key
+/// head's size, the group count the key heads, the time-step rank the value heads).
+fn delta_shape(gguf: &Gguf, arch: &str) -> Result<DeltaShape> {
+    let key = |k: &str| format!("{arch}.ssm.{k}");
+    let get = |k: &str| -> Result<usize> {
+        let v = gguf.get_u64(&key(k))?.ok_or_else(|| Error::MissingMetadata(key(k)))?;
+        if v == 0 || v > 1 << 16 {
+            return Err(invalid(&key(k), v, "must be from 1 to 65536"));
+        }
+        Ok(v as usize)
+    };
+    let (kernel, head_k, k_heads, v_heads, inner) =
+        (get("conv_kernel")?, get("state_size")?, get("group_count")?, get("time_step_rank")?, get("inner_size")?);
+    if !(2..=16).contains(&kernel) {
+        return Err(invalid(&key("conv_kernel"), kernel, "must be from 2 to 16"));
+    }
+    if v_heads % k_heads != 0 {
+        return Err(invalid(&key("time_step_rank"), v_heads, "the value heads must be a multiple of the key heads"));
+    }
+    if inner % v_heads != 0 {
+        return Err(invalid(&key("inner_size"), inner, "must be a multiple of the value heads"));
+    }
+    Ok(DeltaShape { kernel, k_heads, v_heads, head_k, head_v: inner / v_heads })
+}
+
+/// Which of Qwen3.5's layers are Gated DeltaNets: `attention.recurrent_layers` (a flag per
+/// layer, the MTP layer's included) where the file has it, else all but every
+/// `full_attention_interval`-th (4 when absent), as llama.cpp reads them.
+fn recurrent_layers(gguf: &Gguf, arch: &str, n_layers: usize) -> Result<Vec<bool>> {
+    let key = format!("{arch}.attention.recurrent_layers");
+    if let Some(flags) = gguf.get_array(&key)? {
+        if flags.len() < n_layers {
+            return Err(invalid(
+                &key,
+                format!("{} values", flags.len()),
+                &format!("must have one per layer ({n_layers})"),
+            ));
+        }
+        return (0..n_layers)
+            .map(|i| match flags.get(i) {
+                Some(crate::gguf::ValueRef::Bool(b)) => Ok(b),
+                _ => Err(invalid(&key, format!("element {i}"), "must be a boolean")),
+            })
+            .collect();
+    }
+    let key = format!("{arch}.full_attention_interval");
+    let every = gguf.get_u64(&key)?.unwrap_or(4);
+    if every == 0 || every > n_layers as u64 + 1 {
+        return Err(invalid(&key, every, "must be from 1 to the layer count"));
+    }
+    Ok((0..n_layers).map(|i| (i as u64 + 1) % every != 0).collect())
+}
+
+/// Qwen3.5's interleaved M-RoPE: a text position is the same in each section, so it is the
+/// NeoX rotation of every pair, provided the sections cover every pair (a pair past them
+/// would take the fourth, extra position, which text does not have): refused otherwise.
+fn check_rope_sections(gguf: &Gguf, arch: &str, rope_dim: usize) -> Result<()> {
+    let key = format!("{arch}.rope.dimension_sections");
+    let Some(list) = gguf.get_array(&key)? else { return Ok(()) };
+    let sum: u64 = (0..list.len()).filter_map(|i| list.get(i).and_then(|v| v.as_u64())).take(3).sum();
+    if sum as usize != rope_dim / 2 {
+        return Err(Error::Unsupported(format!(
+            "M-RoPE sections that do not cover the {} rotated pairs ({key})",
+            rope_dim / 2
+        )));
+    }
+    Ok(())
+}
+
+/// Qwen3.5's MTP head: a gated full-attention layer numbered after the model's layers, and the
+/// `nextn` tensors beside it.
+fn mtp(gguf: &Gguf, plan: &Plan) -> Result<Mtp> {
+    let c = &plan.config;
+    if c.mtp_layers != 1 {
+        let key = format!("{}.nextn_predict_layers", c.architecture);
+        return Err(Error::Unsupported(format!("{} multi-token-prediction layers ({key}); one is", c.mtp_layers)));
+    }
+    let i = c.n_layers;
+    let n = |s: &str| format!("blk.{i}.{s}.weight");
+    let has = |name: &str| gguf.tensor(name).is_some();
+    let layer = LayerPlan {
+        attn_norm: n("attn_norm"),
+        qkv: Qkv::Separate([n("attn_q"), n("attn_k"), n("attn_v")]),
+        qkv_bias: None,
+        qk_norm: Some([n("attn_q_norm"), n("attn_k_norm")]),
+        wo: n("attn_output"),
+        post_attn_norm: None,
+        ffn_norm: n("post_attention_norm"),
+        gate_up: GateUp::Separate([n("ffn_gate"), n("ffn_up")]),
+        down: n("ffn_down"),
+        experts: None,
+        conv: None,
+        delta: None,
+        attn_gate: true,
+        attn_sinks: None,
+        wo_bias: None,
+        post_ffn_norm: None,
+        rope: 0,
+        window: None,
+    };
+    check_tensors(gguf, &layer.expected_shapes(c))?;
+    let or = |name: String, default: &str| if has(&name) { name } else { default.to_string() };
+    Ok(Mtp {
+        layer,
+        eh_proj: n("nextn.eh_proj"),
+        enorm: n("nextn.enorm"),
+        hnorm: n("nextn.hnorm"),
+        embed: or(n("nextn.embed_tokens"), &plan.token_embd),
+        head_norm: or(n("nextn.shared_head_norm"), &plan.output_norm),
+        head: or(n("nextn.shared_head_head"), &plan.output),
+    })
 }
 
 /// A mixture of experts' routing, from the metadata (the router's tensor name is per layer).

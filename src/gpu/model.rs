@@ -262,6 +262,12 @@ impl GpuModel {
         };
         let plan = Plan::from_gguf(gguf, rope_freqs.as_deref())?;
         let c = plan.config.clone();
+        if plan.layers.iter().any(|l| l.delta.is_some() || l.attn_gate) {
+            return Err(Error::Unsupported(format!(
+                "{}'s Gated DeltaNet and gated attention layers on the GPU backend (they run on the CPU backend)",
+                c.architecture
+            )));
+        }
         if c.head_dim > 256 || c.head_dim % 8 != 0 || c.d_model % 8 != 0 || c.ffn_dim % 8 != 0 {
             return Err(Error::InvalidMetadata {
                 key: format!("{}.attention.head_count", c.architecture),

@@ -2,7 +2,7 @@
 //! a KV cache. Written to be read top to bottom; it is the oracle the GPU path is tested against.
 
 use crate::arch::ModelConfig;
-use crate::arch::{Activation, Experts, GateUp, Plan, Qkv, RopeStyle};
+use crate::arch::{Activation, DeltaShape, Experts, GateUp, LayerPlan, Plan, Qkv, RopeStyle};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 
@@ -33,6 +33,10 @@ struct Layer {
     wo_bias: Option<Vec<f32>>,
     /// A short convolution in place of attention (whose weights are then empty).
     conv: Option<ConvWeights>,
+    /// A Gated DeltaNet in place of attention (whose weights are then empty).
+    delta: Option<DeltaWeights>,
+    /// Gated attention's gate projection (the q projection's second half of each head's rows).
+    w_attn_gate: Option<Vec<f32>>,
     post_ffn_norm: Option<Vec<f32>>,
     /// RoPE inverse frequency of each rotated pair, and the factor on cos and sin.
     inv_freq: Vec<f64>,
@@ -48,6 +52,35 @@ struct ConvWeights {
     kernel: usize,
 }
 
+/// Qwen3.5's Gated DeltaNet (`arch::DeltaNet`).
+struct DeltaWeights {
+    qkv: Vec<f32>,
+    /// z, the output gate's projection.
+    gate: Vec<f32>,
+    /// Channel c's taps at c * kernel .. (c + 1) * kernel, oldest position first.
+    taps: Vec<f32>,
+    dt_bias: Vec<f32>,
+    /// -exp(A_log) of each value head (the file's `ssm_a`).
+    a: Vec<f32>,
+    beta: Vec<f32>,
+    alpha: Vec<f32>,
+    norm: Vec<f32>,
+    out: Vec<f32>,
+    shape: DeltaShape,
+}
+
+/// Qwen3.5's MTP head (`arch::Mtp`).
+struct MtpWeights {
+    layer: Layer,
+    eh_proj: Vec<f32>,
+    enorm: Vec<f32>,
+    hnorm: Vec<f32>,
+    /// None: the model's `token_embd`, output norm, output projection.
+    embed: Option<Vec<f32>>,
+    head_norm: Option<Vec<f32>>,
+    head: Option<Vec<f32>>,
+}
+
 pub struct CpuModel {
     pub config: ModelConfig,
     pub plan: Plan,
@@ -56,18 +89,42 @@ pub struct CpuModel {
     /// None when tied to `token_embd`.
     output: Option<Vec<f32>>,
     layers: Vec<Layer>,
+    mtp: Option<MtpWeights>,
+}
+
+/// A Gated DeltaNet layer keeps its state (a head_k x head_v matrix per value head) after
+/// every this many positions, so that going back to any length (rejected drafts) replays at
+/// most this many positions' delta rule from the inputs the cache keeps.
+pub const DELTA_SNAPSHOT_EVERY: usize = 64;
+
+/// A Gated DeltaNet layer's recurrent state.
+#[derive(Clone)]
+struct DeltaState {
+    shape: DeltaShape,
+    /// The state after positions DELTA_SNAPSHOT_EVERY * (i + 1) - 1.
+    snapshots: Vec<Vec<f32>>,
+    /// The state after the cache's last position.
+    live: Vec<f32>,
 }
 
 /// Keys and values of every position seen so far, per layer, `[pos][kv_dim]` (a short
-/// convolution's layer: its B * x, `[pos][d_model]` in `k`).
+/// convolution's layer: its B * x, `[pos][d_model]` in `k`; a Gated DeltaNet's: its
+/// convolution's input q|k|v in `k`, the delta rule's inputs k|v|g|beta in `v`, and its state).
 #[derive(Default, Clone)]
 pub struct CpuKvCache {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
     len: usize,
-    /// Each layer's values a position (kv_dim, or d_model for a short convolution's B * x);
-    /// empty: every layer's are the caller's kv_dim.
-    widths: Vec<usize>,
+    /// Each layer's values a position in `k` and in `v` (kv_dim for attention); empty: every
+    /// layer's are the caller's kv_dim.
+    widths: Vec<(usize, usize)>,
+    /// Each Gated DeltaNet layer's recurrent state (None for the others).
+    states: Vec<Option<DeltaState>>,
+    /// With an MTP head: every position's final hidden state (after the output norm, d_model
+    /// values a position), which the head reads, and the head's own layer's cache.
+    hidden: Vec<f32>,
+    hidden_width: usize,
+    mtp: Option<Box<CpuKvCache>>,
 }
 
 impl CpuKvCache {
@@ -82,11 +139,131 @@ impl CpuKvCache {
     pub fn truncate(&mut self, len: usize, kv_dim: usize) {
         self.len = self.len.min(len);
         for (i, (k, v)) in self.k.iter_mut().zip(self.v.iter_mut()).enumerate() {
-            let width = self.widths.get(i).copied().unwrap_or(kv_dim);
-            k.truncate(self.len * width);
-            v.truncate(self.len * width);
+            let (kw, vw) = self.widths.get(i).copied().unwrap_or((kv_dim, kv_dim));
+            k.truncate(self.len * kw);
+            v.truncate(self.len * vw);
+            // A Gated DeltaNet's state: the last snapshot at or before the length, then the
+            // delta rule over the positions after it, from the inputs kept in `v`.
+            if let Some(Some(st)) = self.states.get_mut(i) {
+                st.snapshots.truncate(self.len / DELTA_SNAPSHOT_EVERY);
+                let from = st.snapshots.len() * DELTA_SNAPSHOT_EVERY;
+                st.live = st.snapshots.last().cloned().unwrap_or_else(|| vec![0.0; st.shape.state_values()]);
+                for inputs in v[from * vw..].chunks_exact(vw) {
+                    delta_rule(&st.shape, &mut st.live, inputs, None);
+                }
+            }
+        }
+        self.hidden.truncate(self.len * self.hidden_width);
+        let len = self.len;
+        if let Some(m) = &mut self.mtp {
+            m.truncate(len, kv_dim);
         }
     }
+
+    /// Every position's final hidden state (after the output norm), kept when the model has an
+    /// MTP head (empty otherwise).
+    pub fn hidden(&self) -> &[f32] {
+        &self.hidden
+    }
+
+    /// Positions the MTP head has read (0 without one).
+    pub fn mtp_len(&self) -> usize {
+        self.mtp.as_ref().map_or(0, |m| m.len)
+    }
+}
+
+/// A layer's weights from its plan, dequantized (`load` reads a tensor by name).
+fn load_layer(plan: &Plan, l: &LayerPlan, load: &dyn Fn(&str) -> Result<Vec<f32>>) -> Result<Layer> {
+    let c = &plan.config;
+    // Rows [a, b) of a row-major matrix of `cols` columns.
+    let rows = |m: &[f32], cols: usize, a: usize, b: usize| m[a * cols..b * cols].to_vec();
+    let d = c.d_model;
+    let attention = l.attends();
+    let (wq, wk, wv) = match &l.qkv {
+        _ if !attention => (Vec::new(), Vec::new(), Vec::new()),
+        Qkv::Separate([q, k, v]) => (load(q)?, load(k)?, load(v)?),
+        Qkv::Fused(name) => {
+            let w = load(name)?;
+            let (q, kv) = (c.q_dim(), c.kv_dim());
+            (rows(&w, d, 0, q), rows(&w, d, q, q + kv), rows(&w, d, q + kv, q + 2 * kv))
+        }
+    };
+    // Gated attention: each head's 2 * head_dim rows are its query's, then its gate's.
+    let (wq, w_attn_gate) = match l.attn_gate {
+        true => {
+            let per_head = 2 * c.head_dim * d;
+            let half = c.head_dim * d;
+            let q = wq.chunks_exact(per_head).flat_map(|h| h[..half].to_vec()).collect();
+            let g = wq.chunks_exact(per_head).flat_map(|h| h[half..].to_vec()).collect();
+            (q, Some(g))
+        }
+        false => (wq, None),
+    };
+    let (w_gate, w_up) = match &l.gate_up {
+        GateUp::Separate([g, u]) => (load(g)?, load(u)?),
+        GateUp::Fused(name) => {
+            let w = load(name)?;
+            (rows(&w, d, 0, c.ffn_dim), rows(&w, d, c.ffn_dim, 2 * c.ffn_dim))
+        }
+    };
+    let optional = |name: &Option<String>| name.as_deref().map(load).transpose();
+    let conv = match &l.conv {
+        Some(sc) => Some(ConvWeights {
+            in_proj: load(&sc.in_proj)?,
+            taps: load(&sc.conv)?,
+            out_proj: load(&sc.out_proj)?,
+            kernel: sc.kernel,
+        }),
+        None => None,
+    };
+    let delta = match &l.delta {
+        Some(dn) => Some(DeltaWeights {
+            qkv: load(&dn.qkv)?,
+            gate: load(&dn.gate)?,
+            taps: load(&dn.conv)?,
+            dt_bias: load(&dn.dt_bias)?,
+            a: load(&dn.a)?,
+            beta: load(&dn.beta)?,
+            alpha: load(&dn.alpha)?,
+            norm: load(&dn.norm)?,
+            out: load(&dn.out)?,
+            shape: dn.shape,
+        }),
+        None => None,
+    };
+    Ok(Layer {
+        conv,
+        delta,
+        w_attn_gate,
+        attn_norm: load(&l.attn_norm)?,
+        wq,
+        wk,
+        wv,
+        bias: l
+            .qkv_bias
+            .as_ref()
+            .filter(|_| attention)
+            .map(|[q, k, v]| Ok::<_, Error>([load(q)?, load(k)?, load(v)?]))
+            .transpose()?,
+        qk_norm: l.qk_norm.as_ref().map(|[q, k]| Ok::<_, Error>([load(q)?, load(k)?])).transpose()?,
+        wo: if attention { load(&l.wo)? } else { Vec::new() },
+        post_attn_norm: optional(&l.post_attn_norm)?,
+        ffn_norm: load(&l.ffn_norm)?,
+        w_gate,
+        w_up,
+        w_down: load(&l.down)?,
+        router: l.experts.as_ref().map(|e| load(&e.router)).transpose()?,
+        router_bias: optional(&l.experts.as_ref().and_then(|e| e.router_bias.clone()))?,
+        expert_biases: match l.experts.as_ref().and_then(|e| e.biases.as_ref()) {
+            Some([g, u, d]) => Some([load(g)?, load(u)?, load(d)?]),
+            None => None,
+        },
+        sinks: optional(&l.attn_sinks)?,
+        wo_bias: optional(&l.wo_bias)?,
+        post_ffn_norm: optional(&l.post_ffn_norm)?,
+        inv_freq: plan.ropes[l.rope].inv_freq(),
+        mscale: plan.ropes[l.rope].mscale,
+    })
 }
 
 /// Which positions of a forward pass produce logits.
@@ -104,79 +281,28 @@ impl CpuModel {
             let info = gguf.require_tensor(name)?;
             crate::quant::dequantize(info, info.data(file))
         };
-        // Rows [a, b) of a row-major matrix of `cols` columns.
-        let rows = |m: &[f32], cols: usize, a: usize, b: usize| m[a * cols..b * cols].to_vec();
-        let d = c.d_model;
-        let layers = plan
-            .layers
-            .iter()
-            .map(|l| {
-                let (wq, wk, wv) = match &l.qkv {
-                    _ if l.conv.is_some() => (Vec::new(), Vec::new(), Vec::new()),
-                    Qkv::Separate([q, k, v]) => (load(q)?, load(k)?, load(v)?),
-                    Qkv::Fused(name) => {
-                        let w = load(name)?;
-                        let (q, kv) = (c.q_dim(), c.kv_dim());
-                        (rows(&w, d, 0, q), rows(&w, d, q, q + kv), rows(&w, d, q + kv, q + 2 * kv))
-                    }
-                };
-                let (w_gate, w_up) = match &l.gate_up {
-                    GateUp::Separate([g, u]) => (load(g)?, load(u)?),
-                    GateUp::Fused(name) => {
-                        let w = load(name)?;
-                        (rows(&w, d, 0, c.ffn_dim), rows(&w, d, c.ffn_dim, 2 * c.ffn_dim))
-                    }
-                };
-                let optional = |name: &Option<String>| name.as_deref().map(load).transpose();
-                let conv = match &l.conv {
-                    Some(sc) => Some(ConvWeights {
-                        in_proj: load(&sc.in_proj)?,
-                        taps: load(&sc.conv)?,
-                        out_proj: load(&sc.out_proj)?,
-                        kernel: sc.kernel,
-                    }),
-                    None => None,
-                };
-                let attention = l.conv.is_none();
-                Ok(Layer {
-                    conv,
-                    attn_norm: load(&l.attn_norm)?,
-                    wq,
-                    wk,
-                    wv,
-                    bias: l
-                        .qkv_bias
-                        .as_ref()
-                        .filter(|_| attention)
-                        .map(|[q, k, v]| Ok::<_, Error>([load(q)?, load(k)?, load(v)?]))
-                        .transpose()?,
-                    qk_norm: l.qk_norm.as_ref().map(|[q, k]| Ok::<_, Error>([load(q)?, load(k)?])).transpose()?,
-                    wo: if attention { load(&l.wo)? } else { Vec::new() },
-                    post_attn_norm: optional(&l.post_attn_norm)?,
-                    ffn_norm: load(&l.ffn_norm)?,
-                    w_gate,
-                    w_up,
-                    w_down: load(&l.down)?,
-                    router: l.experts.as_ref().map(|e| load(&e.router)).transpose()?,
-                    router_bias: optional(&l.experts.as_ref().and_then(|e| e.router_bias.clone()))?,
-                    expert_biases: match l.experts.as_ref().and_then(|e| e.biases.as_ref()) {
-                        Some([g, u, d]) => Some([load(g)?, load(u)?, load(d)?]),
-                        None => None,
-                    },
-                    sinks: optional(&l.attn_sinks)?,
-                    wo_bias: optional(&l.wo_bias)?,
-                    post_ffn_norm: optional(&l.post_ffn_norm)?,
-                    inv_freq: plan.ropes[l.rope].inv_freq(),
-                    mscale: plan.ropes[l.rope].mscale,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let layers = plan.layers.iter().map(|l| load_layer(&plan, l, &load)).collect::<Result<Vec<_>>>()?;
         let output = if plan.output == plan.token_embd { None } else { Some(load(&plan.output)?) };
+        // The head's tensors that are the model's own are not loaded twice.
+        let own = |name: &str, model: &str| if name == model { Ok(None) } else { load(name).map(Some) };
+        let mtp = match &plan.mtp {
+            Some(m) => Some(MtpWeights {
+                layer: load_layer(&plan, &m.layer, &load)?,
+                eh_proj: load(&m.eh_proj)?,
+                enorm: load(&m.enorm)?,
+                hnorm: load(&m.hnorm)?,
+                embed: own(&m.embed, &plan.token_embd)?,
+                head_norm: own(&m.head_norm, &plan.output_norm)?,
+                head: own(&m.head, &plan.output)?,
+            }),
+            None => None,
+        };
         Ok(Self {
             token_embd: load(&plan.token_embd)?,
             output_norm: load(&plan.output_norm)?,
             output,
             layers,
+            mtp,
             config: c,
             plan,
         })
@@ -184,8 +310,42 @@ impl CpuModel {
 
     pub fn new_cache(&self) -> CpuKvCache {
         let c = &self.config;
-        let widths = self.plan.layers.iter().map(|l| if l.conv.is_some() { c.d_model } else { c.kv_dim() }).collect();
-        CpuKvCache { k: vec![Vec::new(); c.n_layers], v: vec![Vec::new(); c.n_layers], len: 0, widths }
+        let widths = self
+            .plan
+            .layers
+            .iter()
+            .map(|l| match (&l.conv, &l.delta) {
+                (Some(_), _) => (c.d_model, c.d_model),
+                (_, Some(dn)) => (dn.shape.conv_dim(), delta_inputs(&dn.shape)),
+                _ => (c.kv_dim(), c.kv_dim()),
+            })
+            .collect();
+        let states = self
+            .plan
+            .layers
+            .iter()
+            .map(|l| {
+                l.delta.as_ref().map(|dn| DeltaState {
+                    shape: dn.shape,
+                    snapshots: Vec::new(),
+                    live: vec![0.0; dn.shape.state_values()],
+                })
+            })
+            .collect();
+        let mtp = self.mtp.as_ref().map(|_| {
+            let widths = vec![(c.kv_dim(), c.kv_dim())];
+            Box::new(CpuKvCache { k: vec![Vec::new()], v: vec![Vec::new()], widths, ..Default::default() })
+        });
+        CpuKvCache {
+            k: vec![Vec::new(); c.n_layers],
+            v: vec![Vec::new(); c.n_layers],
+            len: 0,
+            widths,
+            states,
+            hidden: Vec::new(),
+            hidden_width: if mtp.is_some() { c.d_model } else { 0 },
+            mtp,
+        }
     }
 
     /// Runs `tokens` at positions `cache.len()..`, appends their keys and values to the cache and
@@ -215,82 +375,229 @@ impl CpuModel {
                 context_length: c.context_length,
             });
         }
-        let (n, d, kv_dim, hd) = (tokens.len(), c.d_model, c.kv_dim(), c.head_dim);
+        let (n, d) = (tokens.len(), c.d_model);
         let start = cache.len;
-
-        let mut x = vec![0f32; n * d];
-        for (t, &id) in tokens.iter().enumerate() {
-            if id as usize >= c.vocab_size {
-                return Err(Error::TokenOutOfRange { id, vocab_size: c.vocab_size });
-            }
-            let row = &self.token_embd[id as usize * d..(id as usize + 1) * d];
-            let scale = plan.embed_scale.unwrap_or(1.0);
-            x[t * d..(t + 1) * d].iter_mut().zip(row).for_each(|(o, &e)| *o = e * scale);
-        }
-
-        let mut xn = vec![0f32; n * d];
-        let mut q = vec![0f32; n * c.q_dim()];
-        let mut k = vec![0f32; n * kv_dim];
-        let mut v = vec![0f32; n * kv_dim];
-        let mut attn = vec![0f32; n * c.q_dim()];
-        let mut gate = vec![0f32; n * c.ffn_dim];
-        let mut up = vec![0f32; n * c.ffn_dim];
-        let mut proj = vec![0f32; n * d];
-
+        let mut x = self.embed(tokens, &self.token_embd, plan.embed_scale.unwrap_or(1.0))?;
+        let mut s = Scratch::new(c, n);
         for ((li, layer), lp) in self.layers.iter().enumerate().zip(&plan.layers).take(layers) {
-            rms_norm(&mut xn, &x, &layer.attn_norm, c.rms_eps);
+            rms_norm(&mut s.xn, &x, &layer.attn_norm, c.rms_eps);
             if let Some(cw) = &layer.conv {
-                short_conv(d, cw, &xn, &mut cache.k[li], start, &mut proj);
-                add_in_place(&mut x, &proj);
-                self.ffn(c, lp, layer, &mut x, &mut xn, &mut gate, &mut up, &mut proj);
-                continue;
+                short_conv(d, cw, &s.xn, &mut cache.k[li], start, &mut s.proj);
+            } else if let Some(dw) = &layer.delta {
+                let state = cache.states[li].as_mut().expect("a state for each Gated DeltaNet layer");
+                delta_net(c, dw, &s.xn, &mut cache.k[li], &mut cache.v[li], state, start, &mut s.proj);
+            } else {
+                self.attend(lp, layer, &mut cache.k[li], &mut cache.v[li], start, &mut s);
             }
-            matmul(&mut q, &xn, &layer.wq, d);
-            matmul(&mut k, &xn, &layer.wk, d);
-            matmul(&mut v, &xn, &layer.wv, d);
-            if let Some([bq, bk, bv]) = &layer.bias {
-                add_rows(&mut q, bq);
-                add_rows(&mut k, bk);
-                add_rows(&mut v, bv);
-            }
-            if let Some([qn, kn]) = &layer.qk_norm {
-                rms_norm_in_place(&mut q, qn, c.rms_eps);
-                rms_norm_in_place(&mut k, kn, c.rms_eps);
-            }
-            let style = plan.ropes[lp.rope].style;
-            for t in 0..n {
-                let pos = start + t;
-                rope(&mut q[t * c.q_dim()..(t + 1) * c.q_dim()], pos, hd, &layer.inv_freq, layer.mscale, style);
-                rope(&mut k[t * kv_dim..(t + 1) * kv_dim], pos, hd, &layer.inv_freq, layer.mscale, style);
-            }
-            cache.k[li].extend_from_slice(&k);
-            cache.v[li].extend_from_slice(&v);
-            let kind = AttentionKind::of(plan, lp);
-            attention(c, kind, layer.sinks.as_deref(), &mut attn, &q, &cache.k[li], &cache.v[li], start);
-            matmul(&mut proj, &attn, &layer.wo, c.q_dim());
-            if let Some(b) = &layer.wo_bias {
-                add_rows(&mut proj, b);
-            }
-            if let Some(w) = &layer.post_attn_norm {
-                rms_norm_in_place(&mut proj, w, c.rms_eps);
-            }
-            add_in_place(&mut x, &proj);
-            self.ffn(c, lp, layer, &mut x, &mut xn, &mut gate, &mut up, &mut proj);
+            add_in_place(&mut x, &s.proj);
+            self.ffn(c, lp, layer, &mut x, &mut s.xn, &mut s.gate, &mut s.up, &mut s.proj);
         }
         cache.len += n;
 
-        let rows = match which {
-            Logits::Last => &x[(n - 1) * d..],
-            Logits::All => &x[..],
+        // With an MTP head every position's final hidden state is kept for it.
+        let keep_all = cache.hidden_width > 0 && layers == self.layers.len();
+        let rows = match (which, keep_all) {
+            (Logits::Last, false) => &x[(n - 1) * d..],
+            _ => &x[..],
         };
         let mut normed = vec![0f32; rows.len()];
         rms_norm(&mut normed, rows, &self.output_norm, c.rms_eps);
-        let mut logits = vec![0f32; rows.len() / d * c.vocab_size];
-        matmul(&mut logits, &normed, self.output.as_deref().unwrap_or(&self.token_embd), d);
-        if let Some(cap) = plan.final_softcap {
+        if keep_all {
+            cache.hidden.extend_from_slice(&normed);
+        }
+        let normed = match which {
+            Logits::Last => &normed[normed.len() - d..],
+            Logits::All => &normed[..],
+        };
+        Ok(self.head(normed, self.output.as_deref().unwrap_or(&self.token_embd)))
+    }
+
+    /// Each token's embedding row times `scale`.
+    fn embed(&self, tokens: &[u32], table: &[f32], scale: f32) -> Result<Vec<f32>> {
+        let (d, vocab) = (self.config.d_model, self.config.vocab_size);
+        let mut x = vec![0f32; tokens.len() * d];
+        for (t, &id) in tokens.iter().enumerate() {
+            if id as usize >= vocab {
+                return Err(Error::TokenOutOfRange { id, vocab_size: vocab });
+            }
+            let row = &table[id as usize * d..(id as usize + 1) * d];
+            x[t * d..(t + 1) * d].iter_mut().zip(row).for_each(|(o, &e)| *o = e * scale);
+        }
+        Ok(x)
+    }
+
+    /// The logits of normed hidden rows through `output` (soft-capped where the plan says).
+    fn head(&self, normed: &[f32], output: &[f32]) -> Vec<f32> {
+        let c = &self.config;
+        let mut logits = vec![0f32; normed.len() / c.d_model * c.vocab_size];
+        matmul(&mut logits, normed, output, c.d_model);
+        if let Some(cap) = self.plan.final_softcap {
             logits.iter_mut().for_each(|l| *l = softcap(*l, cap));
         }
-        Ok(logits)
+        logits
+    }
+
+    /// An attention layer over the rows of `s.xn` (positions `start..`): their keys and values
+    /// appended to the layer's cache, the output projection in `s.proj`.
+    fn attend(
+        &self,
+        lp: &LayerPlan,
+        layer: &Layer,
+        k_cache: &mut Vec<f32>,
+        v_cache: &mut Vec<f32>,
+        start: usize,
+        s: &mut Scratch,
+    ) {
+        let (c, plan) = (&self.config, &self.plan);
+        let (n, d, kv_dim, hd) = (s.xn.len() / c.d_model, c.d_model, c.kv_dim(), c.head_dim);
+        matmul(&mut s.q, &s.xn, &layer.wq, d);
+        matmul(&mut s.k, &s.xn, &layer.wk, d);
+        matmul(&mut s.v, &s.xn, &layer.wv, d);
+        if let Some([bq, bk, bv]) = &layer.bias {
+            add_rows(&mut s.q, bq);
+            add_rows(&mut s.k, bk);
+            add_rows(&mut s.v, bv);
+        }
+        if let Some([qn, kn]) = &layer.qk_norm {
+            rms_norm_in_place(&mut s.q, qn, c.rms_eps);
+            rms_norm_in_place(&mut s.k, kn, c.rms_eps);
+        }
+        let style = plan.ropes[lp.rope].style;
+        for t in 0..n {
+            let pos = start + t;
+            rope(&mut s.q[t * c.q_dim()..(t + 1) * c.q_dim()], pos, hd, &layer.inv_freq, layer.mscale, style);
+            rope(&mut s.k[t * kv_dim..(t + 1) * kv_dim], pos, hd, &layer.inv_freq, layer.mscale, style);
+        }
+        k_cache.extend_from_slice(&s.k);
+        v_cache.extend_from_slice(&s.v);
+        let kind = AttentionKind::of(plan, lp);
+        attention(c, kind, layer.sinks.as_deref(), &mut s.attn, &s.q, k_cache, v_cache, start);
+        if let Some(wg) = &layer.w_attn_gate {
+            // Gated attention: the output times sigmoid of the gate's projection.
+            let mut g = vec![0f32; s.attn.len()];
+            matmul(&mut g, &s.xn, wg, d);
+            s.attn.iter_mut().zip(&g).for_each(|(a, &g)| *a *= sigmoid(g));
+        }
+        matmul(&mut s.proj, &s.attn, &layer.wo, c.q_dim());
+        if let Some(b) = &layer.wo_bias {
+            add_rows(&mut s.proj, b);
+        }
+        if let Some(w) = &layer.post_attn_norm {
+            rms_norm_in_place(&mut s.proj, w, c.rms_eps);
+        }
+    }
+
+    /// The model has a multi-token-prediction head.
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// The MTP head at its next positions (`cache.mtp_len()..`): each row of `hidden` (a final
+    /// hidden state, d_model values) with the token after its position. Returns the logits of
+    /// every row and the head's own hidden states (after its norm; a chained draft reads them).
+    pub fn mtp_forward(&self, cache: &mut CpuKvCache, hidden: &[f32], tokens: &[u32]) -> Result<(Vec<f32>, Vec<f32>)> {
+        let c = &self.config;
+        let (m, lp) = match (&self.mtp, &self.plan.mtp) {
+            (Some(m), Some(p)) => (m, &p.layer),
+            _ => return Err(Error::Unsupported("multi-token prediction: the model has no MTP head".into())),
+        };
+        let cache = cache.mtp.as_deref_mut().expect("a model with an MTP head has its cache");
+        let (n, d) = (tokens.len(), c.d_model);
+        assert_eq!(hidden.len(), n * d, "a hidden state per token");
+        if cache.len + n > c.context_length {
+            return Err(Error::ContextOverflow {
+                prompt_tokens: cache.len + n,
+                max_tokens: 0,
+                context_length: c.context_length,
+            });
+        }
+        let e = self.embed(tokens, m.embed.as_deref().unwrap_or(&self.token_embd), 1.0)?;
+        let (mut en, mut hn) = (vec![0f32; n * d], vec![0f32; n * d]);
+        rms_norm(&mut en, &e, &m.enorm, c.rms_eps);
+        rms_norm(&mut hn, hidden, &m.hnorm, c.rms_eps);
+        let cat: Vec<f32> =
+            en.chunks_exact(d).zip(hn.chunks_exact(d)).flat_map(|(e, h)| e.iter().chain(h)).copied().collect();
+        let mut x = vec![0f32; n * d];
+        matmul(&mut x, &cat, &m.eh_proj, 2 * d);
+        let mut s = Scratch::new(c, n);
+        let start = cache.len;
+        rms_norm(&mut s.xn, &x, &m.layer.attn_norm, c.rms_eps);
+        let (k, v) = (&mut cache.k[0], &mut cache.v[0]);
+        self.attend(lp, &m.layer, k, v, start, &mut s);
+        add_in_place(&mut x, &s.proj);
+        self.ffn(c, lp, &m.layer, &mut x, &mut s.xn, &mut s.gate, &mut s.up, &mut s.proj);
+        cache.len += n;
+        let mut normed = vec![0f32; n * d];
+        rms_norm(&mut normed, &x, m.head_norm.as_deref().unwrap_or(&self.output_norm), c.rms_eps);
+        let output = m.head.as_deref().or(self.output.as_deref()).unwrap_or(&self.token_embd);
+        Ok((self.head(&normed, output), normed))
+    }
+
+    /// Up to `k` draft tokens from the MTP head (greedy) after `tokens` (the sequence: the
+    /// cache's positions, then the token the model chose after them, not yet run). The head
+    /// first reads the positions it has not (each with the token after it), then drafts one
+    /// token a pass, each pass reading its own last hidden state; its cache keeps only the
+    /// positions of the sequence (the drafts' are forgotten).
+    pub fn mtp_draft(&self, cache: &mut CpuKvCache, tokens: &[u32], k: usize, out: &mut Vec<u32>) -> Result<()> {
+        let (d, len) = (self.config.d_model, cache.len);
+        assert_eq!(tokens.len(), len + 1, "the cache's tokens and the next one");
+        out.clear();
+        if k == 0 || len == 0 {
+            return Ok(());
+        }
+        // The head's last position is read again when it has read them all (its logits are
+        // the first draft's).
+        let from = cache.mtp_len().min(len - 1);
+        if let Some(m) = &mut cache.mtp {
+            m.truncate(from, 0);
+        }
+        let hidden = cache.hidden[from * d..len * d].to_vec();
+        let (mut logits, mut h) = self.mtp_forward(cache, &hidden, &tokens[from + 1..])?;
+        let vocab = self.config.vocab_size;
+        loop {
+            let last = &logits[logits.len() - vocab..];
+            if !last.iter().all(|v| v.is_finite()) {
+                break;
+            }
+            let id = last.iter().enumerate().fold(0, |b, (i, &v)| if v > last[b] { i } else { b }) as u32;
+            out.push(id);
+            if out.len() == k || cache.mtp_len() >= self.config.context_length {
+                break;
+            }
+            let prev = h[h.len() - d..].to_vec();
+            (logits, h) = self.mtp_forward(cache, &prev, &[id])?;
+        }
+        if let Some(m) = &mut cache.mtp {
+            m.truncate(len, 0);
+        }
+        Ok(())
+    }
+}
+
+/// Per-pass work buffers of a forward pass over `n` rows.
+struct Scratch {
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    proj: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(c: &ModelConfig, n: usize) -> Self {
+        Self {
+            xn: vec![0f32; n * c.d_model],
+            q: vec![0f32; n * c.q_dim()],
+            k: vec![0f32; n * c.kv_dim()],
+            v: vec![0f32; n * c.kv_dim()],
+            attn: vec![0f32; n * c.q_dim()],
+            gate: vec![0f32; n * c.ffn_dim],
+            up: vec![0f32; n * c.ffn_dim],
+            proj: vec![0f32; n * c.d_model],
+        }
     }
 }
 
@@ -353,6 +660,147 @@ fn short_conv(d: usize, cw: &ConvWeights, xn: &[f32], state: &mut Vec<f32>, star
         }
     }
     matmul(out, &y, &cw.out_proj, d);
+}
+
+/// The transformers eps of the Gated DeltaNet's L2 norm of q and k (`l2norm(x, eps=1e-6)`).
+const L2_NORM_EPS: f32 = 1e-6;
+
+/// Values a position of the delta rule's inputs a Gated DeltaNet layer keeps: k (every key
+/// head), v, g and beta (each value head).
+fn delta_inputs(s: &DeltaShape) -> usize {
+    s.key_dim() + s.value_dim() + 2 * s.v_heads
+}
+
+/// Qwen3.5's Gated DeltaNet over the rows of `xn` (positions `start..`) into `out`
+/// (`arch::DeltaNet`): each position's q|k|v projection appended to `conv_in` (the
+/// convolution's input, kept per position as a short convolution's), its delta-rule inputs to
+/// `inputs`, and the state advanced a position at a time.
+#[allow(clippy::too_many_arguments)]
+fn delta_net(
+    c: &ModelConfig,
+    w: &DeltaWeights,
+    xn: &[f32],
+    conv_in: &mut Vec<f32>,
+    inputs: &mut Vec<f32>,
+    state: &mut DeltaState,
+    start: usize,
+    out: &mut [f32],
+) {
+    let s = &w.shape;
+    let (d, n) = (c.d_model, xn.len() / c.d_model);
+    let (conv, kd, vd, heads) = (s.conv_dim(), s.key_dim(), s.value_dim(), s.v_heads);
+    let mut qkv = vec![0f32; n * conv];
+    let mut z = vec![0f32; n * vd];
+    let mut b = vec![0f32; n * heads];
+    let mut a = vec![0f32; n * heads];
+    matmul(&mut qkv, xn, &w.qkv, d);
+    matmul(&mut z, xn, &w.gate, d);
+    matmul(&mut b, xn, &w.beta, d);
+    matmul(&mut a, xn, &w.alpha, d);
+    conv_in.extend_from_slice(&qkv);
+    let mut y = vec![0f32; n * vd];
+    let mut mixed = vec![0f32; conv];
+    let mut row = vec![0f32; delta_inputs(s)];
+    for t in 0..n {
+        let pos = start + t;
+        // The causal depthwise convolution over the last `kernel` positions, then SiLU.
+        for (ch, m) in mixed.iter_mut().enumerate() {
+            let mut acc = 0f32;
+            for j in 0..s.kernel {
+                if let Some(p) = (pos + j + 1).checked_sub(s.kernel) {
+                    acc += w.taps[ch * s.kernel + j] * conv_in[p * conv + ch];
+                }
+            }
+            *m = silu(acc);
+        }
+        let (q, rest) = mixed.split_at_mut(kd);
+        let (k, v) = rest.split_at_mut(kd);
+        for head in q.chunks_exact_mut(s.head_k).chain(k.chunks_exact_mut(s.head_k)) {
+            l2_normalize(head);
+        }
+        let scale = 1.0 / (s.head_k as f32).sqrt();
+        q.iter_mut().for_each(|x| *x *= scale);
+        row[..kd].copy_from_slice(k);
+        row[kd..kd + vd].copy_from_slice(v);
+        for h in 0..heads {
+            row[kd + vd + h] = w.a[h] * softplus(a[t * heads + h] + w.dt_bias[h]);
+            row[kd + vd + heads + h] = sigmoid(b[t * heads + h]);
+        }
+        inputs.extend_from_slice(&row);
+        let yt = &mut y[t * vd..(t + 1) * vd];
+        delta_rule(s, &mut state.live, &row, Some((q, &mut *yt)));
+        if (pos + 1) % DELTA_SNAPSHOT_EVERY == 0 {
+            state.snapshots.push(state.live.clone());
+        }
+        // Each head's output: RMSNorm, times silu(z).
+        for (yh, zh) in yt.chunks_exact_mut(s.head_v).zip(z[t * vd..(t + 1) * vd].chunks_exact(s.head_v)) {
+            rms_norm_in_place(yh, &w.norm, c.rms_eps);
+            yh.iter_mut().zip(zh).for_each(|(y, &z)| *y *= silu(z));
+        }
+    }
+    matmul(out, &y, &w.out, vd);
+}
+
+/// One position's gated delta rule on `state` (a head_k x head_v matrix per value head,
+/// row-major) from its inputs k|v|g|beta (`delta_inputs`): S = S exp(g), then
+/// S += k (v - S^T k)^T beta; with `q`, also each head's output S^T q into `out`. Value head h
+/// reads key head h % k_heads.
+fn delta_rule(s: &DeltaShape, state: &mut [f32], inputs: &[f32], q: Option<(&[f32], &mut [f32])>) {
+    let (kd, vd, heads, hk, hv) = (s.key_dim(), s.value_dim(), s.v_heads, s.head_k, s.head_v);
+    let (k, v) = (&inputs[..kd], &inputs[kd..kd + vd]);
+    let (g, beta) = (&inputs[kd + vd..kd + vd + heads], &inputs[kd + vd + heads..]);
+    let mut q = q;
+    let mut delta = vec![0f32; hv];
+    for h in 0..heads {
+        let kh = &k[(h % s.k_heads) * hk..][..hk];
+        let vh = &v[h * hv..][..hv];
+        let st = &mut state[h * hk * hv..(h + 1) * hk * hv];
+        let decay = g[h].exp();
+        st.iter_mut().for_each(|x| *x *= decay);
+        // delta[j] = (v[j] - sum_i S[i][j] k[i]) * beta
+        delta.copy_from_slice(vh);
+        for (i, &ki) in kh.iter().enumerate() {
+            for (dj, &sij) in delta.iter_mut().zip(&st[i * hv..(i + 1) * hv]) {
+                *dj -= sij * ki;
+            }
+        }
+        delta.iter_mut().for_each(|x| *x *= beta[h]);
+        for (i, &ki) in kh.iter().enumerate() {
+            for (sij, &dj) in st[i * hv..(i + 1) * hv].iter_mut().zip(&delta) {
+                *sij += ki * dj;
+            }
+        }
+        if let Some((q, out)) = q.as_mut() {
+            let qh = &q[(h % s.k_heads) * hk..][..hk];
+            let oh = &mut out[h * hv..(h + 1) * hv];
+            oh.fill(0.0);
+            for (i, &qi) in qh.iter().enumerate() {
+                for (o, &sij) in oh.iter_mut().zip(&st[i * hv..(i + 1) * hv]) {
+                    *o += sij * qi;
+                }
+            }
+        }
+    }
+}
+
+/// x / sqrt(sum x^2 + eps), as transformers' `l2norm`.
+fn l2_normalize(x: &mut [f32]) {
+    let sum: f32 = x.iter().map(|v| v * v).sum();
+    let inv = 1.0 / (sum + L2_NORM_EPS).sqrt();
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// log(1 + e^x), x itself past 20 (PyTorch's threshold).
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
 }
 
 /// A mixture of experts' FFN for each row of `xn` into `out`: each token's chosen experts'

@@ -11,8 +11,20 @@ use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, Readback};
 use webgpu_llm::model::{CpuModel, Logits};
 use webgpu_llm::sampling::argmax;
 
-const MODELS: [&str; 11] =
-    ["qwen2", "qwen3", "phi3", "llama3", "mistral", "smollm3", "gemma2", "qwen3moe", "lfm2", "qwen3yarn", "gptoss"];
+const MODELS: [&str; 12] = [
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "llama3",
+    "mistral",
+    "smollm3",
+    "gemma2",
+    "qwen3moe",
+    "lfm2",
+    "qwen3yarn",
+    "gptoss",
+    "qwen35",
+];
 
 struct Reference {
     name: &'static str,
@@ -143,6 +155,50 @@ fn cpu_reference_matches_transformers_on_every_architecture() {
     }
 }
 
+/// Qwen3.5's multi-token-prediction head on the CPU against an independent float64 numpy
+/// forward pass from the GGUF's tensors (transformers does not run it; see tests/data/arch's
+/// README): row j reads the main model's final hidden state at j and the token at j + 1; every
+/// row's top-20 logits in each case, every row's whole logits in the last, the head's rows run
+/// in two passes (its own cache carried between them).
+#[test]
+fn the_mtp_head_matches_the_numpy_reference() {
+    let r = Reference::load("qwen35");
+    let model = CpuModel::load(&r.gguf(), &r.bytes).unwrap();
+    let (d, vocab) = (model.config.d_model, model.config.vocab_size);
+    assert!(model.has_mtp());
+    let mut worst = 0f64;
+    for (ci, case) in r.json["mtp"]["cases"].as_array().unwrap().iter().enumerate() {
+        let seq = ids(&case["sequence_ids"]);
+        let n = seq.len();
+        let mut cache = model.new_cache();
+        model.forward(&mut cache, &seq, Logits::Last).unwrap();
+        let hidden = cache.hidden()[..(n - 1) * d].to_vec();
+        let split = 7.min(n - 1);
+        let (mut logits, _) = model.mtp_forward(&mut cache, &hidden[..split * d], &seq[1..=split]).unwrap();
+        logits.extend(model.mtp_forward(&mut cache, &hidden[split * d..], &seq[split + 1..]).unwrap().0);
+        assert_eq!(logits.len(), (n - 1) * vocab);
+        for row in case["top20"].as_array().unwrap() {
+            let j = row["position"].as_u64().unwrap() as usize;
+            assert_eq!(row["input_token"].as_u64(), Some(seq[j + 1] as u64));
+            for (&id, w) in ids(&row["ids"]).iter().zip(floats(&row["logits"])) {
+                let d = (logits[j * vocab + id as usize] as f64 - w).abs();
+                worst = worst.max(d);
+                assert!(d < 1e-3, "case {ci} row {j}: MTP logit of {id} is off by {d}");
+            }
+        }
+        let want: Vec<u32> = ids(&case["argmax_ids"]);
+        let got: Vec<u32> = logits.chunks_exact(vocab).map(argmax).collect();
+        assert_eq!(got, want, "case {ci}: the MTP head's argmax of every row");
+        if let Some(all) = case.get("all_positions_logits") {
+            let want: Vec<f64> = all.as_array().unwrap().iter().flat_map(floats).collect();
+            let d = max_diff(&logits[..want.len()], &want);
+            worst = worst.max(d);
+            assert!(d < 1e-3, "case {ci}: the MTP head's logits differ by {d}");
+        }
+    }
+    eprintln!("qwen35 MTP head on the cpu: max |logit diff| to numpy {worst:.2e}");
+}
+
 fn gpu(force_f32: bool, style: Option<KernelStyle>, r: &Reference) -> GpuModel {
     let mut gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32, ..Default::default() }))
         .expect("a GPU adapter (lavapipe in CI)");
@@ -155,7 +211,8 @@ fn gpu(force_f32: bool, style: Option<KernelStyle>, r: &Reference) -> GpuModel {
 
 #[test]
 fn gpu_matches_transformers_on_every_architecture_and_path() {
-    for name in MODELS {
+    // Qwen3.5's Gated DeltaNet runs on the CPU backend alone so far: refused on the GPU by name.
+    for name in MODELS.into_iter().filter(|&n| n != "qwen35") {
         let r = Reference::load(name);
         let mut f32_path = gpu(true, None, &r);
         let worst = check(&r, &mut f32_path, 2e-3, "gpu f32 path");
@@ -185,9 +242,9 @@ fn batched_generation_gives_the_reference_tokens_on_the_newer_plans() {
     use webgpu_llm::sampling::SamplingParams;
     use webgpu_llm::speculate::{Drafter, Speculation};
     let backends = [BackendKind::Cpu, BackendKind::Gpu];
-    for (name, backend) in
-        ["smollm3", "gemma2", "qwen3moe", "lfm2", "gptoss"].into_iter().flat_map(|n| backends.map(|b| (n, b)))
-    {
+    let both = ["smollm3", "gemma2", "qwen3moe", "lfm2", "gptoss"].into_iter().flat_map(|n| backends.map(|b| (n, b)));
+    // Qwen3.5's Gated DeltaNet runs on the CPU backend alone so far.
+    for (name, backend) in both.chain([("qwen35", BackendKind::Cpu)]) {
         let r = Reference::load(name);
         let gpu = GpuOptions { force_f32: true, kv_tokens: Some(1024), ..Default::default() };
         let opts = LoadOptions { backend, context_length: Some(256), gpu };
@@ -407,4 +464,97 @@ fn a_sliding_layout_other_than_the_architectures_is_an_error_naming_it() {
         let msg = with("rope.freq_base_swa", Value::F32(base / 2.0)).unwrap_err();
         assert!(msg.contains("rope.freq_base_swa"), "{name}: {msg}");
     }
+}
+
+/// A copy of `r`'s file with each listed tensor's values (F32) multiplied by its factor.
+fn doctored(r: &Reference, scale: &[(&str, f32)]) -> Vec<u8> {
+    let gguf = r.gguf();
+    let mut bytes = r.bytes.clone();
+    for &(name, factor) in scale {
+        let t = gguf.tensor(name).unwrap_or_else(|| panic!("{name}"));
+        let data = t.data(&r.bytes);
+        let at = data.as_ptr() as usize - r.bytes.as_ptr() as usize;
+        for v in bytes[at..at + data.len()].chunks_exact_mut(4) {
+            let x = f32::from_le_bytes(v.try_into().unwrap()) * factor;
+            v.copy_from_slice(&x.to_le_bytes());
+        }
+    }
+    bytes
+}
+
+/// `speculate: "mtp"` (Qwen3.5's MTP head drafting, on the CPU backend) keeps the greedy tokens:
+/// on the reference model, transformers' (its random head's drafts are rejected, so the Gated
+/// DeltaNet's state goes back over rejected positions); and on a copy whose layers write a fifth
+/// of what they did into the residual stream (so the model often repeats its input token) and
+/// whose head passes the embedding of the token it reads through (so it drafts that token
+/// again), drafts are accepted and rejected in each generation, with the tokens of plain
+/// greedy decoding of that copy.
+#[test]
+fn mtp_speculation_keeps_the_greedy_tokens() {
+    use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt};
+    use webgpu_llm::sampling::SamplingParams;
+    use webgpu_llm::speculate::{Drafter, Speculation};
+    let r = Reference::load("qwen35");
+    let gguf = r.gguf();
+    let d = 64;
+    let mut scale: Vec<(String, f32)> = (0..4)
+        .flat_map(|i| ["ssm_out", "attn_output", "ffn_down"].map(|t| format!("blk.{i}.{t}.weight")))
+        .filter(|n| gguf.tensor(n).is_some())
+        .map(|n| (n, 0.2))
+        .collect();
+    scale.extend(["blk.4.attn_output.weight", "blk.4.ffn_down.weight"].map(|n| (n.to_string(), 0.0)));
+    let refs: Vec<(&str, f32)> = scale.iter().map(|(n, f)| (n.as_str(), *f)).collect();
+    let mut echo = doctored(&r, &refs);
+    // eh_proj ([2d] -> [d], the embedding's half first): the embedding's half the identity.
+    let t = gguf.tensor("blk.4.nextn.eh_proj.weight").unwrap();
+    let at = t.data(&r.bytes).as_ptr() as usize - r.bytes.as_ptr() as usize;
+    for (i, v) in echo[at..at + 4 * 2 * d * d].chunks_exact_mut(4).enumerate() {
+        v.copy_from_slice(&(if i % (2 * d) == i / (2 * d) { 1f32 } else { 0.0 }).to_le_bytes());
+    }
+    let options = |speculate| GenerateOptions {
+        max_tokens: 16,
+        sampling: SamplingParams::greedy(),
+        ignore_eos: true,
+        speculate,
+        ..Default::default()
+    };
+    let mtp = Some(Speculation { drafter: Drafter::Mtp, draft_tokens: 3 });
+    for (file, what) in [(&r.bytes, "the reference model"), (&echo, "the echoing copy")] {
+        let opts = LoadOptions { backend: BackendKind::Cpu, context_length: Some(256), gpu: Default::default() };
+        let mut engine = pollster::block_on(Engine::load(file, opts, &mut |_, _| {})).unwrap();
+        for (ci, case) in r.cases().iter().enumerate() {
+            let prompt = Prompt::Tokens(ids(&case["prompt_ids"]));
+            let mut run = |o: &GenerateOptions| {
+                let mut out = Vec::new();
+                let stats = pollster::block_on(engine.generate(&prompt, o, &mut |ev| {
+                    out.push(ev.id);
+                    true
+                }))
+                .unwrap();
+                (out, stats.speculation)
+            };
+            let (plain, _) = run(&options(None));
+            let (drafted, sp) = run(&options(mtp));
+            let sp = sp.expect("speculation stats");
+            assert_eq!(drafted, plain, "{what} case {ci}: with MTP drafts ({sp:?})");
+            if file == &r.bytes {
+                assert_eq!(plain, ids(&case["greedy_ids"]), "case {ci}: transformers' greedy tokens");
+                assert!(sp.drafted > 0, "case {ci}: {sp:?}");
+            } else {
+                assert!(sp.accepted > 0 && sp.accepted < sp.drafted, "{what} case {ci}: {sp:?}");
+                assert!(sp.passes < 16, "{what} case {ci}: accepted drafts save passes: {sp:?}");
+            }
+            eprintln!("qwen35 {what} case {ci}: MTP drafts {sp:?}");
+        }
+    }
+}
+
+/// Until Qwen3.5's Gated DeltaNet has GPU kernels, its file is refused by the GPU backend with
+/// an error naming what is missing, before anything is uploaded.
+#[test]
+fn a_gated_deltanet_model_on_the_gpu_is_refused_naming_the_layers() {
+    let r = Reference::load("qwen35");
+    let gpu = pollster::block_on(Gpu::new(GpuOptions::default())).expect("a GPU adapter (lavapipe in CI)");
+    let err = pollster::block_on(GpuModel::load(gpu, &r.gguf(), &r.bytes[..], 256, &mut |_, _| {})).err().unwrap();
+    assert!(err.to_string().contains("Gated DeltaNet"), "{err}");
 }
