@@ -96,6 +96,11 @@ struct LayerWeights {
     /// A short convolution's taps (d x kernel, f32); `qkv` is then its in_proj, `wo` its
     /// out_proj.
     conv_taps: Option<wgpu::Buffer>,
+    /// A Gated DeltaNet's own weights (`qkv` is then its q|k|v, z, b and alpha projections,
+    /// `wo` its output projection).
+    delta: Option<DeltaWeights>,
+    /// Gated attention's gate projection (`qkv`'s q rows are then each head's query half).
+    attn_gate: Option<Linear>,
     /// A logit per query head in every softmax (gpt-oss); the output projection's bias.
     sinks: Option<wgpu::Buffer>,
     wo_bias: Option<wgpu::Buffer>,
@@ -103,6 +108,25 @@ struct LayerWeights {
     /// buffer, as the gate|up rows), and down ([count][d]).
     router_bias: Option<wgpu::Buffer>,
     expert_biases: Option<(wgpu::Buffer, wgpu::Buffer)>,
+}
+
+/// A Gated DeltaNet layer's vectors (f32): the convolution's taps, dt_bias, a (-exp(A_log))
+/// and the output norm's weights.
+struct DeltaWeights {
+    taps: wgpu::Buffer,
+    dt_bias: wgpu::Buffer,
+    a: wgpu::Buffer,
+    norm: wgpu::Buffer,
+}
+
+/// A Gated DeltaNet layer's memory: each position's q|k|v projection (the convolution's input)
+/// and delta-rule inputs (k, v, g, beta), paged like the KV cache; each sequence slot's state
+/// (a head_k x head_v matrix per value head) and the positions it holds (a count per head).
+struct DeltaBuffers {
+    conv_in: wgpu::Buffer,
+    inputs: wgpu::Buffer,
+    state: wgpu::Buffer,
+    ckpt: wgpu::Buffer,
 }
 
 /// A mixture of experts' activations, for a pass's rows: the router's logits, each token's
@@ -153,6 +177,13 @@ struct Buffers {
     /// Each short-convolution layer's B * x at every position (f32, d_model a position), paged
     /// like the KV cache.
     conv_state: Vec<Option<wgpu::Buffer>>,
+    /// Each Gated DeltaNet layer's memory; the rows' q (rows of key_dim) and gated attention's
+    /// gate (rows of q_dim), for a pass's rows; params of no decode rows (a prefill pass's, for
+    /// the delta rule's commits).
+    delta: Vec<Option<DeltaBuffers>>,
+    delta_q: Option<wgpu::Buffer>,
+    gate: Option<wgpu::Buffer>,
+    params_none: wgpu::Buffer,
     /// Two, used in turn: pipelined greedy steps read one while the next step fills the other.
     staging_argmax: [wgpu::Buffer; 2],
     staging_logits: wgpu::Buffer,
@@ -262,12 +293,6 @@ impl GpuModel {
         };
         let plan = Plan::from_gguf(gguf, rope_freqs.as_deref())?;
         let c = plan.config.clone();
-        if plan.layers.iter().any(|l| l.delta.is_some() || l.attn_gate) {
-            return Err(Error::Unsupported(format!(
-                "{}'s Gated DeltaNet and gated attention layers on the GPU backend (they run on the CPU backend)",
-                c.architecture
-            )));
-        }
         if c.head_dim > 256 || c.head_dim % 8 != 0 || c.d_model % 8 != 0 || c.ffn_dim % 8 != 0 {
             return Err(Error::InvalidMetadata {
                 key: format!("{}.attention.head_count", c.architecture),
@@ -328,10 +353,40 @@ impl GpuModel {
         progress(1, total);
         let mut layers = Vec::with_capacity(c.n_layers);
         for (i, l) in plan.layers.iter().enumerate() {
+            // Gated attention: each head's query rows, then its gate rows, in the q tensor.
+            let head_halves = |name: &str, second: bool| -> Result<Vec<Rows<'_>>> {
+                let rows = Rows::of(g.require_tensor(name)?)?;
+                let hd = c.head_dim;
+                Ok((0..c.n_heads).map(|h| rows.slice(2 * h * hd + if second { hd } else { 0 }, hd)).collect())
+            };
             let qkv = match &l.qkv {
                 _ if l.conv.is_some() => linear("in_proj", &[&l.conv.as_ref().expect("checked").in_proj]).await?,
+                _ if l.delta.is_some() => {
+                    let dn = l.delta.as_ref().expect("checked");
+                    linear("delta_in", &[&dn.qkv, &dn.gate, &dn.beta, &dn.alpha]).await?
+                }
+                Qkv::Separate([q, k, v]) if l.attn_gate => {
+                    let mut rows = head_halves(q, false)?;
+                    rows.extend([Rows::of(g.require_tensor(k)?)?, Rows::of(g.require_tensor(v)?)?]);
+                    Linear::new(&gpu, "qkv", &rows, src).await?
+                }
                 Qkv::Separate([q, k, v]) => linear("qkv", &[q, k, v]).await?,
                 Qkv::Fused(name) => linear("qkv", &[name]).await?,
+            };
+            let attn_gate = match &l.qkv {
+                Qkv::Separate([q, _, _]) if l.attn_gate => {
+                    Some(Linear::new(&gpu, "attn_gate", &head_halves(q, true)?, src).await?)
+                }
+                _ => None,
+            };
+            let delta = match &l.delta {
+                Some(dn) => Some(DeltaWeights {
+                    taps: f32_buffer("delta_taps", fetch(g, src, &[&dn.conv]).await?)?,
+                    dt_bias: f32_buffer("delta_dt_bias", fetch(g, src, &[&dn.dt_bias]).await?)?,
+                    a: f32_buffer("delta_a", fetch(g, src, &[&dn.a]).await?)?,
+                    norm: f32_buffer("delta_norm", fetch(g, src, &[&dn.norm]).await?)?,
+                }),
+                None => None,
             };
             let (gate, up) = match &l.gate_up {
                 GateUp::Separate([gate, up]) => (Rows::of(g.require_tensor(gate)?)?, Rows::of(g.require_tensor(up)?)?),
@@ -363,10 +418,13 @@ impl GpuModel {
                 qkv,
                 qkv_bias: optional_f32("qkv_bias", l.qkv_bias.as_ref().map(|n| &n[..])).await?,
                 qk_norm: optional_f32("qk_norm", l.qk_norm.as_ref().map(|n| &n[..])).await?,
-                wo: match &l.conv {
-                    Some(sc) => linear("out_proj", &[&sc.out_proj]).await?,
-                    None => linear("wo", &[&l.wo]).await?,
+                wo: match (&l.conv, &l.delta) {
+                    (Some(sc), _) => linear("out_proj", &[&sc.out_proj]).await?,
+                    (_, Some(dn)) => linear("ssm_out", &[&dn.out]).await?,
+                    _ => linear("wo", &[&l.wo]).await?,
                 },
+                delta,
+                attn_gate,
                 sinks: optional_f32("attn_sinks", l.attn_sinks.as_ref().map(std::slice::from_ref)).await?,
                 wo_bias: optional_f32("wo_bias", l.wo_bias.as_ref().map(std::slice::from_ref)).await?,
                 router_bias: optional_f32(
@@ -422,10 +480,12 @@ impl GpuModel {
                 .and_then(|l| l.experts.as_ref())
                 .map_or((1, 1), |e| (e.used as u64, e.count as u64))
         };
+        // The MTP head's layer is not run on the GPU (its drafts run on the CPU backend).
+        let mtp_layer = format!("blk.{}.", plan.config.n_layers);
         let all: u64 = gguf
             .tensors
             .iter()
-            .filter(|t| t.name != ROPE_FREQS)
+            .filter(|t| t.name != ROPE_FREQS && !(plan.mtp.is_some() && t.name.starts_with(&mtp_layer)))
             .map(|t| {
                 let (used, count) = expert_share(&t.name);
                 t.byte_size / count * used
@@ -509,14 +569,21 @@ impl GpuModel {
         let f = 4u64;
         let kv_bytes = (pool_tokens * c.kv_dim()) as u64 * gpu.kv_bytes();
         let cache_per_layer = |label: &str| -> Result<Vec<wgpu::Buffer>> {
-            plan.layers.iter().map(|l| gpu.storage(label, if l.conv.is_some() { 16 } else { kv_bytes })).collect()
+            plan.layers.iter().map(|l| gpu.storage(label, if l.attends() { kv_bytes } else { 16 })).collect()
         };
-        // A short convolution's in_proj (3 d a row) and output (d) share q|k|v's and attention's.
+        // A short convolution's in_proj (3 d a row) and output (d), a Gated DeltaNet's input
+        // projection and output (its value heads) share q|k|v's and attention's.
         let conv = plan.layers.iter().any(|l| l.conv.is_some());
-        let (qkv_row, attn_row) = match conv {
+        let (mut qkv_row, mut attn_row) = match conv {
             true => ((c.q_dim() + 2 * c.kv_dim()).max(3 * c.d_model), c.q_dim().max(c.d_model)),
             false => (c.q_dim() + 2 * c.kv_dim(), c.q_dim()),
         };
+        let delta_shape = plan.layers.iter().find_map(|l| l.delta.as_ref()).map(|dn| dn.shape);
+        if let Some(s) = &delta_shape {
+            qkv_row = qkv_row.max(kernels::delta_proj(s));
+            attn_row = attn_row.max(s.value_dim());
+        }
+        let slots = layout.max_seqs as u64;
         let batch = max_batch as u64;
         Ok(Buffers {
             params: gpu.uniform("params", std::mem::size_of::<Params>() as u64),
@@ -569,6 +636,31 @@ impl GpuModel {
                     l.conv.as_ref().map(|_| gpu.storage("conv_state", (pool_tokens * c.d_model) as u64 * f)).transpose()
                 })
                 .collect::<Result<_>>()?,
+            delta: plan
+                .layers
+                .iter()
+                .map(|l| {
+                    l.delta
+                        .as_ref()
+                        .map(|dn| {
+                            let s = &dn.shape;
+                            let positions = pool_tokens as u64;
+                            Ok::<_, Error>(DeltaBuffers {
+                                conv_in: gpu.storage("delta_conv_in", positions * s.conv_dim() as u64 * f)?,
+                                inputs: gpu.storage("delta_inputs", positions * kernels::delta_inputs(s) as u64 * f)?,
+                                state: gpu.storage("delta_state", slots * s.state_values() as u64 * f)?,
+                                ckpt: gpu.storage("delta_ckpt", slots * s.v_heads as u64 * 4)?,
+                            })
+                        })
+                        .transpose()
+                })
+                .collect::<Result<_>>()?,
+            delta_q: delta_shape.map(|s| gpu.storage("delta_q", n * s.key_dim() as u64 * f)).transpose()?,
+            gate: match plan.layers.iter().any(|l| l.attn_gate) {
+                true => Some(gpu.storage("attn_gate", n * c.q_dim() as u64 * f)?),
+                false => None,
+            },
+            params_none: gpu.uniform("params_none", std::mem::size_of::<Params>() as u64),
             staging_argmax: [gpu.readback("staging_argmax", batch * 4), gpu.readback("staging_argmax", batch * 4)],
             staging_logits: gpu.readback("staging_logits", batch * c.vocab_size as u64 * f),
             top_k_want: gpu.storage("top_k_want", batch * 8)?,
@@ -591,7 +683,17 @@ impl GpuModel {
         // Tiled matrix products for every projection, or matrix-vector products.
         let tiled = !matches!(pass, Pass::Decode { .. } | Pass::Round { tiled: false });
         let max_rows = self.max_batch;
+        let layout = self.layout;
+        // Self-speculation's draft pass (its first layers): a Gated DeltaNet's state keeps none of it.
+        let commit = layers == self.layers.len();
         let (gpu, c, plan, b, p) = (&self.gpu, &self.config, &self.plan, &self.buf, &mut self.pipelines);
+        // The params whose row count is a pass's decode rows (a Gated DeltaNet commits their
+        // first row of each run, and a prompt chunk's last row).
+        let decode_rows = match pass {
+            Pass::Round { .. } => &b.params_decode,
+            Pass::Prefill | Pass::AllLogits(_) => &b.params_none,
+            Pass::Decode { .. } | Pass::WideDecode => &b.params,
+        };
         let (params, eps, act) = (&b.params, c.rms_eps, plan.activation);
         let gb = GemvBatch { params, mb };
         let embed_scale = plan.embed_scale.unwrap_or(1.0);
@@ -632,7 +734,52 @@ impl GpuModel {
             if !fuse {
                 ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, &l.attn_norm, &b.xn));
             }
-            if let (Some(sc), Some(state), Some(taps)) = (&lp.conv, &b.conv_state[i], &l.conv_taps) {
+            if let (Some(dn), Some(dw), Some(db), Some(dq)) = (&lp.delta, &l.delta, &b.delta[i], &b.delta_q) {
+                // Qwen3.5's Gated DeltaNet: q|k|v, z, b and alpha in one projection (in `qkv`);
+                // the convolution and norms; the delta rule over each run of a sequence's rows;
+                // the gated norm; the output projection.
+                let (s, norm) = (&dn.shape, fuse.then_some((&l.attn_norm, eps)));
+                let width = kernels::delta_proj(s);
+                if tiled {
+                    ops.extend(kernels::gemm(gpu, p, params, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, width));
+                } else {
+                    ops.extend(kernels::gemv(gpu, p, gb, &l.qkv, act, Epilogue::Store, norm, input, &b.qkv, width));
+                }
+                let (conv_in, inputs) = (&db.conv_in, &db.inputs);
+                let prep = kernels::delta_prep(
+                    gpu,
+                    p,
+                    params,
+                    s,
+                    &b.qkv,
+                    conv_in,
+                    &dw.taps,
+                    inputs,
+                    dq,
+                    &dw.dt_bias,
+                    &dw.a,
+                    &b.batch,
+                );
+                ops.extend(prep);
+                let (state, ckpt) = (&db.state, &db.ckpt);
+                ops.push(kernels::delta_scan(
+                    gpu,
+                    p,
+                    params,
+                    decode_rows,
+                    s,
+                    layout,
+                    commit,
+                    inputs,
+                    dq,
+                    &b.attn,
+                    state,
+                    ckpt,
+                    &b.batch,
+                ));
+                ops.push(kernels::delta_out(gpu, p, params, s, eps, &b.attn, &b.qkv, &dw.norm));
+                residual(&mut ops, p, &l.wo, None, &b.attn, &l.post_attn_norm);
+            } else if let (Some(sc), Some(state), Some(taps)) = (&lp.conv, &b.conv_state[i], &l.conv_taps) {
                 // LFM2's short convolution: in_proj (in `qkv`) to B, C, x; B * x into the
                 // layer's state at each row's position; C * its convolution into `attn`.
                 let (d, norm) = (c.d_model, fuse.then_some((&l.attn_norm, eps)));
@@ -669,6 +816,15 @@ impl GpuModel {
                         qkv_stride,
                     ));
                 }
+                if let (Some(w), Some(gate)) = (&l.attn_gate, &b.gate) {
+                    // Gated attention's gate, from the same input as q.
+                    let q = c.q_dim();
+                    if tiled {
+                        ops.extend(kernels::gemm(gpu, p, params, w, Epilogue::Store, &b.xn, gate, q));
+                    } else {
+                        ops.extend(kernels::gemv(gpu, p, gb, w, act, Epilogue::Store, norm, input, gate, q));
+                    }
+                }
                 if !folded {
                     let table = &b.rope[lp.rope];
                     ops.push(kernels::rope_kv(gpu, p, params, c, rope, extras, &b.qkv, table, kc, vc, &b.batch));
@@ -703,6 +859,9 @@ impl GpuModel {
                         );
                         ops.push(op.on(Segment::Chunk(k as u8)));
                     }
+                }
+                if let Some(gate) = b.gate.as_ref().filter(|_| l.attn_gate.is_some()) {
+                    ops.push(kernels::gate_mul(gpu, p, params, c.q_dim(), &b.attn, gate));
                 }
                 residual(&mut ops, p, &l.wo, l.wo_bias.as_ref(), &b.attn, &l.post_attn_norm);
             }
@@ -825,7 +984,7 @@ impl GpuModel {
     pub fn min_decode_traffic(&self, seq: usize) -> Ledger {
         let c = &self.config;
         let kv_row = 2 * c.kv_dim() as u64 * self.gpu.kv_bytes();
-        let attention = self.plan.layers.iter().filter(|l| l.conv.is_none());
+        let attention = self.plan.layers.iter().filter(|l| l.attends());
         let kv_read = attention.clone().map(|l| kv_row * l.window.map_or(seq, |w| seq.min(w)) as u64).sum();
         let attention_layers = attention.count();
         let per_layer = (c.q_dim() + 2 * c.kv_dim()) + c.q_dim() + 2 * c.d_model + c.ffn_dim;
@@ -838,9 +997,28 @@ impl GpuModel {
             .filter_map(|l| l.conv.as_ref())
             .map(|sc| 3 * c.d_model + (1 + sc.kernel) * c.d_model + c.d_model + 2 * c.d_model + c.ffn_dim)
             .sum();
+        // A Gated DeltaNet's layer: its projection, the convolution input written and the last
+        // `kernel` positions' read, the delta-rule inputs written and read, the state read and
+        // written, q and its output, the gated norm's, and the rest as an attention layer's.
+        let delta_layers: usize = self
+            .plan
+            .layers
+            .iter()
+            .filter_map(|l| l.delta.as_ref().map(|dn| dn.shape))
+            .map(|s| {
+                kernels::delta_proj(&s)
+                    + (1 + s.kernel) * s.conv_dim()
+                    + 2 * kernels::delta_inputs(&s)
+                    + 2 * s.state_values()
+                    + s.key_dim()
+                    + 2 * s.value_dim()
+                    + 2 * c.d_model
+                    + c.ffn_dim
+            })
+            .sum();
         Ledger {
             weights: self.file_weight_bytes,
-            activations: 4 * (attention_layers * per_layer + conv_layers + c.vocab_size) as u64,
+            activations: 4 * (attention_layers * per_layer + conv_layers + delta_layers + c.vocab_size) as u64,
             kv_read,
             kv_written: kv_row * attention_layers as u64,
         }
@@ -858,13 +1036,14 @@ impl GpuModel {
     }
 
     /// GPU memory of the KV cache (every attention layer's K and V) and of a hybrid's
-    /// recurrent state (LFM2's short convolutions' B * x), for the whole pool.
+    /// recurrent state (LFM2's short convolutions' B * x; a Gated DeltaNet's convolution and
+    /// delta-rule inputs per position and its sequence slots' states), for the whole pool.
     pub fn cache_bytes(&self) -> (u64, u64) {
         let b = &self.buf;
         let layers = self.plan.layers.iter().enumerate();
-        let kv =
-            layers.clone().filter(|(_, l)| l.conv.is_none()).map(|(i, _)| b.k_cache[i].size() + b.v_cache[i].size());
-        let state = b.conv_state.iter().flatten().map(|s| s.size());
+        let kv = layers.clone().filter(|(_, l)| l.attends()).map(|(i, _)| b.k_cache[i].size() + b.v_cache[i].size());
+        let delta = b.delta.iter().flatten().map(|d| d.conv_in.size() + d.inputs.size() + d.state.size());
+        let state = b.conv_state.iter().flatten().map(|s| s.size()).chain(delta);
         (kv.sum(), state.sum())
     }
 
@@ -876,12 +1055,26 @@ impl GpuModel {
     pub fn new_sequence(&mut self) -> Result<SeqId> {
         let seq = self.pool.create()?;
         self.mark_dirty(seq);
+        self.reset_state(seq);
         Ok(seq)
     }
 
+    /// A sequence slot changed hands (or was made): its table is uploaded before its next pass,
+    /// and a Gated DeltaNet's state in the slot counts no position (the next pass replays its
+    /// positions from the inputs its blocks keep: a fork's, a cached prefix's).
     fn mark_dirty(&mut self, seq: SeqId) {
         if let Some(d) = self.dirty.get_mut(seq.0) {
             *d = true;
+        }
+    }
+
+    fn reset_state(&mut self, seq: SeqId) {
+        for (db, l) in self.buf.delta.iter().zip(&self.plan.layers) {
+            if let (Some(db), Some(dn)) = (db, &l.delta) {
+                let heads = dn.shape.v_heads;
+                let zeros = vec![0u32; heads];
+                self.gpu.queue.write_buffer(&db.ckpt, (seq.0 * heads * 4) as u64, bytemuck::cast_slice(&zeros));
+            }
         }
     }
 
@@ -889,6 +1082,7 @@ impl GpuModel {
     pub fn fork_sequence(&mut self, seq: SeqId, len: usize) -> Result<SeqId> {
         let fork = self.pool.fork(seq, len)?;
         self.mark_dirty(fork);
+        self.reset_state(fork);
         Ok(fork)
     }
 
@@ -897,6 +1091,7 @@ impl GpuModel {
     pub fn new_sequence_cached(&mut self, tokens: &[u32]) -> Result<(SeqId, usize)> {
         let (seq, len) = self.pool.create_cached(tokens)?;
         self.mark_dirty(seq);
+        self.reset_state(seq);
         Ok((seq, len))
     }
 

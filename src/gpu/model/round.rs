@@ -324,8 +324,14 @@ impl GpuModel {
     pub(super) fn copy_blocks(&mut self, enc: &mut wgpu::CommandEncoder) -> Result<()> {
         let kv = (KV_BLOCK * self.config.kv_dim()) as u64 * self.gpu.kv_bytes();
         let state = (KV_BLOCK * self.config.d_model) as u64 * 4;
+        // A Gated DeltaNet layer's blocks: its convolution input and delta-rule inputs.
+        let delta = self.plan.layers.iter().find_map(|l| l.delta.as_ref()).map(|dn| {
+            let s = &dn.shape;
+            ((KV_BLOCK * s.conv_dim()) as u64 * 4, (KV_BLOCK * kernels::delta_inputs(s)) as u64 * 4)
+        });
         if self.block_scratch.is_none() {
-            self.block_scratch = Some(self.gpu.storage("block_scratch", kv.max(state))?);
+            let largest = delta.map_or(0, |(a, b)| a.max(b));
+            self.block_scratch = Some(self.gpu.storage("block_scratch", kv.max(state).max(largest))?);
         }
         let scratch = self.block_scratch.as_ref().expect("made above");
         let b = &self.buf;
@@ -335,9 +341,13 @@ impl GpuModel {
         };
         for &(from, to) in &self.copies {
             for i in 0..self.plan.layers.len() {
-                match &b.conv_state[i] {
-                    Some(s) => copy(s, state, from, to),
-                    None => {
+                match (&b.conv_state[i], &b.delta[i], delta) {
+                    (Some(s), _, _) => copy(s, state, from, to),
+                    (_, Some(d), Some((conv, inputs))) => {
+                        copy(&d.conv_in, conv, from, to);
+                        copy(&d.inputs, inputs, from, to);
+                    }
+                    _ => {
                         copy(&b.k_cache[i], kv, from, to);
                         copy(&b.v_cache[i], kv, from, to);
                     }
