@@ -21,7 +21,7 @@ Pipeline per model (everything deterministic from --seed):
      implementing llama.cpp's math (NORM vs NEOX rope, partial rope, rope_freqs, fused qkv / gate_up,
      q/k norms, biases, GQA, tied output; later: soft-capping, sliding windows, experts, sinks, short
      convolutions, Qwen3.5's Gated DeltaNet and gated attention).
-  6. qwen35 only: random `mtp.*` (multi-token prediction) tensors are added to the checkpoint before step 3, and
+  6. qwen35 and qwen35moe: random `mtp.*` (multi-token prediction) tensors are added to the checkpoint before step 3, and
      reference.json's `mtp` holds the MTP head's logits computed by NpGGUF.mtp from the GGUF as llama.cpp's
      graph_mtp (transformers does not run it), cross-checked with transformers modules on the HF weights.
 
@@ -306,12 +306,83 @@ ARCHS = [
                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
                                         "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
     },
+    {
+        "name": "qwen35moe",
+        "gguf_name": "Tiny Random Qwen3.5 MoE",
+        "model_type": "qwen3_5_moe_text",
+        "hf_class": "Qwen3_5MoeForCausalLM",
+        "zero_centred_norms": True,
+        "mtp": True,
+        "exercises": "hybrid Qwen3.5 MoE: qwen35's layers (Gated DeltaNet 0, 2 with 4 value heads over 2 key heads in "
+                     "the converter's tiled order; gated full attention 1, 3 with partial IMROPE on 8 of 16 dims) with a "
+                     "mixture-of-experts FFN in every block: router ffn_gate_inp, softmax over 8 experts, the top 2 "
+                     "per token with their probabilities renormalised to sum 1 (transformers hard-codes it; llama.cpp's "
+                     "qwen35moe graph passes norm_w = true and softmax gating, no GGUF key says so), SiLU-gated experts "
+                     "of width 8 (ffn_{gate,up,down}_exps), plus a shared expert of width 16 (ffn_{gate,up,down}_shexp) "
+                     "always on, scaled by sigmoid(ffn_gate_inp_shexp . x) per token; zero-centred norms written +1; "
+                     "tied output; one MTP (nextn) block blk.4 whose FFN is the same MoE + gated shared expert, its "
+                     "logits in reference.json's `mtp` (numpy from the GGUF as llama.cpp's qwen35moe graph_mtp, "
+                     "cross-checked with transformers modules on the HF mtp.* weights)",
+        # Experts of width 8 and a shared expert of width 16 (different, so that expert_feed_forward_length and
+        # expert_shared_feed_forward_length cannot be confused) keep the F32 GGUF under 1 MB with the MTP block.
+        "config": dict(hidden_size=64, moe_intermediate_size=8, shared_expert_intermediate_size=16, num_experts=8,
+                       num_experts_per_tok=2, num_hidden_layers=4, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, attention_bias=False,
+                       layer_types=["linear_attention", "full_attention"] * 2,
+                       full_attention_interval=2,
+                       linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                       linear_num_key_heads=2, linear_num_value_heads=4, mtp_num_hidden_layers=1,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                        "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
+    },
+    {
+        "name": "gemma4",
+        "gguf_name": "Tiny Random Gemma 4",
+        "model_type": "gemma4_text",
+        "hf_class": "Gemma4ForCausalLM",
+        # Gemma 4's activation is hidden_activation (GELU tanh); no hidden_act.
+        "hidden_act": None,
+        # layer_scalar is a buffer (not a parameter): drawn too, after the parameters.
+        "layer_scalar": (0.5, 1.5),
+        # Attention scale 1 on RMS-normed q and k: with norm weights U(0.5, 1.5) the scores of 16- and 32-dim heads
+        # have a spread of ~5 and float32 transformers drifts 8e-5 from float64; U(0.3, 1.0) gives ~2e-5.
+        "qk_norm": (0.25, 0.75),
+        "exercises": "Gemma 4 text: per-layer embeddings (PLE: a 512 x (6 layers x 8) token table times sqrt(8), plus "
+                     "the scaled embedding projected by per_layer_model_proj / sqrt(64) and RMS-normed, summed / sqrt(2); "
+                     "each layer adds RMSNorm(proj(GELU(inp_gate x) * its slice)) to the residual), sliding (window 8: "
+                     "the 12- and 40-token prompts cross it) and full layers ([S, S, F] x 2, from the per-layer "
+                     "attention.sliding_window_pattern) with their own head sizes (16 / 32), KV heads (2 / 1) and RoPE "
+                     "(sliding: NEOX over all 16 dims, base 10000; full: proportional RoPE, 4 of 16 pairs rotated with "
+                     "theta = base^(-2i/32), base 1e6, the other pairs' rope_freqs 1e30), key-equals-value attention on "
+                     "the full layers (no attn_v: V is the raw K projection), v RMS-norm without weight, q/k RMS-norms, "
+                     "attention scale 1 (not 1/sqrt(d)), KV sharing (the last 3 layers keep no K/V: sliding ones read "
+                     "layer 1's, the full one layer 2's), double-wide FFN (width 64 instead of 32) on the KV-shared "
+                     "layers, GELU (tanh), post-attention / post-FFN norms, embeddings times sqrt(64), a per-layer "
+                     "output scalar (layer_output_scale), final-logit soft-capping (cap 6), tied output",
+        # 6 layers [S, S, F, S, S, F] with 3 KV-shared: llama.cpp's gemma4 KV reuse is hard-coded (a shared sliding
+        # layer reads layer n_kv - 2, a shared full layer n_kv - 1, n_kv = block_count - shared_kv_layers = 3), which is
+        # what transformers does (the last non-shared layer of each type) when layer n_kv - 1 is full and n_kv - 2
+        # sliding.
+        "config": dict(hidden_size=64, intermediate_size=32, num_hidden_layers=6, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                       attention_k_eq_v=True, num_kv_shared_layers=3, use_double_wide_mlp=True,
+                       hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB_SIZE,
+                       layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                       sliding_window=8, final_logit_softcapping=6.0, max_position_embeddings=1024,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
+                       enable_moe_block=False,
+                       rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                           "rope_theta": 1000000.0}}),
+    },
 ]
 
 # llama.cpp src/llama-model.cpp llama_model_rope_type(): which pairs rotate.
 # qwen35: IMROPE (interleaved multi-section rope; NEOX pairs, each pair's angle from one of 4 position streams).
 ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "smollm3": "norm",
-              "gemma2": "neox", "qwen3moe": "neox", "lfm2": "neox", "gpt-oss": "neox", "qwen35": "imrope"}
+              "gemma2": "neox", "qwen3moe": "neox", "lfm2": "neox", "gpt-oss": "neox", "qwen35": "imrope",
+              "qwen35moe": "imrope", "gemma4": "neox"}
 
 # Qwen3.5 (Gated DeltaNet)
 STD_DT_BIAS = 0.5          # dt_bias N(0, 0.5)
@@ -363,8 +434,9 @@ def build_tokenizer():
 def build_hf_model(spec, seed, arch_index):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    act = {"hidden_act": spec.get("hidden_act", "silu")} if spec.get("hidden_act", "silu") else {}
     cfg = AutoConfig.for_model(spec["model_type"], vocab_size=VOCAB_SIZE, bos_token_id=BOS_ID,
-                               eos_token_id=EOS_ID, pad_token_id=UNK_ID, hidden_act="silu",
+                               eos_token_id=EOS_ID, pad_token_id=UNK_ID, **act,
                                attention_dropout=0.0, **spec["config"])
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
@@ -390,6 +462,10 @@ def build_hf_model(spec, seed, arch_index):
                     and not name.endswith("linear_attn.norm.weight"):
                 v = rng.uniform(NORM_LO - 1.0, NORM_HI - 1.0, size=shape)
                 kind = "zero-centred rmsnorm (1 + w), w U(%g,%g)" % (NORM_LO - 1.0, NORM_HI - 1.0)
+            elif spec.get("qk_norm") and name.endswith(("q_norm.weight", "k_norm.weight")):
+                lo, hi = spec["qk_norm"]
+                v = rng.uniform(lo, hi, size=shape)
+                kind = "q/k rmsnorm U(%g,%g)" % (lo, hi)
             elif name.endswith("norm.weight"):
                 v = rng.uniform(NORM_LO, NORM_HI, size=shape)
                 kind = "rmsnorm U(%g,%g)" % (NORM_LO, NORM_HI)
@@ -402,6 +478,11 @@ def build_hf_model(spec, seed, arch_index):
             elif name.endswith("conv1d.weight"):
                 v = rng.normal(0.0, STD_CONV, size=shape)
                 kind = "depthwise convolution taps N(0,%g)" % STD_CONV
+            elif name.endswith("embed_tokens_per_layer.weight"):
+                # Gemma 4's per-layer token table (times sqrt(8)): comparable to the RMS-normed projection it is
+                # added to, so both halves of the per-layer input matter.
+                v = rng.normal(0.0, STD_EMBED, size=shape)
+                kind = "per-layer token embedding N(0,%g)" % STD_EMBED
             elif name.endswith((".bias", "_bias", ".sinks")):
                 std = spec.get("bias_std", STD_BIAS)
                 v = rng.normal(0.0, std, size=shape)
@@ -413,7 +494,8 @@ def build_hf_model(spec, seed, arch_index):
             elif name.endswith("conv.conv.weight"):
                 v = rng.normal(0.0, STD_CONV, size=shape)
                 kind = "short-convolution taps N(0,%g)" % STD_CONV
-            elif tied and name.endswith(("o_proj.weight", "down_proj.weight", "linear_attn.out_proj.weight")):
+            elif tied and name.endswith(("o_proj.weight", "down_proj.weight", "linear_attn.out_proj.weight",
+                                         "experts.down_proj")):
                 v = rng.normal(0.0, TIED_STD_RESID_OUT, size=shape)
                 kind = "residual-writing matrix (tied model) N(0,%g)" % TIED_STD_RESID_OUT
             else:
@@ -422,6 +504,12 @@ def build_hf_model(spec, seed, arch_index):
                 kind = "matrix N(0,%g)" % STD_MATRIX
             p.copy_(torch.from_numpy(v.astype(np.float32)))
             init_log[name] = kind
+        if spec.get("layer_scalar"):
+            lo, hi = spec["layer_scalar"]
+            for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
+                if name.endswith("layer_scalar"):
+                    b.copy_(torch.from_numpy(rng.uniform(lo, hi, size=tuple(b.shape)).astype(np.float32)))
+                    init_log[name] = "layer scalar (buffer) U(%g,%g)" % (lo, hi)
     model.eval()
     return model, init_log
 
@@ -430,8 +518,21 @@ def mtp_param_shapes(cfg):
     """Qwen3.5's multi-token-prediction block as real checkpoints store it (`mtp.*`, ignored by transformers;
     conversion/qwen.py _QwenMtpMixin maps fc -> eh_proj, pre_fc_norm_embedding -> enorm, pre_fc_norm_hidden ->
     hnorm, norm -> shared_head.norm, layers.0.* -> layer num_hidden_layers; every *norm.weight gets + 1)."""
-    d, hd, H, KV, ff = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
+    d, hd, H, KV = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     L = "mtp.layers.0."
+    if getattr(cfg, "num_experts", None):
+        # Qwen3.5 MoE: the MTP layer's FFN is the MoE block (router, experts stored per expert as the checkpoints
+        # and save_pretrained store them, shared expert and its gate).
+        E, fe, fs = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+        mlp = {L + "mlp.gate.weight": (E, d), L + "mlp.shared_expert_gate.weight": (1, d),
+               L + "mlp.shared_expert.gate_proj.weight": (fs, d), L + "mlp.shared_expert.up_proj.weight": (fs, d),
+               L + "mlp.shared_expert.down_proj.weight": (d, fs)}
+        for e in range(E):
+            mlp.update({L + f"mlp.experts.{e}.gate_proj.weight": (fe, d), L + f"mlp.experts.{e}.up_proj.weight": (fe, d),
+                        L + f"mlp.experts.{e}.down_proj.weight": (d, fe)})
+    else:
+        ff = cfg.intermediate_size
+        mlp = {L + "mlp.gate_proj.weight": (ff, d), L + "mlp.up_proj.weight": (ff, d), L + "mlp.down_proj.weight": (d, ff)}
     return {
         "mtp.fc.weight": (d, 2 * d),  # input [enorm(embedding); hnorm(hidden)]
         "mtp.pre_fc_norm_embedding.weight": (d,), "mtp.pre_fc_norm_hidden.weight": (d,), "mtp.norm.weight": (d,),
@@ -439,7 +540,7 @@ def mtp_param_shapes(cfg):
         L + "self_attn.q_proj.weight": (2 * H * hd, d), L + "self_attn.k_proj.weight": (KV * hd, d),
         L + "self_attn.v_proj.weight": (KV * hd, d), L + "self_attn.o_proj.weight": (d, H * hd),
         L + "self_attn.q_norm.weight": (hd,), L + "self_attn.k_norm.weight": (hd,),
-        L + "mlp.gate_proj.weight": (ff, d), L + "mlp.up_proj.weight": (ff, d), L + "mlp.down_proj.weight": (d, ff),
+        **mlp,
     }
 
 
@@ -491,6 +592,10 @@ if arch == "phi3":
 if arch == "gemma2":
     import conversion.gemma
     conversion.gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
+if arch == "gemma4":
+    # Gemma4Model.set_vocab reads a SentencePiece-style vocab (gguf.LlamaHfVocab, tokenizer model "gemma4").
+    import conversion.gemma
+    conversion.gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 runpy.run_path(llcpp + "/convert_hf_to_gguf.py", run_name="__main__")
 """
 
@@ -610,7 +715,8 @@ class NpGGUF:
         self.kv_per_layer = list(kv) if isinstance(kv, list) else None
         self.n_kv = max(self.kv_per_layer) if self.kv_per_layer else int(kv)
         self.conv_l = int(f(f"{a}.shortconv.l_cache", 0))
-        self.n_ff = int(f(f"{a}.feed_forward_length"))
+        n_ff = f(f"{a}.feed_forward_length", 0)  # qwen35moe: absent (its FFNs are all experts); gemma4: per layer
+        self.n_ff = max(n_ff) if isinstance(n_ff, list) else int(n_ff)
         self.eps = float(f(f"{a}.attention.layer_norm_rms_epsilon"))
         self.base = float(f(f"{a}.rope.freq_base", 10000.0))
         self.head_dim = int(f(f"{a}.attention.key_length", self.n_embd // self.n_head))
@@ -632,6 +738,11 @@ class NpGGUF:
         self.n_expert = int(f(f"{a}.expert_count", 0))
         self.n_expert_used = int(f(f"{a}.expert_used_count", 0))
         self.norm_topk = True
+        # Qwen3.5 MoE: the shared expert (always on) times sigmoid(ffn_gate_inp_shexp . x); switches for the negative
+        # controls: router "softmax" (llama.cpp's hard-coded qwen35moe gating) or "sigmoid" (a wrong variant).
+        self.shexp = self.shexp_gate = True
+        self.router = "softmax"
+        self.moe_log = None  # a list: collects (layer prefix, chosen experts per token, their weights)
         self.w = {}
         for t in r.tensors:
             assert t.tensor_type == GGMLQuantizationType.F32, (t.name, t.tensor_type)
@@ -666,7 +777,7 @@ class NpGGUF:
             self.inv_freq = self.inv_freq * ((1.0 - ramp) / factor + ramp)
             self.mscale = 0.1 * np.log(factor) + 1.0
         # Qwen3.5 (hybrid Gated DeltaNet / gated full attention, plus the MTP block after the main layers).
-        self.qwen35 = a == "qwen35"
+        self.qwen35 = a in ("qwen35", "qwen35moe")
         self.n_nextn = int(f(f"{a}.nextn_predict_layers", 0))
         self.n_main = self.n_layer - self.n_nextn  # block_count counts the nextn (MTP) blocks too
         if self.qwen35:
@@ -699,6 +810,134 @@ class NpGGUF:
             self.attn_gate = self.qg_interleaved = True
             self.mtp_variant = None
             self.gdn_log = None  # a list: collects (g, beta) of every Gated DeltaNet layer
+        self.gemma4 = a == "gemma4"
+        if self.gemma4:
+            self.init_gemma4(f)
+
+    def init_gemma4(self, f):
+        """Gemma 4 as llama.cpp's llama_model_gemma4 reads it (load_arch_hparams / the generic loader)."""
+        a = self.arch
+        self.swa = [bool(x) for x in f(f"{a}.attention.sliding_window_pattern")]  # per layer: true = sliding
+        assert len(self.swa) == self.n_layer
+        self.n_kv_from = self.n_layer - int(f(f"{a}.attention.shared_kv_layers", 0))  # layers >= this keep no K/V
+        kv = f(f"{a}.attention.head_count_kv")
+        self.kv_heads = [int(x) for x in kv] if isinstance(kv, list) else [int(kv)] * self.n_layer
+        self.hd_full = int(f(f"{a}.attention.key_length"))
+        self.hd_swa = int(f(f"{a}.attention.key_length_swa"))
+        assert int(f(f"{a}.attention.value_length")) == self.hd_full
+        assert int(f(f"{a}.attention.value_length_swa")) == self.hd_swa
+        self.rot_full = int(f(f"{a}.rope.dimension_count", self.hd_full))
+        self.rot_swa = int(f(f"{a}.rope.dimension_count_swa", self.rot_full))
+        self.base_full = float(f(f"{a}.rope.freq_base"))
+        self.base_swa = float(f(f"{a}.rope.freq_base_swa", self.base_full))
+        self.window = int(f(f"{a}.attention.sliding_window"))
+        self.final_cap = float(f(f"{a}.final_logit_softcapping", 0.0)) or None
+        self.n_ple = int(f(f"{a}.embedding_length_per_layer_input", 0))
+        # Hard-coded in llama.cpp (no GGUF key): embeddings times sqrt(n_embd), attention scale 1 (f_attention_scale =
+        # 1.0), the per-layer token table times sqrt(n_ple), the projection times 1/sqrt(n_embd), their sum times
+        # 1/sqrt(2), GELU (tanh) FFNs and PLE gate, V RMS-normed without weight, the KV-shared layers' source
+        # (sliding: n_kv_from - 2, full: n_kv_from - 1).
+        self.g4 = dict(embed_scale=True, attn_scale=1.0, ple=True, ple_tok=True, ple_proj=True, v_norm=True,
+                       layer_scalar=True, window=True, kv_share="cache", full_rope="freqs", full_base=True,
+                       v_from="raw_k")
+        self.kv_src = lambda l: self.n_kv_from - (2 if self.swa[l] else 1)
+
+    # ---- Gemma 4 -------------------------------------------------------------------------------------
+    def gemma4_rope(self, x, pos, l):
+        """NEOX rope over the layer's n_rot dims; full layers divide by rope_freqs (1e30 = a pair left unrotated)."""
+        g = self.g4
+        sw = self.swa[l]
+        n_rot = self.rot_swa if sw else self.rot_full
+        base = self.base_swa if (sw or not g["full_base"]) else self.base_full
+        half = n_rot // 2
+        inv = base ** (-(2.0 * np.arange(half)) / n_rot)
+        if not sw:
+            ff = self.w["rope_freqs.weight"]
+            if g["full_rope"] == "freqs":
+                inv = inv / ff
+            elif g["full_rope"] == "partial_neox":  # negative control: n_rot = the rotated dims only (8 of 32)
+                k = int(np.sum(ff < 1e29))
+                n_rot, half = 2 * k, k
+                inv = base ** (-(2.0 * np.arange(half)) / n_rot)
+            elif g["full_rope"] == "swa_head_dim":  # negative control: the sliding layers' rope dims (16) on full heads
+                n_rot, half = self.rot_swa, self.rot_swa // 2
+                inv = base ** (-(2.0 * np.arange(half)) / n_rot) / ff[:half]
+            # "all_pairs": ignore rope_freqs (rotate all 16 pairs)
+        ang = pos[:, None] * inv[None, :]
+        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        out = x.copy()
+        x0, x1 = x[..., :half], x[..., half:n_rot]
+        out[..., :half] = x0 * c - x1 * s
+        out[..., half:n_rot] = x0 * s + x1 * c
+        return out
+
+    def forward_gemma4(self, ids):
+        """llama.cpp's llama_model_gemma4::graph (dense FFN, text tokens), one sequence from position 0."""
+        g = self.g4
+        gelu = lambda v: 0.5 * v * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (v + 0.044715 * v ** 3)))
+        ids = np.asarray(ids, dtype=np.int64)
+        T, d, L = len(ids), self.n_embd, self.n_layer
+        pos = np.arange(T, dtype=np.float64)
+        x = self.w["token_embd.weight"][ids] * (np.sqrt(d) if g["embed_scale"] else 1.0)
+        ple = None
+        if self.n_ple and g["ple"]:
+            P = self.n_ple
+            tok = self.w["per_layer_token_embd.weight"][ids].reshape(T, L, P) * np.sqrt(P)
+            proj = (x @ self.w["per_layer_model_proj.weight"].T / np.sqrt(d)).reshape(T, L, P)
+            proj = self.rms(proj, self.w["per_layer_proj_norm.weight"])
+            ple = ((proj if g["ple_proj"] else 0.0) + (tok if g["ple_tok"] else 0.0)) / np.sqrt(2.0)
+        causal = np.triu(np.full((T, T), -np.inf), k=1)
+        slide = causal + np.tril(np.full((T, T), -np.inf), k=-self.window)  # query t sees keys t - window + 1 .. t
+        kv_store = {}
+        for l in range(L):
+            p = f"blk.{l}."
+            sw = self.swa[l]
+            H, KV = self.n_head, self.kv_heads[l]
+            hd = self.hd_swa if sw else self.hd_full
+            h = self.rms(x, self.w[p + "attn_norm.weight"])
+            q = self.rms(self.lin(h, p + "attn_q").reshape(T, H, -1), self.w[p + "attn_q_norm.weight"])
+            assert q.shape[-1] == hd
+            q = self.gemma4_rope(q, pos, l)
+            if l < self.n_kv_from:
+                kraw = self.lin(h, p + "attn_k").reshape(T, KV, hd)
+                vraw = self.lin(h, p + "attn_v").reshape(T, KV, hd) if p + "attn_v.weight" in self.w else kraw
+                k = self.gemma4_rope(self.rms(kraw, self.w[p + "attn_k_norm.weight"]), pos, l)
+                if p + "attn_v.weight" not in self.w and g["v_from"] == "normed_roped_k":  # negative control
+                    vraw = k
+                v = vraw / np.sqrt(np.mean(vraw * vraw, axis=-1, keepdims=True) + self.eps) if g["v_norm"] else vraw
+                kv_store[l] = (k, v)
+            elif g["kv_share"] == "cache":
+                k, v = kv_store[self.kv_src(l)]
+            else:  # negative control "weights": the source layer's K/V projections on this layer's own input
+                src = f"blk.{self.kv_src(l)}."
+                kraw = self.lin(h, src + "attn_k").reshape(T, -1, hd)
+                vraw = self.lin(h, src + "attn_v").reshape(T, -1, hd) if src + "attn_v.weight" in self.w else kraw
+                k = self.gemma4_rope(self.rms(kraw, self.w[src + "attn_k_norm.weight"]), pos, l)
+                v = vraw / np.sqrt(np.mean(vraw * vraw, axis=-1, keepdims=True) + self.eps)
+            KV = k.shape[1]
+            rep = H // KV
+            mask = slide if (sw and g["window"]) else causal
+            att = np.empty((T, H, hd))
+            scale = g["attn_scale"] if g["attn_scale"] is not None else 1.0 / np.sqrt(hd)
+            for hh in range(H):
+                sc = q[:, hh, :] @ k[:, hh // rep, :].T * scale + mask
+                sc = np.exp(sc - sc.max(axis=-1, keepdims=True))
+                att[:, hh, :] = (sc / sc.sum(axis=-1, keepdims=True)) @ v[:, hh // rep, :]
+            o = self.rms(self.lin(att.reshape(T, H * hd), p + "attn_output"), self.w[p + "post_attention_norm.weight"])
+            x = x + o
+            hf = self.rms(x, self.w[p + "ffn_norm.weight"])
+            ff = self.lin(gelu(self.lin(hf, p + "ffn_gate")) * self.lin(hf, p + "ffn_up"), p + "ffn_down")
+            x = x + self.rms(ff, self.w[p + "post_ffw_norm.weight"])
+            if ple is not None:
+                gt = gelu(x @ self.w[p + "inp_gate.weight"].T) * ple[:, l, :]
+                x = x + self.rms(gt @ self.w[p + "proj.weight"].T, self.w[p + "post_norm.weight"])
+            if g["layer_scalar"] and p + "layer_output_scale.weight" in self.w:
+                x = x * self.w[p + "layer_output_scale.weight"][0]
+        x = self.rms(x, self.w["output_norm.weight"])
+        logits = x @ self.out_w.T
+        if self.final_cap:
+            logits = self.final_cap * np.tanh(logits / self.final_cap)
+        return logits
 
     def rms(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
@@ -760,22 +999,27 @@ class NpGGUF:
         conv = np.stack([(padded[t:t + L] * taps.T).sum(axis=0) for t in range(h.shape[0])])
         return (c * conv) @ self.w[p + "shortconv.out_proj.weight"].T
 
-    def ffn(self, h, p):
-        g, u = self.lin(h, p + "ffn_gate"), self.lin(h, p + "ffn_up")
-        return self.lin(g / (1.0 + np.exp(-g)) * u, p + "ffn_down")
+    def ffn(self, h, p, suffix=""):
+        g, u = self.lin(h, p + "ffn_gate" + suffix), self.lin(h, p + "ffn_up" + suffix)
+        return self.lin(g / (1.0 + np.exp(-g)) * u, p + "ffn_down" + suffix)
 
     def moe(self, h, p):
         logits = h @ self.w[p + "ffn_gate_inp.weight"].T + self.w.get(p + "ffn_gate_inp.bias", 0.0)
         if self.gptoss:
             return self.moe_oai(h, p, logits)
-        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        probs /= probs.sum(axis=-1, keepdims=True)
+        if self.router == "sigmoid":  # negative control
+            probs = 1.0 / (1.0 + np.exp(-logits))
+        else:
+            probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+            probs /= probs.sum(axis=-1, keepdims=True)
         out = np.zeros_like(h)
         for t in range(h.shape[0]):
             top = np.argsort(-probs[t], kind="stable")[:self.n_expert_used]
             w = probs[t][top]
             if self.norm_topk:
                 w = w / w.sum()
+            if self.moe_log is not None:
+                self.moe_log.append((p, top.tolist(), w.tolist()))
             for e, we in zip(top, w):
                 g = self.w[p + "ffn_gate_exps.weight"][e] @ h[t]
                 u = self.w[p + "ffn_up_exps.weight"][e] @ h[t]
@@ -799,6 +1043,20 @@ class NpGGUF:
         return out
 
     # ---- Qwen3.5 -------------------------------------------------------------------------------------
+    def ffn_qwen35(self, h, p):
+        """qwen35: the SiLU-gated FFN; qwen35moe (llama.cpp build_layer_ffn): routed experts (softmax, top-k,
+        renormalised) + the shared expert times sigmoid(ffn_gate_inp_shexp . h)."""
+        if p + "ffn_gate_inp.weight" not in self.w:
+            return self.ffn(h, p)
+        out = self.moe(h, p)
+        if self.shexp:
+            sh = self.ffn(h, p, suffix="_shexp")
+            if self.shexp_gate:
+                gw = self.w[p + "ffn_gate_inp_shexp.weight"].reshape(-1)
+                sh = sh / (1.0 + np.exp(-(h @ gw)))[:, None]
+            out = out + sh
+        return out
+
     def gated_attention(self, h, p, pos):
         """llama.cpp qwen35 build_layer_attn: q projection rows per head [query (hd) | gate (hd)]."""
         T = h.shape[0]
@@ -877,7 +1135,7 @@ class NpGGUF:
             p = f"blk.{l}."
             h = self.rms(x, self.w[p + "attn_norm.weight"])
             x = x + (self.gated_delta_net(h, p) if self.recurrent[l] else self.gated_attention(h, p, pos))
-            x = x + self.ffn(self.rms(x, self.w[p + "post_attention_norm.weight"]), p)
+            x = x + self.ffn_qwen35(self.rms(x, self.w[p + "post_attention_norm.weight"]), p)
         hn = self.rms(x, self.w["output_norm.weight"])
         return hn @ self.out_w.T, hn, x
 
@@ -903,7 +1161,7 @@ class NpGGUF:
         else:
             att = self.gated_attention(hin, p, pos)
         cur = cur + att
-        cur = cur + self.ffn(self.rms(cur, self.w[p + "post_attention_norm.weight"]), p)
+        cur = cur + self.ffn_qwen35(self.rms(cur, self.w[p + "post_attention_norm.weight"]), p)
         norm_w = self.w.get(p + "nextn.shared_head_norm.weight", self.w["output_norm.weight"])
         if var == "head_norm_is_output_norm":
             norm_w = self.w["output_norm.weight"]
@@ -914,6 +1172,8 @@ class NpGGUF:
     def forward(self, ids):
         if self.qwen35:
             return self.forward_qwen35(ids)[0]
+        if self.gemma4:
+            return self.forward_gemma4(ids)
         ids = np.asarray(ids, dtype=np.int64)
         T = len(ids)
         H, KV, hd = self.n_head, self.n_kv, self.head_dim
@@ -1056,6 +1316,11 @@ def negative_controls(gguf_path, ref):
         out["deltanet_no_silu_z_gate"] = run(lambda m: setattr(m, "ssm_gate", False))
         out["attention_no_sigmoid_gate"] = run(lambda m: setattr(m, "attn_gate", False))
         out["attention_query_gate_halves_not_per_head"] = run(lambda m: setattr(m, "qg_interleaved", False))
+    if m0.qwen35 and m0.n_expert:
+        out["one_expert_more"] = run(lambda m: setattr(m, "n_expert_used", m.n_expert_used + 1))
+        out["router_sigmoid_not_softmax"] = run(lambda m: setattr(m, "router", "sigmoid"))
+        out["no_shared_expert"] = run(lambda m: setattr(m, "shexp", False))
+        out["shared_expert_without_sigmoid_gate"] = run(lambda m: setattr(m, "shexp_gate", False))
     return out
 
 
@@ -1102,20 +1367,34 @@ def mtp_torch(model, mtp_hf, seq):
     with the mtp.* tensors (as vLLM's Qwen3.5 MTP composes them), torch float32. Rows as NpGGUF.mtp."""
     import copy
     import torch
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+    moe = bool(getattr(model.config, "num_experts", None))
+    if moe:
+        from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as mq
+        Layer, Norm, Rotary = mq.Qwen3_5MoeDecoderLayer, mq.Qwen3_5MoeRMSNorm, mq.Qwen3_5MoeTextRotaryEmbedding
+    else:
+        from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+        Layer, Norm, Rotary = mq.Qwen3_5DecoderLayer, mq.Qwen3_5RMSNorm, mq.Qwen3_5TextRotaryEmbedding
     cfg = copy.deepcopy(model.config)
     cfg.layer_types = ["full_attention"] * cfg.num_hidden_layers
     d, eps = cfg.hidden_size, cfg.rms_norm_eps
-    layer = mq.Qwen3_5DecoderLayer(cfg, 0).eval()
+    layer = Layer(cfg, 0).eval()
     t = lambda n: torch.from_numpy(mtp_hf[n])
-    layer.load_state_dict({k[len("mtp.layers.0."):]: t(k) for k in mtp_hf if k.startswith("mtp.layers.0.")}, strict=True)
+    sd = {k[len("mtp.layers.0."):]: t(k) for k in mtp_hf if k.startswith("mtp.layers.0.")}
+    if moe:
+        # The checkpoint's per-expert tensors -> transformers' stacked experts (gate_up_proj = [gate; up] rows).
+        E = cfg.num_experts
+        g = [sd.pop(f"mlp.experts.{e}.gate_proj.weight") for e in range(E)]
+        u = [sd.pop(f"mlp.experts.{e}.up_proj.weight") for e in range(E)]
+        sd["mlp.experts.gate_up_proj"] = torch.stack([torch.cat([g[e], u[e]], dim=0) for e in range(E)])
+        sd["mlp.experts.down_proj"] = torch.stack([sd.pop(f"mlp.experts.{e}.down_proj.weight") for e in range(E)])
+    layer.load_state_dict(sd, strict=True)
     norms = {}
     for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-        norms[n] = mq.Qwen3_5RMSNorm(d, eps=eps)
+        norms[n] = Norm(d, eps=eps)
         norms[n].load_state_dict({"weight": t(f"mtp.{n}.weight")})
     fc = torch.nn.Linear(2 * d, d, bias=False)
     fc.load_state_dict({"weight": t("mtp.fc.weight")})
-    rotary = mq.Qwen3_5TextRotaryEmbedding(cfg)
+    rotary = Rotary(cfg)
     with torch.no_grad():
         ids = torch.tensor([seq], dtype=torch.long)
         hn = model.model(ids, use_cache=False).last_hidden_state  # after model.norm
@@ -1125,12 +1404,17 @@ def mtp_torch(model, mtp_hf, seq):
         pos = torch.arange(n)[None]
         mask = torch.triu(torch.full((n, n), float("-inf")), diagonal=1)[None, None]
         y = layer(x, position_embeddings=rotary(x, pos), attention_mask=mask, position_ids=pos)
+        if isinstance(y, tuple):
+            y = y[0]
         return model.lm_head(norms["norm"](y))[0].float().numpy()
 
 
 def mtp_reference(gguf_path, ref, model=None, mtp_hf=None):
     m = NpGGUF(gguf_path)
-    out = {"about": MTP_ABOUT, "nextn_block": m.n_main, "cases": []}
+    about = MTP_ABOUT + (" qwen35moe: the block's FFN is the mixture of experts with the gated shared expert, as in the "
+                         "main layers (ffn_gate_inp, ffn_*_exps, ffn_*_shexp, ffn_gate_inp_shexp of the nextn block)."
+                         if m.n_expert else "")
+    out = {"about": about, "nextn_block": m.n_main, "cases": []}
     agree = total = 0
     off_diff = {"1": 0.0, "1000": 0.0}
     torch_diff = 0.0
@@ -1313,7 +1597,8 @@ def generate(args):
                 "seed": args.seed,
                 "config": {
                     "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-                    "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_hidden_layers,
+                    "intermediate_size": getattr(cfg, "intermediate_size", None),
+                    "num_hidden_layers": cfg.num_hidden_layers,
                     "num_attention_heads": cfg.num_attention_heads,
                     "num_key_value_heads": cfg.num_key_value_heads, "head_dim": hd["head_dim"],
                     "rope_dims": hd["n_rot"], "rope_parameters": hd["rope_parameters"],
@@ -1321,6 +1606,9 @@ def generate(args):
                     "max_position_embeddings": cfg.max_position_embeddings,
                     "sliding_window": getattr(cfg, "sliding_window", None),
                     "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
+                    **({k: getattr(cfg, k) for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                                      "shared_expert_intermediate_size")}
+                       if spec["name"] == "qwen35moe" else {}),
                 },
                 "hf_config_json": json.load(open(os.path.join(hf_dir, "config.json"))),
                 "init": {"matrices": f"N(0,{STD_MATRIX})", "embeddings_and_lm_head": f"N(0,{STD_EMBED})",
@@ -1337,7 +1625,7 @@ def generate(args):
             ref = {"meta": meta, "cases": [c for c, _, _ in cases]}
             nc = numpy_check(gguf_path, ref)
             meta["numpy_float64_crosscheck"] = nc
-            if spec["name"] == "qwen35":
+            if spec["name"] in ("qwen35", "qwen35moe"):
                 npm = NpGGUF(gguf_path)
                 npm.gdn_log = []
                 npm.forward(ref["cases"][-1]["prompt_ids"])
@@ -1346,6 +1634,18 @@ def generate(args):
                 meta["deltanet_decay"] = {"min": float(dec.min()), "median": float(np.median(dec)),
                                           "max": float(dec.max()), "beta_min": float(bet.min()),
                                           "beta_max": float(bet.max())}
+            if spec["name"] == "qwen35moe":
+                # How the router spreads the 40-token prompt's tokens over the experts (main layers).
+                npm = NpGGUF(gguf_path)
+                npm.moe_log = []
+                npm.forward(ref["cases"][-1]["prompt_ids"])
+                usage, wmin, wmax = {}, 1.0, 0.0
+                for pfx, top, wts in npm.moe_log:
+                    u = usage.setdefault(pfx.rstrip("."), [0] * npm.n_expert)
+                    for e in top:
+                        u[e] += 1
+                    wmin, wmax = min(wmin, min(wts)), max(wmax, max(wts))
+                meta["expert_usage_last_prompt"] = {"per_layer_counts": usage, "weight_min": wmin, "weight_max": wmax}
             if mtp_hf is not None:
                 ref["mtp"] = mtp_reference(gguf_path, ref, model, mtp_hf)
                 mt = {k: v for k, v in ref["mtp"].items() if k not in ("cases", "about")}
@@ -1393,6 +1693,13 @@ def check_only(args):
     raise SystemExit(0 if ok else 1)
 
 
+def ffn_cell(c):
+    if c["intermediate_size"] is None and "num_experts" in c:
+        return (f"{c['num_experts']}x{c['moe_intermediate_size']} (top {c['num_experts_per_tok']}) "
+                f"+ shared {c['shared_expert_intermediate_size']}")
+    return str(c["intermediate_size"])
+
+
 def write_readme(args, results, vers):
     rows = []
     details = []
@@ -1404,7 +1711,7 @@ def write_readme(args, results, vers):
         rows.append(f"| {spec['name']} | {spec['hf_class']} | `{meta['gguf_architecture']}` | "
                     f"{meta['rope_style_llama_cpp'].upper()} | {c['num_hidden_layers']} | {c['hidden_size']} | "
                     f"{c['num_attention_heads']}/{c['num_key_value_heads']} | {c['head_dim']} | {c['rope_dims']} | "
-                    f"{c['intermediate_size']} | {meta['gguf_bytes']} | {nc['step0_max_abs_diff']:.2e} | "
+                    f"{ffn_cell(c)} | {meta['gguf_bytes']} | {nc['step0_max_abs_diff']:.2e} | "
                     f"{nc['all_steps_max_abs_diff']:.2e} | {nc['all_positions_max_abs_diff']:.2e} | "
                     f"{kvdiff:.2e} | {minm:.4f} |")
         md = summary["metadata"]
@@ -1414,7 +1721,7 @@ def write_readme(args, results, vers):
         blk0 = [t for t in tens if t[0].startswith("blk.0.")]
         other = [t for t in tens if not t[0].startswith("blk.")]
         extra = ""
-        if arch == "qwen35":
+        if arch in ("qwen35", "qwen35moe"):
             # The other block kinds: a full-attention layer and the nextn (MTP) block.
             n_blk = md[f"{arch}.block_count"]
             seen = [{n[6:] for n, _, _ in blk0}]
@@ -1425,6 +1732,12 @@ def write_readme(args, results, vers):
                     seen.append(names)
                     extra += (f"- per-block tensors (blk.{b}): "
                               + ", ".join(f"`{n[len(f'blk.{b}.'):]}` {ne}" for n, _, ne in bt) + "\n")
+            if "expert_usage_last_prompt" in meta:
+                eu = meta["expert_usage_last_prompt"]
+                extra += (f"- experts chosen (top {md[arch + '.expert_used_count']}) by the 40-token prompt's tokens, counts per "
+                          f"expert 0..{md[arch + '.expert_count'] - 1}: "
+                          + "; ".join(f"{k} {v}" for k, v in eu["per_layer_counts"].items())
+                          + f"; renormalised weights from {eu['weight_min']:.3f} to {eu['weight_max']:.3f}\n")
             if "deltanet_decay" in meta:
                 dd = meta["deltanet_decay"]
                 extra += (f"- Gated DeltaNet per-token decay exp(g) over the 40-token prompt's linear layers and v heads: "
@@ -1477,8 +1790,8 @@ def write_readme(args, results, vers):
 README_TEMPLATE = """# Tiny random-weight reference models per architecture
 
 Generated by `scripts/gen-arch-refs.py --llama-cpp-check` (seed {seed}; setup steps in the script's docstring;
-smollm3, gemma2, qwen3moe, qwen3yarn, gptoss, lfm2 and qwen35 were added later with `--only NAME`, without the
-llama.cpp run);
+smollm3, gemma2, qwen3moe, qwen3yarn, gptoss, lfm2, qwen35 and qwen35moe were added later with `--only NAME`,
+without the llama.cpp run);
 rerun it to regenerate everything (the GGUF bytes, reference values and this README are deterministic for a given
 seed and library versions: two full runs gave byte-identical files).
 Versions: {vers}.
@@ -1504,6 +1817,10 @@ Each `<name>/` holds:
   final norm U(0.5, 3.5)), except the Gated DeltaNet's plain `linear_attn.norm` U(0.5, 1.5); A_log = log U(0.05, 0.6),
   dt_bias N(0, 0.5), convolution taps N(0, 0.5), the DeltaNet's out_proj like o_proj; its `mtp.*` tensors (same
   scheme, numpy seed `[seed, arch_index, 11]`) are added to the saved model.safetensors before conversion.
+  qwen35moe: the same scheme; router, expert and shared-expert matrices and the shared-expert gate N(0, 0.08), the
+  experts' and the shared expert's down projections N(0, 0.3) like o_proj; its `mtp.*` tensors include the MoE block
+  (per-expert `mtp.layers.0.mlp.experts.<e>.{{gate,up,down}}_proj.weight`, as save_pretrained and the checkpoints
+  store experts; the converter stacks them).
 - Conversion: `convert_hf_to_gguf.py` from the llama-cpp-python 0.3.36 sdist (`vendor/llama.cpp`, with its vendored
   gguf-py), run via `runpy` with two monkey-patches: `TextModel.get_vocab_base_pre` returns `"smollm"` (the
   converter does not know our tokenizer's pre-tokenizer hash), and for phi3 `Phi3MiniModel.set_vocab` is replaced by
@@ -1583,6 +1900,20 @@ Each `<name>/` holds:
   pair is t, h or w, so the rope is plain NEOX with theta_i = pos * base^(-2i/8) on the first 8 dims (transformers
   agrees: all three of its streams are the text position).
 
+- Qwen3.5 MoE (`qwen35moe`): everything above for `qwen35` (layer kinds, Gated DeltaNet, gated attention, IMROPE,
+  +1 norms, nextn block), with every block's FFN a mixture of experts (the nextn block's too). The file gives
+  `expert_count` (8), `expert_used_count` (2), `expert_feed_forward_length` (8, the width of each routed expert),
+  `expert_shared_feed_forward_length` (16, the shared expert's width) and no `feed_forward_length`. It does NOT say
+  how the router scores and weighs: llama.cpp's qwen35moe graph hard-codes softmax gating over all experts
+  (`LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX`; the converter writes no `expert_gating_func`), the top
+  `expert_used_count` by probability, their probabilities renormalised to sum 1 (`norm_w = true`; transformers'
+  Qwen3_5MoeTopKRouter always renormalises, there is no `norm_topk_prob` in its config) and no extra scale
+  (`expert_weights_scale` absent = 0 = none). FFN(x) = sum over the chosen e of w_e * down_e(SiLU(gate_e x) * up_e x)
+  + sigmoid(`ffn_gate_inp_shexp` . x) * down_shexp(SiLU(gate_shexp x) * up_shexp x), x the post_attention_norm
+  output; `ffn_gate_inp_shexp` is one row (ne [64, 1]: one gate logit per token, not per channel). Stacked expert
+  tensors: `ffn_gate_exps` / `ffn_up_exps` ne [n_embd, n_ff_exp, n_expert], `ffn_down_exps` ne [n_ff_exp, n_embd,
+  n_expert]; the router `ffn_gate_inp` ne [n_embd, n_expert]; no biases anywhere in the FFN.
+
 ## reference.json
 - `meta`: names, GGUF architecture, rope style, `gguf_sha256`, `config` (hidden, heads, kv heads, head_dim,
   rope dims, rope parameters, eps, tying, sliding window), the saved HF `config.json`, init scheme, versions and
@@ -1595,7 +1926,7 @@ Each `<name>/` holds:
   logits vs one no-cache forward over prompt+greedy[:-1]) and `full_forward_argmax_agrees`.
   The last case also has `all_positions_logits` (40 x 512, every prompt position from one forward pass).
   Floats are written as the shortest decimal that round-trips the float32 value.
-- `mtp` (qwen35 only): the multi-token-prediction head's truth, which transformers cannot give (it ignores the
+- `mtp` (qwen35, qwen35moe): the multi-token-prediction head's truth, which transformers cannot give (it ignores the
   `mtp.*` weights): float64 numpy from the GGUF exactly as llama.cpp's `graph_mtp`. `about` states the convention:
   per case the sequence s = prompt_ids + greedy_ids; row j (j = 0 .. len(s) - 2) is fed the main model's hidden
   state h_j at position j (after `output_norm`) and the token s[j+1], and predicts s[j+2]; MTP rows attend causally
@@ -1622,7 +1953,9 @@ style, rope_freqs ignored, rope over all head dims, q/k norms skipped, biases dr
 no soft-capping of scores or of logits, no sliding window, RoPE on SmolLM3's NoPE layers; for qwen35: no state
 decay, the state reset every token, the convolution seeing its own position only, v heads paired with k heads in
 transformers' grouped order, no q/k L2 norm, no SiLU(z) output gate, no sigmoid attention gate, the q projection
-read as [all queries | all gates]);
+read as [all queries | all gates]; for qwen35moe also: one expert more or fewer, no renormalisation of the top-k
+weights, sigmoid instead of softmax router scores (same experts chosen, other weights: the smallest effect, 0.3),
+no shared expert, the shared expert without its sigmoid gate);
 each moves the logits by O(1), so the references do pin each of these details.
 `python scripts/gen-arch-refs.py --check-only` reruns just this check (and the
 sha256) on the committed files.
@@ -1640,7 +1973,7 @@ cache the diffs grow to ~5e-3.
   vs transformers float32 differ by < 1e-5, KV-cached vs no-cache by < 1e-5; up to ~3e-5 and ~5e-5 on the
   qwen3yarn / qwen35 rows, qwen35's from transformers' float32 chunked delta rule). Greedy ids: exact equality
   expected; the smallest top1-top2 margin of any step is in the table (> 100x the float32 noise).
-- qwen35's MTP rows (`mtp`): numpy float64 values stored as float32; a float32 engine should match within ~1e-4
+- qwen35's and qwen35moe's MTP rows (`mtp`): numpy float64 values stored as float32; a float32 engine should match within ~1e-4
   (the torch float32 rebuild of the same MTP differs by < 5e-5).
 - Random models settle into short cycles on some prompts (e.g. qwen2 and mistral on the 40-token prompt); that is
   expected and still pins the math.

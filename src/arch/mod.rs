@@ -641,7 +641,7 @@ const PRE_FFN_POST_ATTENTION: &[&str] = &["gpt-oss", "qwen35"];
 
 /// Qwen3.5's Gated DeltaNet sizes, from `ssm.*` (llama.cpp's names: the state size is each key
 /// head's size, the group count the key heads, the time-step rank the value heads).
-fn delta_shape(gguf: &Gguf, arch: &str) -> Result<DeltaShape> {
+pub(crate) fn delta_shape(gguf: &Gguf, arch: &str) -> Result<DeltaShape> {
     let key = |k: &str| format!("{arch}.ssm.{k}");
     let get = |k: &str| -> Result<usize> {
         let v = gguf.get_u64(&key(k))?.ok_or_else(|| Error::MissingMetadata(key(k)))?;
@@ -667,7 +667,7 @@ fn delta_shape(gguf: &Gguf, arch: &str) -> Result<DeltaShape> {
 /// Which of Qwen3.5's layers are Gated DeltaNets: `attention.recurrent_layers` (a flag per
 /// layer, the MTP layer's included) where the file has it, else all but every
 /// `full_attention_interval`-th (4 when absent), as llama.cpp reads them.
-fn recurrent_layers(gguf: &Gguf, arch: &str, n_layers: usize) -> Result<Vec<bool>> {
+pub(crate) fn recurrent_layers(gguf: &Gguf, arch: &str, n_layers: usize) -> Result<Vec<bool>> {
     let key = format!("{arch}.attention.recurrent_layers");
     if let Some(flags) = gguf.get_array(&key)? {
         if flags.len() < n_layers {

@@ -31,7 +31,9 @@ pub struct ModelInfo {
     pub kv_bytes_f16: u64,
     pub kv_bytes_f32: u64,
     /// GPU memory of a hybrid model's recurrent state at `context` (LFM2's short convolutions
-    /// keep each position's B * x, f32, paged with the KV cache); 0 for other models.
+    /// keep each position's B * x, f32, paged with the KV cache; Qwen3.5's Gated DeltaNets each
+    /// position's convolution and delta-rule inputs, and one sequence's state matrices); 0 for
+    /// other models.
     pub state_bytes: u64,
     /// The largest single tensor (it is split across bindings when larger than one).
     pub largest_tensor_bytes: u64,
@@ -54,10 +56,19 @@ impl ModelInfo {
         // LFM2's short-convolution layers keep no K and V, but each position's B * x (f32).
         let conv_layers = crate::arch::kv_heads_per_layer(gguf, &c.architecture, c.n_layers)?
             .map_or(0, |per_layer| per_layer.iter().filter(|&&n| n == 0).count());
-        let state_bytes = (conv_layers * c.d_model * 4) as u64 * context as u64;
+        let mut state_bytes = (conv_layers * c.d_model * 4) as u64 * context as u64;
+        // Qwen3.5's Gated DeltaNet layers: per position q|k|v and k|v|g|beta (f32), and a
+        // sequence's state (f32) per layer.
+        let mut delta_layers = 0;
+        if c.architecture == "qwen35" {
+            let s = crate::arch::delta_shape(gguf, &c.architecture)?;
+            delta_layers = crate::arch::recurrent_layers(gguf, &c.architecture, c.n_layers)?.iter().filter(|&&r| r).count();
+            let per_position = (s.conv_dim() + s.key_dim() + s.value_dim() + 2 * s.v_heads) as u64 * 4;
+            state_bytes += delta_layers as u64 * (per_position * context as u64 + s.state_values() as u64 * 4);
+        }
         // K and V of every attention layer at every position; checked, as the context may come
         // from the caller.
-        let kv_values = [c.n_layers - conv_layers, c.kv_dim(), context, 2]
+        let kv_values = [c.n_layers - conv_layers - delta_layers, c.kv_dim(), context, 2]
             .iter()
             .try_fold(1u64, |acc, &n| acc.checked_mul(n as u64))
             .filter(|&v| v.checked_mul(4).is_some())
@@ -70,7 +81,7 @@ impl ModelInfo {
             architecture: c.architecture.clone(),
             layers: c.n_layers,
             parameters: gguf.tensors.iter().map(|t| t.n_elements()).sum(),
-            active_parameters: active_parameters(gguf, &c.architecture),
+            active_parameters: active_parameters(gguf, &c),
             file_bytes,
             type_bytes,
             max_context: c.context_length,
@@ -85,12 +96,16 @@ impl ModelInfo {
 }
 
 /// Every tensor's parameters, of a mixture of experts' stacked expert tensors (`*_exps`, one
-/// matrix per expert along the last dimension) the `expert_used_count / expert_count` share.
-fn active_parameters(gguf: &Gguf, arch: &str) -> u64 {
+/// matrix per expert along the last dimension) the `expert_used_count / expert_count` share;
+/// not the multi-token-prediction layers' (a draft's, not the model's pass).
+fn active_parameters(gguf: &Gguf, c: &ModelConfig) -> u64 {
+    let arch = &c.architecture;
     let count = |k: &str| gguf.get_u64(&format!("{arch}.{k}")).ok().flatten().unwrap_or(0);
     let (experts, used) = (count("expert_count"), count("expert_used_count"));
+    let mtp: Vec<String> = (c.n_layers..c.n_layers + c.mtp_layers).map(|i| format!("blk.{i}.")).collect();
     gguf.tensors
         .iter()
+        .filter(|t| !mtp.iter().any(|m| t.name.starts_with(m.as_str())))
         .map(|t| match t.name.contains("_exps.") && experts > 0 {
             true => t.n_elements() / experts * used.min(experts),
             false => t.n_elements(),

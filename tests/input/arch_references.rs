@@ -359,6 +359,17 @@ fn model_info_counts_a_mixtures_active_parameters_and_a_hybrids_state() {
     let hybrid = ModelInfo::new(&Reference::load("lfm2").gguf(), 0, Some(100)).unwrap();
     assert_eq!(hybrid.kv_bytes_f32, 2 * 2 * 32 * 100 * 4);
     assert_eq!(hybrid.state_bytes, 3 * 64 * 100 * 4);
+    // Qwen3.5 at 100 tokens: K and V of its 2 attention layers (2 KV heads of 16); for each of
+    // its 2 Gated DeltaNet layers, each position's q|k|v (2 x 32 + 64) and k|v|g|beta
+    // (32 + 64 + 4 + 4), f32, and a sequence's state (4 value heads of 16 x 16 f32). Its MTP
+    // layer (the file's last block) is no part of a token's pass.
+    let r = Reference::load("qwen35");
+    let hybrid = ModelInfo::new(&r.gguf(), 0, Some(100)).unwrap();
+    assert_eq!(hybrid.kv_bytes_f32, 2 * 2 * 32 * 100 * 4);
+    assert_eq!(hybrid.state_bytes, 2 * ((128 + 104) * 100 * 4 + 4 * 16 * 16 * 4));
+    let mtp: u64 = r.gguf().tensors.iter().filter(|t| t.name.starts_with("blk.4.")).map(|t| t.n_elements()).sum();
+    assert!(mtp > 0);
+    assert_eq!(hybrid.parameters - hybrid.active_parameters, mtp);
 }
 
 /// Beam search on the GPU (beams forked in the KV pool: a shared block copied when a beam
