@@ -20,7 +20,7 @@ Pipeline per model (everything deterministic from --seed):
   5. independent check: a float64 numpy forward pass that reads only the GGUF (gguf-py GGUFReader),
      implementing llama.cpp's math (NORM vs NEOX rope, partial rope, rope_freqs, fused qkv / gate_up,
      q/k norms, biases, GQA, tied output; later: soft-capping, sliding windows, experts, sinks, short
-     convolutions, Qwen3.5's Gated DeltaNet and gated attention).
+     convolutions, Qwen3.5's Gated DeltaNet and gated attention, Qwen3.5 MoE's shared expert).
   6. qwen35 and qwen35moe: random `mtp.*` (multi-token prediction) tensors are added to the checkpoint before step 3, and
      reference.json's `mtp` holds the MTP head's logits computed by NpGGUF.mtp from the GGUF as llama.cpp's
      graph_mtp (transformers does not run it), cross-checked with transformers modules on the HF weights.
@@ -336,53 +336,14 @@ ARCHS = [
                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
                                         "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
     },
-    {
-        "name": "gemma4",
-        "gguf_name": "Tiny Random Gemma 4",
-        "model_type": "gemma4_text",
-        "hf_class": "Gemma4ForCausalLM",
-        # Gemma 4's activation is hidden_activation (GELU tanh); no hidden_act.
-        "hidden_act": None,
-        # layer_scalar is a buffer (not a parameter): drawn too, after the parameters.
-        "layer_scalar": (0.5, 1.5),
-        # Attention scale 1 on RMS-normed q and k: with norm weights U(0.5, 1.5) the scores of 16- and 32-dim heads
-        # have a spread of ~5 and float32 transformers drifts 8e-5 from float64; U(0.3, 1.0) gives ~2e-5.
-        "qk_norm": (0.25, 0.75),
-        "exercises": "Gemma 4 text: per-layer embeddings (PLE: a 512 x (6 layers x 8) token table times sqrt(8), plus "
-                     "the scaled embedding projected by per_layer_model_proj / sqrt(64) and RMS-normed, summed / sqrt(2); "
-                     "each layer adds RMSNorm(proj(GELU(inp_gate x) * its slice)) to the residual), sliding (window 8: "
-                     "the 12- and 40-token prompts cross it) and full layers ([S, S, F] x 2, from the per-layer "
-                     "attention.sliding_window_pattern) with their own head sizes (16 / 32), KV heads (2 / 1) and RoPE "
-                     "(sliding: NEOX over all 16 dims, base 10000; full: proportional RoPE, 4 of 16 pairs rotated with "
-                     "theta = base^(-2i/32), base 1e6, the other pairs' rope_freqs 1e30), key-equals-value attention on "
-                     "the full layers (no attn_v: V is the raw K projection), v RMS-norm without weight, q/k RMS-norms, "
-                     "attention scale 1 (not 1/sqrt(d)), KV sharing (the last 3 layers keep no K/V: sliding ones read "
-                     "layer 1's, the full one layer 2's), double-wide FFN (width 64 instead of 32) on the KV-shared "
-                     "layers, GELU (tanh), post-attention / post-FFN norms, embeddings times sqrt(64), a per-layer "
-                     "output scalar (layer_output_scale), final-logit soft-capping (cap 6), tied output",
-        # 6 layers [S, S, F, S, S, F] with 3 KV-shared: llama.cpp's gemma4 KV reuse is hard-coded (a shared sliding
-        # layer reads layer n_kv - 2, a shared full layer n_kv - 1, n_kv = block_count - shared_kv_layers = 3), which is
-        # what transformers does (the last non-shared layer of each type) when layer n_kv - 1 is full and n_kv - 2
-        # sliding.
-        "config": dict(hidden_size=64, intermediate_size=32, num_hidden_layers=6, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
-                       attention_k_eq_v=True, num_kv_shared_layers=3, use_double_wide_mlp=True,
-                       hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB_SIZE,
-                       layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
-                       sliding_window=8, final_logit_softcapping=6.0, max_position_embeddings=1024,
-                       rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
-                       enable_moe_block=False,
-                       rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                                                           "rope_theta": 1000000.0}}),
-    },
+
 ]
 
 # llama.cpp src/llama-model.cpp llama_model_rope_type(): which pairs rotate.
 # qwen35: IMROPE (interleaved multi-section rope; NEOX pairs, each pair's angle from one of 4 position streams).
 ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "smollm3": "norm",
               "gemma2": "neox", "qwen3moe": "neox", "lfm2": "neox", "gpt-oss": "neox", "qwen35": "imrope",
-              "qwen35moe": "imrope", "gemma4": "neox"}
+              "qwen35moe": "imrope"}
 
 # Qwen3.5 (Gated DeltaNet)
 STD_DT_BIAS = 0.5          # dt_bias N(0, 0.5)
@@ -434,9 +395,8 @@ def build_tokenizer():
 def build_hf_model(spec, seed, arch_index):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-    act = {"hidden_act": spec.get("hidden_act", "silu")} if spec.get("hidden_act", "silu") else {}
     cfg = AutoConfig.for_model(spec["model_type"], vocab_size=VOCAB_SIZE, bos_token_id=BOS_ID,
-                               eos_token_id=EOS_ID, pad_token_id=UNK_ID, **act,
+                               eos_token_id=EOS_ID, pad_token_id=UNK_ID, hidden_act="silu",
                                attention_dropout=0.0, **spec["config"])
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
@@ -462,10 +422,6 @@ def build_hf_model(spec, seed, arch_index):
                     and not name.endswith("linear_attn.norm.weight"):
                 v = rng.uniform(NORM_LO - 1.0, NORM_HI - 1.0, size=shape)
                 kind = "zero-centred rmsnorm (1 + w), w U(%g,%g)" % (NORM_LO - 1.0, NORM_HI - 1.0)
-            elif spec.get("qk_norm") and name.endswith(("q_norm.weight", "k_norm.weight")):
-                lo, hi = spec["qk_norm"]
-                v = rng.uniform(lo, hi, size=shape)
-                kind = "q/k rmsnorm U(%g,%g)" % (lo, hi)
             elif name.endswith("norm.weight"):
                 v = rng.uniform(NORM_LO, NORM_HI, size=shape)
                 kind = "rmsnorm U(%g,%g)" % (NORM_LO, NORM_HI)
@@ -478,11 +434,6 @@ def build_hf_model(spec, seed, arch_index):
             elif name.endswith("conv1d.weight"):
                 v = rng.normal(0.0, STD_CONV, size=shape)
                 kind = "depthwise convolution taps N(0,%g)" % STD_CONV
-            elif name.endswith("embed_tokens_per_layer.weight"):
-                # Gemma 4's per-layer token table (times sqrt(8)): comparable to the RMS-normed projection it is
-                # added to, so both halves of the per-layer input matter.
-                v = rng.normal(0.0, STD_EMBED, size=shape)
-                kind = "per-layer token embedding N(0,%g)" % STD_EMBED
             elif name.endswith((".bias", "_bias", ".sinks")):
                 std = spec.get("bias_std", STD_BIAS)
                 v = rng.normal(0.0, std, size=shape)
@@ -504,12 +455,6 @@ def build_hf_model(spec, seed, arch_index):
                 kind = "matrix N(0,%g)" % STD_MATRIX
             p.copy_(torch.from_numpy(v.astype(np.float32)))
             init_log[name] = kind
-        if spec.get("layer_scalar"):
-            lo, hi = spec["layer_scalar"]
-            for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
-                if name.endswith("layer_scalar"):
-                    b.copy_(torch.from_numpy(rng.uniform(lo, hi, size=tuple(b.shape)).astype(np.float32)))
-                    init_log[name] = "layer scalar (buffer) U(%g,%g)" % (lo, hi)
     model.eval()
     return model, init_log
 
@@ -592,10 +537,6 @@ if arch == "phi3":
 if arch == "gemma2":
     import conversion.gemma
     conversion.gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
-if arch == "gemma4":
-    # Gemma4Model.set_vocab reads a SentencePiece-style vocab (gguf.LlamaHfVocab, tokenizer model "gemma4").
-    import conversion.gemma
-    conversion.gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 runpy.run_path(llcpp + "/convert_hf_to_gguf.py", run_name="__main__")
 """
 
@@ -715,8 +656,7 @@ class NpGGUF:
         self.kv_per_layer = list(kv) if isinstance(kv, list) else None
         self.n_kv = max(self.kv_per_layer) if self.kv_per_layer else int(kv)
         self.conv_l = int(f(f"{a}.shortconv.l_cache", 0))
-        n_ff = f(f"{a}.feed_forward_length", 0)  # qwen35moe: absent (its FFNs are all experts); gemma4: per layer
-        self.n_ff = max(n_ff) if isinstance(n_ff, list) else int(n_ff)
+        self.n_ff = int(f(f"{a}.feed_forward_length", 0))  # qwen35moe: absent (its FFNs are all experts)
         self.eps = float(f(f"{a}.attention.layer_norm_rms_epsilon"))
         self.base = float(f(f"{a}.rope.freq_base", 10000.0))
         self.head_dim = int(f(f"{a}.attention.key_length", self.n_embd // self.n_head))
@@ -810,134 +750,6 @@ class NpGGUF:
             self.attn_gate = self.qg_interleaved = True
             self.mtp_variant = None
             self.gdn_log = None  # a list: collects (g, beta) of every Gated DeltaNet layer
-        self.gemma4 = a == "gemma4"
-        if self.gemma4:
-            self.init_gemma4(f)
-
-    def init_gemma4(self, f):
-        """Gemma 4 as llama.cpp's llama_model_gemma4 reads it (load_arch_hparams / the generic loader)."""
-        a = self.arch
-        self.swa = [bool(x) for x in f(f"{a}.attention.sliding_window_pattern")]  # per layer: true = sliding
-        assert len(self.swa) == self.n_layer
-        self.n_kv_from = self.n_layer - int(f(f"{a}.attention.shared_kv_layers", 0))  # layers >= this keep no K/V
-        kv = f(f"{a}.attention.head_count_kv")
-        self.kv_heads = [int(x) for x in kv] if isinstance(kv, list) else [int(kv)] * self.n_layer
-        self.hd_full = int(f(f"{a}.attention.key_length"))
-        self.hd_swa = int(f(f"{a}.attention.key_length_swa"))
-        assert int(f(f"{a}.attention.value_length")) == self.hd_full
-        assert int(f(f"{a}.attention.value_length_swa")) == self.hd_swa
-        self.rot_full = int(f(f"{a}.rope.dimension_count", self.hd_full))
-        self.rot_swa = int(f(f"{a}.rope.dimension_count_swa", self.rot_full))
-        self.base_full = float(f(f"{a}.rope.freq_base"))
-        self.base_swa = float(f(f"{a}.rope.freq_base_swa", self.base_full))
-        self.window = int(f(f"{a}.attention.sliding_window"))
-        self.final_cap = float(f(f"{a}.final_logit_softcapping", 0.0)) or None
-        self.n_ple = int(f(f"{a}.embedding_length_per_layer_input", 0))
-        # Hard-coded in llama.cpp (no GGUF key): embeddings times sqrt(n_embd), attention scale 1 (f_attention_scale =
-        # 1.0), the per-layer token table times sqrt(n_ple), the projection times 1/sqrt(n_embd), their sum times
-        # 1/sqrt(2), GELU (tanh) FFNs and PLE gate, V RMS-normed without weight, the KV-shared layers' source
-        # (sliding: n_kv_from - 2, full: n_kv_from - 1).
-        self.g4 = dict(embed_scale=True, attn_scale=1.0, ple=True, ple_tok=True, ple_proj=True, v_norm=True,
-                       layer_scalar=True, window=True, kv_share="cache", full_rope="freqs", full_base=True,
-                       v_from="raw_k")
-        self.kv_src = lambda l: self.n_kv_from - (2 if self.swa[l] else 1)
-
-    # ---- Gemma 4 -------------------------------------------------------------------------------------
-    def gemma4_rope(self, x, pos, l):
-        """NEOX rope over the layer's n_rot dims; full layers divide by rope_freqs (1e30 = a pair left unrotated)."""
-        g = self.g4
-        sw = self.swa[l]
-        n_rot = self.rot_swa if sw else self.rot_full
-        base = self.base_swa if (sw or not g["full_base"]) else self.base_full
-        half = n_rot // 2
-        inv = base ** (-(2.0 * np.arange(half)) / n_rot)
-        if not sw:
-            ff = self.w["rope_freqs.weight"]
-            if g["full_rope"] == "freqs":
-                inv = inv / ff
-            elif g["full_rope"] == "partial_neox":  # negative control: n_rot = the rotated dims only (8 of 32)
-                k = int(np.sum(ff < 1e29))
-                n_rot, half = 2 * k, k
-                inv = base ** (-(2.0 * np.arange(half)) / n_rot)
-            elif g["full_rope"] == "swa_head_dim":  # negative control: the sliding layers' rope dims (16) on full heads
-                n_rot, half = self.rot_swa, self.rot_swa // 2
-                inv = base ** (-(2.0 * np.arange(half)) / n_rot) / ff[:half]
-            # "all_pairs": ignore rope_freqs (rotate all 16 pairs)
-        ang = pos[:, None] * inv[None, :]
-        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-        out = x.copy()
-        x0, x1 = x[..., :half], x[..., half:n_rot]
-        out[..., :half] = x0 * c - x1 * s
-        out[..., half:n_rot] = x0 * s + x1 * c
-        return out
-
-    def forward_gemma4(self, ids):
-        """llama.cpp's llama_model_gemma4::graph (dense FFN, text tokens), one sequence from position 0."""
-        g = self.g4
-        gelu = lambda v: 0.5 * v * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (v + 0.044715 * v ** 3)))
-        ids = np.asarray(ids, dtype=np.int64)
-        T, d, L = len(ids), self.n_embd, self.n_layer
-        pos = np.arange(T, dtype=np.float64)
-        x = self.w["token_embd.weight"][ids] * (np.sqrt(d) if g["embed_scale"] else 1.0)
-        ple = None
-        if self.n_ple and g["ple"]:
-            P = self.n_ple
-            tok = self.w["per_layer_token_embd.weight"][ids].reshape(T, L, P) * np.sqrt(P)
-            proj = (x @ self.w["per_layer_model_proj.weight"].T / np.sqrt(d)).reshape(T, L, P)
-            proj = self.rms(proj, self.w["per_layer_proj_norm.weight"])
-            ple = ((proj if g["ple_proj"] else 0.0) + (tok if g["ple_tok"] else 0.0)) / np.sqrt(2.0)
-        causal = np.triu(np.full((T, T), -np.inf), k=1)
-        slide = causal + np.tril(np.full((T, T), -np.inf), k=-self.window)  # query t sees keys t - window + 1 .. t
-        kv_store = {}
-        for l in range(L):
-            p = f"blk.{l}."
-            sw = self.swa[l]
-            H, KV = self.n_head, self.kv_heads[l]
-            hd = self.hd_swa if sw else self.hd_full
-            h = self.rms(x, self.w[p + "attn_norm.weight"])
-            q = self.rms(self.lin(h, p + "attn_q").reshape(T, H, -1), self.w[p + "attn_q_norm.weight"])
-            assert q.shape[-1] == hd
-            q = self.gemma4_rope(q, pos, l)
-            if l < self.n_kv_from:
-                kraw = self.lin(h, p + "attn_k").reshape(T, KV, hd)
-                vraw = self.lin(h, p + "attn_v").reshape(T, KV, hd) if p + "attn_v.weight" in self.w else kraw
-                k = self.gemma4_rope(self.rms(kraw, self.w[p + "attn_k_norm.weight"]), pos, l)
-                if p + "attn_v.weight" not in self.w and g["v_from"] == "normed_roped_k":  # negative control
-                    vraw = k
-                v = vraw / np.sqrt(np.mean(vraw * vraw, axis=-1, keepdims=True) + self.eps) if g["v_norm"] else vraw
-                kv_store[l] = (k, v)
-            elif g["kv_share"] == "cache":
-                k, v = kv_store[self.kv_src(l)]
-            else:  # negative control "weights": the source layer's K/V projections on this layer's own input
-                src = f"blk.{self.kv_src(l)}."
-                kraw = self.lin(h, src + "attn_k").reshape(T, -1, hd)
-                vraw = self.lin(h, src + "attn_v").reshape(T, -1, hd) if src + "attn_v.weight" in self.w else kraw
-                k = self.gemma4_rope(self.rms(kraw, self.w[src + "attn_k_norm.weight"]), pos, l)
-                v = vraw / np.sqrt(np.mean(vraw * vraw, axis=-1, keepdims=True) + self.eps)
-            KV = k.shape[1]
-            rep = H // KV
-            mask = slide if (sw and g["window"]) else causal
-            att = np.empty((T, H, hd))
-            scale = g["attn_scale"] if g["attn_scale"] is not None else 1.0 / np.sqrt(hd)
-            for hh in range(H):
-                sc = q[:, hh, :] @ k[:, hh // rep, :].T * scale + mask
-                sc = np.exp(sc - sc.max(axis=-1, keepdims=True))
-                att[:, hh, :] = (sc / sc.sum(axis=-1, keepdims=True)) @ v[:, hh // rep, :]
-            o = self.rms(self.lin(att.reshape(T, H * hd), p + "attn_output"), self.w[p + "post_attention_norm.weight"])
-            x = x + o
-            hf = self.rms(x, self.w[p + "ffn_norm.weight"])
-            ff = self.lin(gelu(self.lin(hf, p + "ffn_gate")) * self.lin(hf, p + "ffn_up"), p + "ffn_down")
-            x = x + self.rms(ff, self.w[p + "post_ffw_norm.weight"])
-            if ple is not None:
-                gt = gelu(x @ self.w[p + "inp_gate.weight"].T) * ple[:, l, :]
-                x = x + self.rms(gt @ self.w[p + "proj.weight"].T, self.w[p + "post_norm.weight"])
-            if g["layer_scalar"] and p + "layer_output_scale.weight" in self.w:
-                x = x * self.w[p + "layer_output_scale.weight"][0]
-        x = self.rms(x, self.w["output_norm.weight"])
-        logits = x @ self.out_w.T
-        if self.final_cap:
-            logits = self.final_cap * np.tanh(logits / self.final_cap)
-        return logits
 
     def rms(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
@@ -1172,8 +984,6 @@ class NpGGUF:
     def forward(self, ids):
         if self.qwen35:
             return self.forward_qwen35(ids)[0]
-        if self.gemma4:
-            return self.forward_gemma4(ids)
         ids = np.asarray(ids, dtype=np.int64)
         T = len(ids)
         H, KV, hd = self.n_head, self.n_kv, self.head_dim
@@ -1790,8 +1600,8 @@ def write_readme(args, results, vers):
 README_TEMPLATE = """# Tiny random-weight reference models per architecture
 
 Generated by `scripts/gen-arch-refs.py --llama-cpp-check` (seed {seed}; setup steps in the script's docstring;
-smollm3, gemma2, qwen3moe, qwen3yarn, gptoss, lfm2, qwen35 and qwen35moe were added later with `--only NAME`,
-without the llama.cpp run);
+smollm3, gemma2, qwen3moe, qwen3yarn, gptoss, lfm2 and qwen35 were added later with `--only NAME`, without the
+llama.cpp run; qwen35moe with `--only NAME --llama-cpp-check`);
 rerun it to regenerate everything (the GGUF bytes, reference values and this README are deterministic for a given
 seed and library versions: two full runs gave byte-identical files).
 Versions: {vers}.
