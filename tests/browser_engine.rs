@@ -3,7 +3,8 @@
 //! transformers reference (reference.json: three raw-id prompts, 16 greedy tokens each, the
 //! top-20 logits of every step): greedy generation of each prompt alone, the three prompts in
 //! one batch, speculative decoding, and the logits; and the seeded RNG gives the published
-//! sequence. The model is fetched from WEBGPU_LLM_TEST_MODEL_URL (set at build time by
+//! sequence; and the tiny Qwen3.5 (Gated DeltaNet) gives its greedy tokens. The models are
+//! fetched from WEBGPU_LLM_TEST_MODEL_URL (set at build time by
 //! scripts/test, which serves tests/data/arch with CORS on 127.0.0.1: cors_server.py).
 #![cfg(target_arch = "wasm32")]
 
@@ -20,8 +21,14 @@ wasm_bindgen_test_configure!(run_in_browser);
 const REFERENCE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/arch/llama3/reference.json"));
 
 async fn fetch_model() -> Vec<u8> {
+    fetch_arch_model("llama3").await
+}
+
+/// The model of tests/data/arch/NAME, from the folder WEBGPU_LLM_TEST_MODEL_URL's llama3 is in.
+async fn fetch_arch_model(name: &str) -> Vec<u8> {
     let url =
         option_env!("WEBGPU_LLM_TEST_MODEL_URL").expect("build with WEBGPU_LLM_TEST_MODEL_URL set (scripts/test does)");
+    let url = &url.replace("/llama3/", &format!("/{name}/"));
     let window = web_sys::window().expect("a browser window");
     let response: web_sys::Response =
         JsFuture::from(window.fetch_with_str(url)).await.expect("the model server answers").dyn_into().unwrap();
@@ -106,6 +113,45 @@ async fn greedy_generation_in_the_browser_equals_transformers_alone_batched_and_
         assert_eq!(got, want[i], "speculative: case {i}");
     }
     assert!(accepted > 0, "no drafted token was accepted");
+}
+
+/// Qwen3.5 (tests/data/arch/qwen35: Gated DeltaNet layers beside gated attention) in the
+/// browser's WebGPU, on its default path: each prompt alone and the three in one batch give
+/// transformers' 16 greedy tokens (its Gated DeltaNet kernels, the chunked delta rule of a
+/// prompt included, as the browser's shader compiler takes them).
+#[wasm_bindgen_test]
+async fn qwen35_in_the_browser_gives_transformers_greedy_tokens_alone_and_batched() {
+    const QWEN35: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/arch/qwen35/reference.json"));
+    let reference: serde_json::Value = serde_json::from_str(QWEN35).unwrap();
+    let cases = reference["cases"].as_array().unwrap();
+    let bytes = fetch_arch_model("qwen35").await;
+    let options = LoadOptions { backend: BackendKind::Gpu, context_length: Some(256), gpu: GpuOptions::default() };
+    let mut engine = Engine::load(&bytes, options, &mut |_, _| {}).await.unwrap();
+    let want: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["greedy_ids"])).collect();
+    let requests: Vec<(Prompt, GenerateOptions)> =
+        cases.iter().map(|c| (Prompt::Tokens(ids(&c["prompt_ids"])), greedy(16))).collect();
+    for (i, (prompt, options)) in requests.iter().enumerate() {
+        let mut got = Vec::new();
+        engine
+            .generate(prompt, options, &mut |ev| {
+                got.push(ev.id);
+                true
+            })
+            .await
+            .unwrap();
+        assert_eq!(got, want[i], "qwen35 alone: case {i}");
+    }
+    let mut batch = vec![Vec::new(); requests.len()];
+    engine
+        .generate_batch(&requests, &mut |seq, ev| {
+            batch[seq].push(ev.id);
+            true
+        })
+        .await
+        .unwrap();
+    for (i, got) in batch.iter().enumerate() {
+        assert_eq!(got, &want[i], "qwen35 batched: case {i}");
+    }
 }
 
 #[wasm_bindgen_test]

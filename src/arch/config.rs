@@ -54,7 +54,7 @@ impl ModelConfig {
         }
         // Qwen3.5's MTP layers are the last of the blocks; no other plan has them.
         let mtp_layers = gguf.get_u64(&key("nextn_predict_layers"))?.unwrap_or(0);
-        if mtp_layers > 0 && arch != "qwen35" {
+        if mtp_layers > 0 && !super::QWEN35.contains(&arch.as_str()) {
             return Err(Error::Unsupported(format!(
                 "multi-token-prediction layers ({}) for architecture {arch:?}",
                 key("nextn_predict_layers")

@@ -20,12 +20,26 @@ use std::collections::HashSet;
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// Architectures whose plan has a mixture of experts.
-pub const MOE_ARCHITECTURES: &[&str] = &["qwen3moe", "gpt-oss"];
+pub const MOE_ARCHITECTURES: &[&str] = &["qwen3moe", "gpt-oss", "qwen35moe"];
+
+/// Qwen3.5's architectures: Gated DeltaNet layers beside gated attention, an MTP head.
+pub const QWEN35: &[&str] = &["qwen35", "qwen35moe"];
 
 /// Architectures (`general.architecture`) with a plan.
 pub const ARCHITECTURES: &[&str] = &[
-    "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "smollm3", "qwen3moe", "lfm2", "gpt-oss",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma2",
+    "gemma3",
+    "smollm3",
+    "qwen3moe",
+    "lfm2",
+    "gpt-oss",
     "qwen35",
+    "qwen35moe",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +124,20 @@ pub struct Experts {
     /// gpt-oss's clamped SwiGLU in place of the plan's activation: (min(up, L) clamped to
     /// [-L, L] + 1) * g * sigmoid(ALPHA g), g = min(gate, L) (`SWIGLU_OAI`).
     pub swiglu_oai: bool,
+    /// A shared expert every token goes through beside the chosen ones (Qwen3.5-MoE).
+    pub shared: Option<SharedExpert>,
+}
+
+/// Qwen3.5-MoE's shared expert: a gated FFN `ffn` wide (`expert_shared_feed_forward_length`)
+/// whose output is scaled by sigmoid(gate_inp . x), added to the chosen experts' (llama.cpp's
+/// qwen35moe `build_layer_ffn`, transformers' `shared_expert_gate`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedExpert {
+    pub gate: String,
+    pub up: String,
+    pub down: String,
+    pub gate_inp: String,
+    pub ffn: usize,
 }
 
 /// gpt-oss's SwiGLU constants (alpha, limit): transformers' config defaults, which llama.cpp
@@ -385,11 +413,11 @@ impl Plan {
         let is_conv = |i: usize| kv_per_layer.as_ref().is_some_and(|k| k[i] == 0);
         // Qwen3.5: Gated DeltaNet layers, with full attention every `full_attention_interval`.
         let delta = match arch.as_str() {
-            "qwen35" => Some((delta_shape(gguf, &arch)?, recurrent_layers(gguf, &arch, c.n_layers)?)),
+            a if QWEN35.contains(&a) => Some((delta_shape(gguf, &arch)?, recurrent_layers(gguf, &arch, c.n_layers)?)),
             _ => None,
         };
         let is_delta = |i: usize| delta.as_ref().is_some_and(|(_, r)| r[i]);
-        if arch == "qwen35" {
+        if QWEN35.contains(&arch.as_str()) {
             check_rope_sections(gguf, &arch, c.rope_dim)?;
         }
         // Each layer's tensors are checked as it is planned, so a block count larger than the
@@ -404,20 +432,7 @@ impl Plan {
             } else {
                 Qkv::Separate([n("attn_q"), n("attn_k"), n("attn_v")])
             };
-            let (gate_up, down, experts) = match &experts {
-                Some(e) => {
-                    let e = Experts {
-                        router: n("ffn_gate_inp"),
-                        router_bias: has(&b("ffn_gate_inp")).then(|| b("ffn_gate_inp")),
-                        biases: has(&b("ffn_gate_exps"))
-                            .then(|| [b("ffn_gate_exps"), b("ffn_up_exps"), b("ffn_down_exps")]),
-                        ..e.clone()
-                    };
-                    (GateUp::Separate([n("ffn_gate_exps"), n("ffn_up_exps")]), n("ffn_down_exps"), Some(e))
-                }
-                None if has(&n("ffn_gate")) => (GateUp::Separate([n("ffn_gate"), n("ffn_up")]), n("ffn_down"), None),
-                None => (GateUp::Fused(n("ffn_up")), n("ffn_down"), None),
-            };
+            let (gate_up, down, experts) = ffn_plan(gguf, i, experts.as_ref())?;
             let optional = |name: String| has(&name).then_some(name);
             let layer = LayerPlan {
                 attn_norm: n("attn_norm"),
@@ -455,7 +470,7 @@ impl Plan {
                     out: n("ssm_out"),
                     shape: *shape,
                 }),
-                attn_gate: arch == "qwen35" && !is_delta(i),
+                attn_gate: QWEN35.contains(&arch.as_str()) && !is_delta(i),
                 post_ffn_norm: optional(n("post_ffw_norm")),
                 rope: if no_rope(i) {
                     none_rope
@@ -620,6 +635,15 @@ impl LayerPlan {
             if let Some([g, u, dn]) = &e.biases {
                 out.extend([(g.as_str(), vec![f, count]), (u, vec![f, count]), (dn, vec![d, count])]);
             }
+            if let Some(sh) = &e.shared {
+                let fs = sh.ffn as u64;
+                out.extend([
+                    (sh.gate.as_str(), vec![d, fs]),
+                    (sh.up.as_str(), vec![d, fs]),
+                    (sh.down.as_str(), vec![fs, d]),
+                    (sh.gate_inp.as_str(), vec![d]),
+                ]);
+            }
         }
         out.extend(self.post_ffn_norm.iter().map(|n| (n.as_str(), vec![d])));
         out
@@ -636,8 +660,51 @@ fn check_tensors(gguf: &Gguf, expected: &[(&str, Vec<u64>)]) -> Result<()> {
     Ok(())
 }
 
+/// Layer `i`'s FFN: its gate and up projections, its down projection, and, in a mixture of
+/// experts (`experts`: the file's routing), the layer's experts (their tensors, biases, a
+/// shared expert).
+fn ffn_plan(gguf: &Gguf, i: usize, experts: Option<&Experts>) -> Result<(GateUp, String, Option<Experts>)> {
+    let n = |s: &str| format!("blk.{i}.{s}.weight");
+    let b = |s: &str| format!("blk.{i}.{s}.bias");
+    let has = |name: &str| gguf.tensor(name).is_some();
+    Ok(match experts {
+        Some(e) => {
+            let arch = gguf.get_str("general.architecture")?.unwrap_or_default();
+            // Only Qwen3.5-MoE's plan has one (another file's shared-expert tensors are unused
+            // tensors: an error naming them).
+            let shared = match arch == "qwen35moe" && has(&n("ffn_up_shexp")) {
+                true => {
+                    let key = format!("{arch}.expert_shared_feed_forward_length");
+                    let ffn = gguf.get_u64(&key)?.ok_or_else(|| Error::MissingMetadata(key.clone()))?;
+                    if ffn == 0 || ffn > 1 << 20 {
+                        return Err(invalid(&key, ffn, "must be from 1 to 2^20"));
+                    }
+                    Some(SharedExpert {
+                        gate: n("ffn_gate_shexp"),
+                        up: n("ffn_up_shexp"),
+                        down: n("ffn_down_shexp"),
+                        gate_inp: n("ffn_gate_inp_shexp"),
+                        ffn: ffn as usize,
+                    })
+                }
+                false => None,
+            };
+            let e = Experts {
+                router: n("ffn_gate_inp"),
+                router_bias: has(&b("ffn_gate_inp")).then(|| b("ffn_gate_inp")),
+                biases: has(&b("ffn_gate_exps")).then(|| [b("ffn_gate_exps"), b("ffn_up_exps"), b("ffn_down_exps")]),
+                shared,
+                ..e.clone()
+            };
+            (GateUp::Separate([n("ffn_gate_exps"), n("ffn_up_exps")]), n("ffn_down_exps"), Some(e))
+        }
+        None if has(&n("ffn_gate")) => (GateUp::Separate([n("ffn_gate"), n("ffn_up")]), n("ffn_down"), None),
+        None => (GateUp::Fused(n("ffn_up")), n("ffn_down"), None),
+    })
+}
+
 /// gpt-oss and Qwen3.5 name the norm before the FFN `post_attention_norm`.
-const PRE_FFN_POST_ATTENTION: &[&str] = &["gpt-oss", "qwen35"];
+const PRE_FFN_POST_ATTENTION: &[&str] = &["gpt-oss", "qwen35", "qwen35moe"];
 
 /// Qwen3.5's Gated DeltaNet sizes, from `ssm.*` (llama.cpp's names: the state size is each key
 /// head's size, the group count the key heads, the time-step rank the value heads).
@@ -719,6 +786,9 @@ fn mtp(gguf: &Gguf, plan: &Plan) -> Result<Mtp> {
     let i = c.n_layers;
     let n = |s: &str| format!("blk.{i}.{s}.weight");
     let has = |name: &str| gguf.tensor(name).is_some();
+    // Its FFN is the model's kind (Qwen3.5-MoE's a mixture with the layers' routing).
+    let routing = plan.layers.iter().find_map(|l| l.experts.as_ref());
+    let (gate_up, down, experts) = ffn_plan(gguf, i, routing)?;
     let layer = LayerPlan {
         attn_norm: n("attn_norm"),
         qkv: Qkv::Separate([n("attn_q"), n("attn_k"), n("attn_v")]),
@@ -727,9 +797,9 @@ fn mtp(gguf: &Gguf, plan: &Plan) -> Result<Mtp> {
         wo: n("attn_output"),
         post_attn_norm: None,
         ffn_norm: n("post_attention_norm"),
-        gate_up: GateUp::Separate([n("ffn_gate"), n("ffn_up")]),
-        down: n("ffn_down"),
-        experts: None,
+        gate_up,
+        down,
+        experts,
         conv: None,
         delta: None,
         attn_gate: true,
@@ -793,6 +863,7 @@ fn experts(gguf: &Gguf, arch: &str, count: u64) -> Result<Experts> {
         router_bias: None,
         biases: None,
         swiglu_oai: arch == "gpt-oss",
+        shared: None,
     })
 }
 

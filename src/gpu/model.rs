@@ -108,6 +108,8 @@ struct LayerWeights {
     /// buffer, as the gate|up rows), and down ([count][d]).
     router_bias: Option<wgpu::Buffer>,
     expert_biases: Option<(wgpu::Buffer, wgpu::Buffer)>,
+    /// A mixture's shared expert (`arch::SharedExpert`): gate|up, down, and its gate's row.
+    shared: Option<[Linear; 3]>,
 }
 
 /// A Gated DeltaNet layer's vectors (f32): the convolution's taps, dt_bias, a (-exp(A_log))
@@ -132,6 +134,8 @@ struct DeltaBuffers {
 /// A mixture of experts' activations, for a pass's rows: the router's logits, each token's
 /// chosen experts and their weights, each (token, expert)'s hidden vector and output.
 struct MoeBuffers {
+    /// A shared expert's gate logit, a value a row.
+    shared_gate: wgpu::Buffer,
     logits: wgpu::Buffer,
     ids: wgpu::Buffer,
     weights: wgpu::Buffer,
@@ -439,6 +443,21 @@ impl GpuModel {
                     )),
                     None => None,
                 },
+                shared: match l.experts.as_ref().and_then(|e| e.shared.as_ref()) {
+                    Some(sh) => {
+                        let (gate, up) = (Rows::of(g.require_tensor(&sh.gate)?)?, Rows::of(g.require_tensor(&sh.up)?)?);
+                        let gate_up = match Linear::gated_pair(&gpu, "shexp_gate_up", gate, up, src).await? {
+                            Some(pair) => pair,
+                            None => Linear::new(&gpu, "shexp_gate_up", &[gate, up], src).await?,
+                        };
+                        Some([
+                            gate_up,
+                            linear("shexp_down", &[&sh.down]).await?,
+                            linear("shexp_gate", &[&sh.gate_inp]).await?,
+                        ])
+                    }
+                    None => None,
+                },
                 conv_taps: match &l.conv {
                     Some(sc) => Some(f32_buffer("conv_taps", fetch(g, src, &[&sc.conv]).await?)?),
                     None => None,
@@ -584,6 +603,9 @@ impl GpuModel {
             attn_row = attn_row.max(s.value_dim());
         }
         let slots = layout.max_seqs as u64;
+        // The gated FFN's width: the layers', or a mixture's shared expert's when wider.
+        let shared = plan.layers.iter().filter_map(|l| l.experts.as_ref()?.shared.as_ref()).map(|sh| sh.ffn);
+        let ffn = shared.fold(c.ffn_dim, usize::max);
         let batch = max_batch as u64;
         Ok(Buffers {
             params: gpu.uniform("params", std::mem::size_of::<Params>() as u64),
@@ -601,13 +623,14 @@ impl GpuModel {
             xn: gpu.storage("xn", n * c.d_model as u64 * f)?,
             qkv: gpu.storage("qkv", n * qkv_row as u64 * f)?,
             attn: gpu.storage("attn", n * attn_row as u64 * f)?,
-            gu: gpu.storage("gate_up", n * 2 * c.ffn_dim as u64 * f)?,
-            h: gpu.storage("ffn_hidden", n * c.ffn_dim as u64 * f)?,
+            gu: gpu.storage("gate_up", n * 2 * ffn as u64 * f)?,
+            h: gpu.storage("ffn_hidden", n * ffn as u64 * f)?,
             proj: gpu.storage("proj", n * c.d_model as u64 * f)?,
             moe: match plan.layers.iter().find_map(|l| l.experts.as_ref()) {
                 Some(e) => {
                     let (count, used) = (e.count as u64, e.used as u64);
                     Some(MoeBuffers {
+                        shared_gate: gpu.storage("shexp_gate", n * f)?,
                         logits: gpu.storage("moe_logits", n * count * f)?,
                         ids: gpu.storage("moe_ids", n * used * 4)?,
                         weights: gpu.storage("moe_weights", n * used * f)?,
@@ -899,6 +922,37 @@ impl GpuModel {
                 ops.push(kernels::moe_combine(gpu, p, params, e, d, post.is_none(), &m.y, &m.weights, out));
                 if let Some(post) = post {
                     ops.push(kernels::rms_norm(gpu, p, params, d, eps, NormOut::Add, &b.proj, post, &b.x));
+                }
+                if let (Some(sh), Some([gate_up, down, gate])) = (&e.shared, &l.shared) {
+                    // The shared expert: its gated FFN into `proj`, added times sigmoid(gate . x).
+                    let f = sh.ffn;
+                    let pairs = gate_up.parts.iter().all(|part| part.pair);
+                    if tiled {
+                        ops.extend(kernels::gemm(gpu, p, params, gate_up, Epilogue::Store, &b.xn, &b.gu, 2 * f));
+                        ops.push(kernels::act_mul(gpu, p, params, act, f, &b.gu, &b.h));
+                        ops.extend(kernels::gemm(gpu, p, params, down, Epilogue::Store, &b.h, &b.proj, d));
+                        ops.extend(kernels::gemm(gpu, p, params, gate, Epilogue::Store, &b.xn, &m.shared_gate, 1));
+                    } else {
+                        let (out, stride) = if pairs { (&b.h, f) } else { (&b.gu, 2 * f) };
+                        ops.extend(kernels::gemv(gpu, p, gb, gate_up, act, Epilogue::Store, None, &b.xn, out, stride));
+                        if !pairs {
+                            ops.push(kernels::act_mul(gpu, p, params, act, f, &b.gu, &b.h));
+                        }
+                        ops.extend(kernels::gemv(gpu, p, gb, down, act, Epilogue::Store, None, &b.h, &b.proj, d));
+                        ops.extend(kernels::gemv(
+                            gpu,
+                            p,
+                            gb,
+                            gate,
+                            act,
+                            Epilogue::Store,
+                            None,
+                            &b.xn,
+                            &m.shared_gate,
+                            1,
+                        ));
+                    }
+                    ops.push(kernels::sigmoid_add(gpu, p, params, d, &b.x, &b.proj, &m.shared_gate));
                 }
                 continue;
             }

@@ -28,6 +28,8 @@ struct Layer {
     router: Option<Vec<f32>>,
     router_bias: Option<Vec<f32>>,
     expert_biases: Option<[Vec<f32>; 3]>,
+    /// A mixture's shared expert: gate, up, down and its gate's row (`arch::SharedExpert`).
+    shared: Option<[Vec<f32>; 4]>,
     /// A logit per query head in every softmax (gpt-oss), the output projection's bias.
     sinks: Option<Vec<f32>>,
     wo_bias: Option<Vec<f32>>,
@@ -256,6 +258,10 @@ fn load_layer(plan: &Plan, l: &LayerPlan, load: &dyn Fn(&str) -> Result<Vec<f32>
         router_bias: optional(&l.experts.as_ref().and_then(|e| e.router_bias.clone()))?,
         expert_biases: match l.experts.as_ref().and_then(|e| e.biases.as_ref()) {
             Some([g, u, d]) => Some([load(g)?, load(u)?, load(d)?]),
+            None => None,
+        },
+        shared: match l.experts.as_ref().and_then(|e| e.shared.as_ref()) {
+            Some(sh) => Some([load(&sh.gate)?, load(&sh.up)?, load(&sh.down)?, load(&sh.gate_inp)?]),
             None => None,
         },
         sinks: optional(&l.attn_sinks)?,
@@ -829,6 +835,16 @@ fn mixture(c: &ModelConfig, act: Activation, e: &Experts, layer: &Layer, router:
             if let Some([_, _, bd]) = &layer.expert_biases {
                 add_in_place(&mut y, &bd[ex * d..(ex + 1) * d]);
             }
+            ot.iter_mut().zip(&y).for_each(|(o, v)| *o += w * v);
+        }
+        // The shared expert, times sigmoid of its gate.
+        if let (Some([g, u, dn, gi]), Some(sh)) = (&layer.shared, &e.shared) {
+            let (mut sg, mut su) = (vec![0f32; sh.ffn], vec![0f32; sh.ffn]);
+            matmul(&mut sg, xt, g, d);
+            matmul(&mut su, xt, u, d);
+            sg.iter_mut().zip(&su).for_each(|(g, u)| *g = activation(act, *g) * u);
+            matmul(&mut y, &sg, dn, sh.ffn);
+            let w = sigmoid(dot(xt, gi));
             ot.iter_mut().zip(&y).for_each(|(o, v)| *o += w * v);
         }
     }

@@ -60,9 +60,10 @@ impl ModelInfo {
         // Qwen3.5's Gated DeltaNet layers: per position q|k|v and k|v|g|beta (f32), and a
         // sequence's state (f32) per layer.
         let mut delta_layers = 0;
-        if c.architecture == "qwen35" {
+        if crate::arch::QWEN35.contains(&c.architecture.as_str()) {
             let s = crate::arch::delta_shape(gguf, &c.architecture)?;
-            delta_layers = crate::arch::recurrent_layers(gguf, &c.architecture, c.n_layers)?.iter().filter(|&&r| r).count();
+            delta_layers =
+                crate::arch::recurrent_layers(gguf, &c.architecture, c.n_layers)?.iter().filter(|&&r| r).count();
             let per_position = (s.conv_dim() + s.key_dim() + s.value_dim() + 2 * s.v_heads) as u64 * 4;
             state_bytes += delta_layers as u64 * (per_position * context as u64 + s.state_values() as u64 * 4);
         }

@@ -11,7 +11,7 @@ use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, Readback};
 use webgpu_llm::model::{CpuModel, Logits};
 use webgpu_llm::sampling::argmax;
 
-const MODELS: [&str; 12] = [
+const MODELS: [&str; 13] = [
     "qwen2",
     "qwen3",
     "phi3",
@@ -24,6 +24,7 @@ const MODELS: [&str; 12] = [
     "qwen3yarn",
     "gptoss",
     "qwen35",
+    "qwen35moe",
 ];
 
 struct Reference {
@@ -155,14 +156,20 @@ fn cpu_reference_matches_transformers_on_every_architecture() {
     }
 }
 
-/// Qwen3.5's multi-token-prediction head on the CPU against an independent float64 numpy
+/// Qwen3.5's (and Qwen3.5-MoE's: its head's FFN a mixture) multi-token-prediction head on the CPU against an independent float64 numpy
 /// forward pass from the GGUF's tensors (transformers does not run it; see tests/data/arch's
 /// README): row j reads the main model's final hidden state at j and the token at j + 1; every
 /// row's top-20 logits in each case, every row's whole logits in the last, the head's rows run
 /// in two passes (its own cache carried between them).
 #[test]
 fn the_mtp_head_matches_the_numpy_reference() {
-    let r = Reference::load("qwen35");
+    for name in ["qwen35", "qwen35moe"] {
+        mtp_head_matches_the_numpy_reference(name);
+    }
+}
+
+fn mtp_head_matches_the_numpy_reference(name: &'static str) {
+    let r = Reference::load(name);
     let model = CpuModel::load(&r.gguf(), &r.bytes).unwrap();
     let (d, vocab) = (model.config.d_model, model.config.vocab_size);
     assert!(model.has_mtp());
@@ -196,7 +203,7 @@ fn the_mtp_head_matches_the_numpy_reference() {
             assert!(d < 1e-3, "case {ci}: the MTP head's logits differ by {d}");
         }
     }
-    eprintln!("qwen35 MTP head on the cpu: max |logit diff| to numpy {worst:.2e}");
+    eprintln!("{name} MTP head on the cpu: max |logit diff| to numpy {worst:.2e}");
 }
 
 fn gpu(force_f32: bool, style: Option<KernelStyle>, r: &Reference) -> GpuModel {
@@ -241,8 +248,9 @@ fn batched_generation_gives_the_reference_tokens_on_the_newer_plans() {
     use webgpu_llm::sampling::SamplingParams;
     use webgpu_llm::speculate::{Drafter, Speculation};
     let backends = [BackendKind::Cpu, BackendKind::Gpu];
-    for (name, backend) in
-        ["smollm3", "gemma2", "qwen3moe", "lfm2", "gptoss", "qwen35"].into_iter().flat_map(|n| backends.map(|b| (n, b)))
+    for (name, backend) in ["smollm3", "gemma2", "qwen3moe", "lfm2", "gptoss", "qwen35", "qwen35moe"]
+        .into_iter()
+        .flat_map(|n| backends.map(|b| (n, b)))
     {
         let r = Reference::load(name);
         let gpu = GpuOptions { force_f32: true, kv_tokens: Some(1024), ..Default::default() };
@@ -380,7 +388,7 @@ fn model_info_counts_a_mixtures_active_parameters_and_a_hybrids_state() {
 fn beams_on_the_hybrid_and_the_mixture_give_the_cpu_beams() {
     use webgpu_llm::beam::{BeamOptions, EarlyStopping};
     use webgpu_llm::engine::{BackendKind, Engine, LoadOptions, Prompt};
-    for name in ["lfm2", "qwen3moe", "gptoss", "qwen35"] {
+    for name in ["lfm2", "qwen3moe", "gptoss", "qwen35", "qwen35moe"] {
         let r = Reference::load(name);
         let load = |backend| {
             let gpu = GpuOptions { force_f32: true, kv_tokens: Some(1024), ..Default::default() };

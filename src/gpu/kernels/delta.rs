@@ -1,5 +1,6 @@
 //! Wrappers of Qwen3.5's Gated DeltaNet kernels (shaders/delta_prep.wgsl, delta_scan.wgsl,
-//! delta_out.wgsl) and of its gated attention's gate (shaders/gate_mul.wgsl).
+//! delta_out.wgsl), of its gated attention's gate (shaders/gate_mul.wgsl) and of Qwen3.5-MoE's
+//! shared expert's gated sum (shaders/sigmoid_add.wgsl).
 
 use super::{BatchLayout, Dispatch, Groups, Traffic, MAX_ROWS};
 use crate::arch::DeltaShape;
@@ -15,6 +16,12 @@ fn consts(s: &DeltaShape) -> [(&'static str, u32); 5] {
         ("VH", s.v_heads as u32),
         ("HV", s.head_v as u32),
     ]
+}
+
+/// Positions of a chunk of the chunked delta rule: 16, fewer for key heads past 128 values (a
+/// chunk's keys stay within 8 KiB of workgroup memory).
+fn chunk(s: &DeltaShape) -> usize {
+    (2048 / s.head_k).clamp(1, 16)
 }
 
 /// Values a position of a Gated DeltaNet layer keeps for its recurrence: k, v, g and beta.
@@ -95,7 +102,7 @@ pub fn delta_scan(
     let needs = Needs { batch: true, ..Default::default() };
     let source = include_str!("../../../shaders/delta_scan.wgsl");
     let mut c = consts(s).to_vec();
-    c.extend([("TABLE0", 2 * MAX_ROWS as u32), ("MAX_BLOCKS", layout.max_blocks as u32)]);
+    c.extend([("TABLE0", 2 * MAX_ROWS as u32), ("MAX_BLOCKS", layout.max_blocks as u32), ("CHUNK", chunk(s) as u32)]);
     let pipeline = cache.get(gpu, "delta_scan", source, needs, &c, &[("COMMIT", commit as u32 as f64)]);
     let bind_group = gpu.bind_group("delta_scan", &pipeline, &[params, decode, inputs, q, out, state, ckpt, batch]);
     // A decode row: the state read and written, the row's inputs and q read, its output written.
@@ -145,6 +152,29 @@ pub fn gate_mul(
         pipeline,
         bind_group,
         groups: Groups::per_token((q_dim as u32).div_ceil(64), 1, 1),
+        traffic,
+    }
+}
+
+/// x += sigmoid(gate[row]) * y, each row (`shaders/sigmoid_add.wgsl`: a shared expert's output).
+pub fn sigmoid_add(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    params: &wgpu::Buffer,
+    d: usize,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    gate: &wgpu::Buffer,
+) -> Dispatch {
+    let source = include_str!("../../../shaders/sigmoid_add.wgsl");
+    let pipeline = cache.get(gpu, "sigmoid_add", source, Needs::default(), &[], &[("D", d as f64)]);
+    let bind_group = gpu.bind_group("sigmoid_add", &pipeline, &[params, x, y, gate]);
+    let traffic = Traffic { activations: 3 * 4 * d as u64 + 4, ..Default::default() };
+    Dispatch {
+        label: "sigmoid_add",
+        pipeline,
+        bind_group,
+        groups: Groups::per_token((d as u32).div_ceil(64), 1, 1),
         traffic,
     }
 }

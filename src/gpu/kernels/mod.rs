@@ -18,7 +18,7 @@ mod top_k;
 pub use act_mul::{act_mul, bias_add};
 pub use argmax::argmax;
 pub use attention::{attention_decode, attention_prefill, decode_partials_len, DECODE_CHUNK};
-pub use delta::{delta_inputs, delta_out, delta_prep, delta_proj, delta_scan, gate_mul};
+pub use delta::{delta_inputs, delta_out, delta_prep, delta_proj, delta_scan, gate_mul, sigmoid_add};
 pub use embed::embed;
 pub use matmul::{gemm, gemv, gemv_rope_kv, Epilogue, GemvBatch};
 pub use moe::{check_experts, moe_combine, moe_gemv, moe_route};
