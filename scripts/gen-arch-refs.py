@@ -20,7 +20,8 @@ Pipeline per model (everything deterministic from --seed):
   5. independent check: a float64 numpy forward pass that reads only the GGUF (gguf-py GGUFReader),
      implementing llama.cpp's math (NORM vs NEOX rope, partial rope, rope_freqs, fused qkv / gate_up,
      q/k norms, biases, GQA, tied output; later: soft-capping, sliding windows, experts, sinks, short
-     convolutions, Qwen3.5's Gated DeltaNet and gated attention, Qwen3.5 MoE's shared expert).
+     convolutions, Qwen3.5's Gated DeltaNet and gated attention, Qwen3.5 MoE's shared expert, Gemma 4's per-layer
+     embeddings, KV sharing, per-type head sizes and proportional RoPE).
   6. qwen35 and qwen35moe: random `mtp.*` (multi-token prediction) tensors are added to the checkpoint before step 3, and
      reference.json's `mtp` holds the MTP head's logits computed by NpGGUF.mtp from the GGUF as llama.cpp's
      graph_mtp (transformers does not run it), cross-checked with transformers modules on the HF weights.
@@ -336,14 +337,57 @@ ARCHS = [
                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
                                         "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
     },
-
+    {
+        "name": "gemma4",
+        "gguf_name": "Tiny Random Gemma 4",
+        "model_type": "gemma4_text",
+        "hf_class": "Gemma4ForCausalLM",
+        # Gemma 4's activation is hidden_activation (GELU tanh); no hidden_act.
+        "hidden_act": None,
+        # layer_scalar is a buffer (not a parameter): drawn too, after the parameters.
+        "layer_scalar": (0.5, 1.5),
+        # Attention scale 1 on RMS-normed q and k: with norm weights U(0.5, 1.5) the scores of 16- and 32-dim heads
+        # have a spread of ~5 (near one-hot attention) and float32 transformers drifts 8e-5 from float64 on the
+        # 40-token prompt; U(0.25, 0.75) gives 1-3e-5.
+        "qk_norm": (0.25, 0.75),
+        # The embedding is multiplied by sqrt(64) = 8: N(0, 0.03) (0.24 after scaling) keeps the fed token from
+        # dominating its own (tied) logit; with the tied models' N(0, 0.1) greedy decoding repeats one token 11 times.
+        "tied_std_embed": 0.03,
+        "exercises": "Gemma 4 text: per-layer embeddings (PLE: a 512 x (6 layers x 8) token table times sqrt(8), plus "
+                     "the scaled embedding projected by per_layer_model_proj / sqrt(64) and RMS-normed, summed / sqrt(2); "
+                     "each layer adds RMSNorm(proj(GELU(inp_gate x) * its slice)) to the residual), sliding (window 8: "
+                     "the 12- and 40-token prompts cross it) and full layers ([S, S, F] x 2, from the per-layer "
+                     "attention.sliding_window_pattern) with their own head sizes (16 / 32), KV heads (2 / 1) and RoPE "
+                     "(sliding: NEOX over all 16 dims, base 10000; full: proportional RoPE, 4 of 16 pairs rotated with "
+                     "theta = base^(-2i/32), base 1e6, the other pairs' rope_freqs 1e30), key-equals-value attention on "
+                     "the full layers (no attn_v: V is the raw K projection), v RMS-norm without weight, q/k RMS-norms, "
+                     "attention scale 1 (not 1/sqrt(d)), KV sharing (the last 3 layers keep no K/V: sliding ones read "
+                     "layer 1's, the full one layer 2's), double-wide FFN (width 64 instead of 32) on the KV-shared "
+                     "layers, GELU (tanh), post-attention / post-FFN norms, embeddings times sqrt(64), a per-layer "
+                     "output scalar (layer_output_scale), final-logit soft-capping (cap 3), tied output",
+        # 6 layers [S, S, F, S, S, F] with 3 KV-shared: llama.cpp's gemma4 KV reuse is hard-coded (a shared sliding
+        # layer reads layer n_kv - 2, a shared full layer n_kv - 1, n_kv = block_count - shared_kv_layers = 3), which is
+        # what transformers does (the last non-shared layer of each type) when layer n_kv - 1 is full and n_kv - 2
+        # sliding.
+        "config": dict(hidden_size=64, intermediate_size=32, num_hidden_layers=6, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                       attention_k_eq_v=True, num_kv_shared_layers=3, use_double_wide_mlp=True,
+                       hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB_SIZE,
+                       layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                       sliding_window=8, final_logit_softcapping=3.0, max_position_embeddings=1024,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
+                       enable_moe_block=False,
+                       rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                           "rope_theta": 1000000.0}}),
+    },
 ]
 
 # llama.cpp src/llama-model.cpp llama_model_rope_type(): which pairs rotate.
 # qwen35: IMROPE (interleaved multi-section rope; NEOX pairs, each pair's angle from one of 4 position streams).
 ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "smollm3": "norm",
               "gemma2": "neox", "qwen3moe": "neox", "lfm2": "neox", "gpt-oss": "neox", "qwen35": "imrope",
-              "qwen35moe": "imrope"}
+              "qwen35moe": "imrope", "gemma4": "neox"}
 
 # Qwen3.5 (Gated DeltaNet)
 STD_DT_BIAS = 0.5          # dt_bias N(0, 0.5)
@@ -395,8 +439,9 @@ def build_tokenizer():
 def build_hf_model(spec, seed, arch_index):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    act = {"hidden_act": spec.get("hidden_act", "silu")} if spec.get("hidden_act", "silu") else {}
     cfg = AutoConfig.for_model(spec["model_type"], vocab_size=VOCAB_SIZE, bos_token_id=BOS_ID,
-                               eos_token_id=EOS_ID, pad_token_id=UNK_ID, hidden_act="silu",
+                               eos_token_id=EOS_ID, pad_token_id=UNK_ID, **act,
                                attention_dropout=0.0, **spec["config"])
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
@@ -422,6 +467,10 @@ def build_hf_model(spec, seed, arch_index):
                     and not name.endswith("linear_attn.norm.weight"):
                 v = rng.uniform(NORM_LO - 1.0, NORM_HI - 1.0, size=shape)
                 kind = "zero-centred rmsnorm (1 + w), w U(%g,%g)" % (NORM_LO - 1.0, NORM_HI - 1.0)
+            elif spec.get("qk_norm") and name.endswith(("q_norm.weight", "k_norm.weight")):
+                lo, hi = spec["qk_norm"]
+                v = rng.uniform(lo, hi, size=shape)
+                kind = "q/k rmsnorm U(%g,%g)" % (lo, hi)
             elif name.endswith("norm.weight"):
                 v = rng.uniform(NORM_LO, NORM_HI, size=shape)
                 kind = "rmsnorm U(%g,%g)" % (NORM_LO, NORM_HI)
@@ -434,12 +483,17 @@ def build_hf_model(spec, seed, arch_index):
             elif name.endswith("conv1d.weight"):
                 v = rng.normal(0.0, STD_CONV, size=shape)
                 kind = "depthwise convolution taps N(0,%g)" % STD_CONV
+            elif name.endswith("embed_tokens_per_layer.weight"):
+                # Gemma 4's per-layer token table (times sqrt(8)): comparable to the RMS-normed projection it is
+                # added to, so both halves of the per-layer input matter.
+                v = rng.normal(0.0, STD_EMBED, size=shape)
+                kind = "per-layer token embedding N(0,%g)" % STD_EMBED
             elif name.endswith((".bias", "_bias", ".sinks")):
                 std = spec.get("bias_std", STD_BIAS)
                 v = rng.normal(0.0, std, size=shape)
                 kind = "bias N(0,%g)" % std
             elif "embed_tokens" in name or name == "lm_head.weight":
-                std = TIED_STD_EMBED if tied else STD_EMBED
+                std = spec.get("tied_std_embed", TIED_STD_EMBED) if tied else STD_EMBED
                 v = rng.normal(0.0, std, size=shape)
                 kind = "embedding N(0,%g)" % std
             elif name.endswith("conv.conv.weight"):
@@ -455,6 +509,12 @@ def build_hf_model(spec, seed, arch_index):
                 kind = "matrix N(0,%g)" % STD_MATRIX
             p.copy_(torch.from_numpy(v.astype(np.float32)))
             init_log[name] = kind
+        if spec.get("layer_scalar"):
+            lo, hi = spec["layer_scalar"]
+            for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
+                if name.endswith("layer_scalar"):
+                    b.copy_(torch.from_numpy(rng.uniform(lo, hi, size=tuple(b.shape)).astype(np.float32)))
+                    init_log[name] = "layer scalar (buffer) U(%g,%g)" % (lo, hi)
     model.eval()
     return model, init_log
 
@@ -537,6 +597,10 @@ if arch == "phi3":
 if arch == "gemma2":
     import conversion.gemma
     conversion.gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
+if arch == "gemma4":
+    # Gemma4Model.set_vocab reads a SentencePiece-style vocab (gguf.LlamaHfVocab, tokenizer model "gemma4").
+    import conversion.gemma
+    conversion.gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 runpy.run_path(llcpp + "/convert_hf_to_gguf.py", run_name="__main__")
 """
 
@@ -656,7 +720,8 @@ class NpGGUF:
         self.kv_per_layer = list(kv) if isinstance(kv, list) else None
         self.n_kv = max(self.kv_per_layer) if self.kv_per_layer else int(kv)
         self.conv_l = int(f(f"{a}.shortconv.l_cache", 0))
-        self.n_ff = int(f(f"{a}.feed_forward_length", 0))  # qwen35moe: absent (its FFNs are all experts)
+        n_ff = f(f"{a}.feed_forward_length", 0)  # qwen35moe: absent (its FFNs are all experts); gemma4: per layer
+        self.n_ff = max(n_ff) if isinstance(n_ff, list) else int(n_ff)
         self.eps = float(f(f"{a}.attention.layer_norm_rms_epsilon"))
         self.base = float(f(f"{a}.rope.freq_base", 10000.0))
         self.head_dim = int(f(f"{a}.attention.key_length", self.n_embd // self.n_head))
@@ -750,6 +815,147 @@ class NpGGUF:
             self.attn_gate = self.qg_interleaved = True
             self.mtp_variant = None
             self.gdn_log = None  # a list: collects (g, beta) of every Gated DeltaNet layer
+        self.gemma4 = a == "gemma4"
+        if self.gemma4:
+            self.init_gemma4(f)
+
+    def init_gemma4(self, f):
+        """Gemma 4 as llama.cpp's llama_model_gemma4 reads it (load_arch_hparams / the generic loader)."""
+        a = self.arch
+        self.swa = [bool(x) for x in f(f"{a}.attention.sliding_window_pattern")]  # per layer: true = sliding
+        assert len(self.swa) == self.n_layer
+        self.n_kv_from = self.n_layer - int(f(f"{a}.attention.shared_kv_layers", 0))  # layers >= this keep no K/V
+        kv = f(f"{a}.attention.head_count_kv")
+        self.kv_heads = [int(x) for x in kv] if isinstance(kv, list) else [int(kv)] * self.n_layer
+        self.hd_full = int(f(f"{a}.attention.key_length"))
+        self.hd_swa = int(f(f"{a}.attention.key_length_swa"))
+        assert int(f(f"{a}.attention.value_length")) == self.hd_full
+        assert int(f(f"{a}.attention.value_length_swa")) == self.hd_swa
+        self.rot_full = int(f(f"{a}.rope.dimension_count", self.hd_full))
+        self.rot_swa = int(f(f"{a}.rope.dimension_count_swa", self.rot_full))
+        self.base_full = float(f(f"{a}.rope.freq_base"))
+        self.base_swa = float(f(f"{a}.rope.freq_base_swa", self.base_full))
+        self.window = int(f(f"{a}.attention.sliding_window"))
+        self.final_cap = float(f(f"{a}.final_logit_softcapping", 0.0)) or None
+        self.n_ple = int(f(f"{a}.embedding_length_per_layer_input", 0))
+        # Hard-coded in llama.cpp (no GGUF key): embeddings times sqrt(n_embd), attention scale 1 (f_attention_scale =
+        # 1.0), the per-layer token table times sqrt(n_ple), the projection times 1/sqrt(n_embd), their sum times
+        # 1/sqrt(2), GELU (tanh) FFNs and PLE gate, V RMS-normed without weight, the KV-shared layers' source
+        # (sliding: n_kv_from - 2, full: n_kv_from - 1).
+        self.g4 = dict(embed_scale=True, attn_scale=1.0, ple=True, ple_tok=True, ple_proj=True, v_norm=True,
+                       layer_scalar=True, window=True, kv_share="cache", full_rope="freqs", full_base=True,
+                       v_from="raw_k", qk_norm=True, gelu_fp16=False)
+        self.kv_src = lambda l: self.n_kv_from - (2 if self.swa[l] else 1)
+
+    # ---- Gemma 4 -------------------------------------------------------------------------------------
+    def gemma4_rope(self, x, pos, l):
+        """NEOX rope over the layer's n_rot dims; full layers divide by rope_freqs (1e30 = a pair left unrotated)."""
+        g = self.g4
+        sw = self.swa[l]
+        n_rot = self.rot_swa if sw else self.rot_full
+        base = self.base_swa if (sw or not g["full_base"]) else self.base_full
+        half = n_rot // 2
+        inv = base ** (-(2.0 * np.arange(half)) / n_rot)
+        if not sw:
+            ff = self.w["rope_freqs.weight"]
+            if g["full_rope"] == "freqs":
+                inv = inv / ff
+            elif g["full_rope"] == "partial_neox":  # negative control: n_rot = the rotated dims only (8 of 32)
+                k = int(np.sum(ff < 1e29))
+                n_rot, half = 2 * k, k
+                inv = base ** (-(2.0 * np.arange(half)) / n_rot)
+            elif g["full_rope"] == "swa_head_dim":  # negative control: the sliding layers' rope dims (16) on full heads
+                n_rot, half = self.rot_swa, self.rot_swa // 2
+                inv = base ** (-(2.0 * np.arange(half)) / n_rot) / ff[:half]
+            # "all_pairs": ignore rope_freqs (rotate all 16 pairs)
+        ang = pos[:, None] * inv[None, :]
+        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        out = x.copy()
+        if self.style == "norm":  # negative control: adjacent pairs
+            x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+            out[..., 0:n_rot:2] = x0 * c - x1 * s
+            out[..., 1:n_rot:2] = x0 * s + x1 * c
+            return out
+        x0, x1 = x[..., :half], x[..., half:n_rot]
+        out[..., :half] = x0 * c - x1 * s
+        out[..., half:n_rot] = x0 * s + x1 * c
+        return out
+
+    def forward_gemma4(self, ids):
+        """llama.cpp's llama_model_gemma4::graph (dense FFN, text tokens), one sequence from position 0."""
+        g = self.g4
+        gelu = lambda v: 0.5 * v * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (v + 0.044715 * v ** 3)))
+        if g["gelu_fp16"]:
+            # ggml's CPU GELU (GGML_GELU_FP16): the input rounded to float16, a float16 table of GELU(tanh) values;
+            # |x| >= 10 exact. Only to explain the real llama.cpp run's differences; not the reference math.
+            exact = gelu
+            def gelu(v):
+                h = exact(v.astype(np.float16).astype(np.float64)).astype(np.float16).astype(np.float64)
+                return np.where(v <= -10.0, 0.0, np.where(v >= 10.0, v, h))
+        ids = np.asarray(ids, dtype=np.int64)
+        T, d, L = len(ids), self.n_embd, self.n_layer
+        pos = np.arange(T, dtype=np.float64)
+        x = self.w["token_embd.weight"][ids] * (np.sqrt(d) if g["embed_scale"] else 1.0)
+        ple = None
+        if self.n_ple and g["ple"]:
+            P = self.n_ple
+            tok = self.w["per_layer_token_embd.weight"][ids].reshape(T, L, P) * np.sqrt(P)
+            proj = (x @ self.w["per_layer_model_proj.weight"].T / np.sqrt(d)).reshape(T, L, P)
+            proj = self.rms(proj, self.w["per_layer_proj_norm.weight"])
+            ple = ((proj if g["ple_proj"] else 0.0) + (tok if g["ple_tok"] else 0.0)) / np.sqrt(2.0)
+        causal = np.triu(np.full((T, T), -np.inf), k=1)
+        slide = causal + np.tril(np.full((T, T), -np.inf), k=-self.window)  # query t sees keys t - window + 1 .. t
+        kv_store = {}
+        for l in range(L):
+            p = f"blk.{l}."
+            sw = self.swa[l]
+            H, KV = self.n_head, self.kv_heads[l]
+            hd = self.hd_swa if sw else self.hd_full
+            h = self.rms(x, self.w[p + "attn_norm.weight"])
+            qk_norm = (lambda t, n: self.rms(t, self.w[n])) if g["qk_norm"] else (lambda t, n: t)
+            q = qk_norm(self.lin(h, p + "attn_q").reshape(T, H, -1), p + "attn_q_norm.weight")
+            assert q.shape[-1] == hd
+            q = self.gemma4_rope(q, pos, l)
+            if l < self.n_kv_from:
+                kraw = self.lin(h, p + "attn_k").reshape(T, KV, hd)
+                vraw = self.lin(h, p + "attn_v").reshape(T, KV, hd) if p + "attn_v.weight" in self.w else kraw
+                k = self.gemma4_rope(qk_norm(kraw, p + "attn_k_norm.weight"), pos, l)
+                if p + "attn_v.weight" not in self.w and g["v_from"] == "normed_roped_k":  # negative control
+                    vraw = k
+                v = vraw / np.sqrt(np.mean(vraw * vraw, axis=-1, keepdims=True) + self.eps) if g["v_norm"] else vraw
+                kv_store[l] = (k, v)
+            elif g["kv_share"] == "cache":
+                k, v = kv_store[self.kv_src(l)]
+            else:  # negative control "weights": the source layer's K/V projections on this layer's own input
+                src = f"blk.{self.kv_src(l)}."
+                kraw = self.lin(h, src + "attn_k").reshape(T, -1, hd)
+                vraw = self.lin(h, src + "attn_v").reshape(T, -1, hd) if src + "attn_v.weight" in self.w else kraw
+                k = self.gemma4_rope(qk_norm(kraw, src + "attn_k_norm.weight"), pos, l)
+                v = vraw / np.sqrt(np.mean(vraw * vraw, axis=-1, keepdims=True) + self.eps)
+            KV = k.shape[1]
+            rep = H // KV
+            mask = slide if (sw and g["window"]) else causal
+            att = np.empty((T, H, hd))
+            scale = g["attn_scale"] if g["attn_scale"] is not None else 1.0 / np.sqrt(hd)
+            for hh in range(H):
+                sc = q[:, hh, :] @ k[:, hh // rep, :].T * scale + mask
+                sc = np.exp(sc - sc.max(axis=-1, keepdims=True))
+                att[:, hh, :] = (sc / sc.sum(axis=-1, keepdims=True)) @ v[:, hh // rep, :]
+            o = self.rms(self.lin(att.reshape(T, H * hd), p + "attn_output"), self.w[p + "post_attention_norm.weight"])
+            x = x + o
+            hf = self.rms(x, self.w[p + "ffn_norm.weight"])
+            ff = self.lin(gelu(self.lin(hf, p + "ffn_gate")) * self.lin(hf, p + "ffn_up"), p + "ffn_down")
+            x = x + self.rms(ff, self.w[p + "post_ffw_norm.weight"])
+            if ple is not None:
+                gt = gelu(x @ self.w[p + "inp_gate.weight"].T) * ple[:, l, :]
+                x = x + self.rms(gt @ self.w[p + "proj.weight"].T, self.w[p + "post_norm.weight"])
+            if g["layer_scalar"] and p + "layer_output_scale.weight" in self.w:
+                x = x * self.w[p + "layer_output_scale.weight"][0]
+        x = self.rms(x, self.w["output_norm.weight"])
+        logits = x @ self.out_w.T
+        if self.final_cap:
+            logits = self.final_cap * np.tanh(logits / self.final_cap)
+        return logits
 
     def rms(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
@@ -984,6 +1190,8 @@ class NpGGUF:
     def forward(self, ids):
         if self.qwen35:
             return self.forward_qwen35(ids)[0]
+        if self.gemma4:
+            return self.forward_gemma4(ids)
         ids = np.asarray(ids, dtype=np.int64)
         T = len(ids)
         H, KV, hd = self.n_head, self.n_kv, self.head_dim
@@ -1070,6 +1278,30 @@ def negative_controls(gguf_path, ref):
         m.style = "neox" if m.style == "norm" else "norm"
     out["wrong_rope_style"] = run(flip)
     m0 = NpGGUF(gguf_path)
+    if m0.gemma4:
+        def g4(**kw):
+            return lambda m: m.g4.update(kw)
+        out["skip_qk_norm"] = run(g4(qk_norm=False))
+        out["no_per_layer_embeddings"] = run(g4(ple=False))
+        out["per_layer_inputs_token_table_only"] = run(g4(ple_proj=False))
+        out["per_layer_inputs_projection_only"] = run(g4(ple_tok=False))
+        out["no_kv_sharing_shared_layers_project_own_kv_with_source_weights"] = run(g4(kv_share="weights"))
+        def first_src(m):
+            first = {sw: min(i for i in range(m.n_kv_from) if m.swa[i] == sw) for sw in (True, False)}
+            m.kv_src = lambda l: first[m.swa[l]]
+        out["kv_shared_layers_read_first_layer_of_their_type"] = run(first_src)
+        out["full_layers_rope_ignores_rope_freqs"] = run(g4(full_rope="all_pairs"))
+        out["full_layers_rope_over_rotated_dims_only"] = run(g4(full_rope="partial_neox"))
+        out["full_layers_rope_with_sliding_head_dim"] = run(g4(full_rope="swa_head_dim"))
+        out["full_layers_use_sliding_rope_base"] = run(g4(full_base=False))
+        out["no_v_norm"] = run(g4(v_norm=False))
+        out["k_eq_v_value_is_normed_roped_key"] = run(g4(v_from="normed_roped_k"))
+        out["attention_scale_inv_sqrt_head_dim"] = run(g4(attn_scale=None))
+        out["embeddings_not_scaled_by_sqrt_hidden"] = run(g4(embed_scale=False))
+        out["no_layer_scalar"] = run(g4(layer_scalar=False))
+        out["no_final_softcap"] = run(lambda m: setattr(m, "final_cap", None))
+        out["no_sliding_window"] = run(g4(window=False))
+        return out
     if "rope_freqs.weight" in m0.w:
         def nofreqs(m):
             half = m.n_rot // 2
@@ -1356,6 +1588,9 @@ def versions():
 
 def rope_summary(spec, cfg):
     rp = dict(cfg.rope_parameters)
+    if "sliding_attention" in rp:  # gemma4: per layer type (head_dim, kv heads are per-layer attributes there)
+        hd = spec["config"]["head_dim"]
+        return {"rope_parameters": rp, "head_dim": hd, "n_rot": hd}
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     n_rot = int(hd * rp.get("partial_rotary_factor", 1.0))
     return {"rope_parameters": rp, "head_dim": hd, "n_rot": n_rot}
@@ -1410,7 +1645,8 @@ def generate(args):
                     "intermediate_size": getattr(cfg, "intermediate_size", None),
                     "num_hidden_layers": cfg.num_hidden_layers,
                     "num_attention_heads": cfg.num_attention_heads,
-                    "num_key_value_heads": cfg.num_key_value_heads, "head_dim": hd["head_dim"],
+                    "num_key_value_heads": spec["config"].get("num_key_value_heads") or cfg.num_key_value_heads,
+                    "head_dim": hd["head_dim"],
                     "rope_dims": hd["n_rot"], "rope_parameters": hd["rope_parameters"],
                     "rms_norm_eps": getattr(cfg, "rms_norm_eps", getattr(cfg, "norm_eps", None)), "tie_word_embeddings": cfg.tie_word_embeddings,
                     "max_position_embeddings": cfg.max_position_embeddings,
@@ -1419,6 +1655,7 @@ def generate(args):
                     **({k: getattr(cfg, k) for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
                                                       "shared_expert_intermediate_size")}
                        if spec["name"] == "qwen35moe" else {}),
+                    **(gemma4_meta(cfg, summary, model) if spec["name"] == "gemma4" else {}),
                 },
                 "hf_config_json": json.load(open(os.path.join(hf_dir, "config.json"))),
                 "init": {"matrices": f"N(0,{STD_MATRIX})", "embeddings_and_lm_head": f"N(0,{STD_EMBED})",
@@ -1503,7 +1740,40 @@ def check_only(args):
     raise SystemExit(0 if ok else 1)
 
 
+def gemma4_meta(cfg, summary, model):
+    md = summary["metadata"]
+    kv = md["gemma4.attention.head_count_kv"]
+    rf = summary["rope_freqs"]
+    return {"layer_types": list(cfg.layer_types), "num_kv_shared_layers": cfg.num_kv_shared_layers,
+            "full_head_dim": md["gemma4.attention.key_length"], "full_num_key_value_heads": min(kv),
+            "full_rope_dims_rotated": 2 * sum(1 for x in rf if x < 1e29),
+            "full_rope_parameters": dict(cfg.rope_parameters["full_attention"]),
+            "attention_k_eq_v": cfg.attention_k_eq_v, "use_double_wide_mlp": cfg.use_double_wide_mlp,
+            "hidden_size_per_layer_input": cfg.hidden_size_per_layer_input,
+            "final_logit_softcapping": cfg.final_logit_softcapping,
+            "layer_scalars": [f32(l.layer_scalar.item()) for l in model.model.layers]}
+
+
+def heads_cell(c):
+    if "full_num_key_value_heads" in c:
+        return (f"{c['num_attention_heads']}/{c['num_key_value_heads']} (full "
+                f"{c['num_attention_heads']}/{c['full_num_key_value_heads']})")
+    return f"{c['num_attention_heads']}/{c['num_key_value_heads']}"
+
+
+def hd_cell(c):
+    return f"{c['head_dim']} (full {c['full_head_dim']})" if "full_head_dim" in c else str(c["head_dim"])
+
+
+def rot_cell(c):
+    if "full_head_dim" in c:
+        return f"{c['rope_dims']} (full {c['full_rope_dims_rotated']} of {c['full_head_dim']})"
+    return str(c["rope_dims"])
+
+
 def ffn_cell(c):
+    if "full_head_dim" in c and c.get("use_double_wide_mlp"):
+        return f"{c['intermediate_size']} ({2 * c['intermediate_size']} on KV-shared)"
     if c["intermediate_size"] is None and "num_experts" in c:
         return (f"{c['num_experts']}x{c['moe_intermediate_size']} (top {c['num_experts_per_tok']}) "
                 f"+ shared {c['shared_expert_intermediate_size']}")
@@ -1520,7 +1790,7 @@ def write_readme(args, results, vers):
         minm = min(x["min_margin"] for x in ref["cases"])
         rows.append(f"| {spec['name']} | {spec['hf_class']} | `{meta['gguf_architecture']}` | "
                     f"{meta['rope_style_llama_cpp'].upper()} | {c['num_hidden_layers']} | {c['hidden_size']} | "
-                    f"{c['num_attention_heads']}/{c['num_key_value_heads']} | {c['head_dim']} | {c['rope_dims']} | "
+                    f"{heads_cell(c)} | {hd_cell(c)} | {rot_cell(c)} | "
                     f"{ffn_cell(c)} | {meta['gguf_bytes']} | {nc['step0_max_abs_diff']:.2e} | "
                     f"{nc['all_steps_max_abs_diff']:.2e} | {nc['all_positions_max_abs_diff']:.2e} | "
                     f"{kvdiff:.2e} | {minm:.4f} |")
@@ -1531,17 +1801,25 @@ def write_readme(args, results, vers):
         blk0 = [t for t in tens if t[0].startswith("blk.0.")]
         other = [t for t in tens if not t[0].startswith("blk.")]
         extra = ""
-        if arch in ("qwen35", "qwen35moe"):
-            # The other block kinds: a full-attention layer and the nextn (MTP) block.
+        if arch in ("qwen35", "qwen35moe", "gemma4"):
+            # The other block kinds: qwen35: a full-attention layer and the nextn (MTP) block; gemma4: full layers,
+            # KV-shared sliding and full layers.
             n_blk = md[f"{arch}.block_count"]
-            seen = [{n[6:] for n, _, _ in blk0}]
+            seen = [{(n[6:], tuple(ne)) for n, _, ne in blk0}]
             for b in range(1, n_blk):
                 bt = [t for t in tens if t[0].startswith(f"blk.{b}.")]
-                names = {n[len(f"blk.{b}."):] for n, _, _ in bt}
+                names = {(n[len(f"blk.{b}."):], tuple(ne)) for n, _, ne in bt}
                 if names not in seen:
                     seen.append(names)
                     extra += (f"- per-block tensors (blk.{b}): "
                               + ", ".join(f"`{n[len(f'blk.{b}.'):]}` {ne}" for n, _, ne in bt) + "\n")
+            if "layer_scalars" in c:
+                n_kv = n_blk - c["num_kv_shared_layers"]
+                src = {l: n_kv - (2 if c["layer_types"][l] == "sliding_attention" else 1) for l in range(n_kv, n_blk)}
+                extra += (f"- layer kinds: " + ", ".join(f"{l} {'S' if t == 'sliding_attention' else 'F'}"
+                                                         + (f" (K/V of layer {src[l]})" if l in src else "")
+                                                         for l, t in enumerate(c["layer_types"]))
+                          + f"; `layer_output_scale` values: {c['layer_scalars']}\n")
             if "expert_usage_last_prompt" in meta:
                 eu = meta["expert_usage_last_prompt"]
                 extra += (f"- experts chosen (top {md[arch + '.expert_used_count']}) by the 40-token prompt's tokens, counts per "
@@ -1601,7 +1879,7 @@ README_TEMPLATE = """# Tiny random-weight reference models per architecture
 
 Generated by `scripts/gen-arch-refs.py --llama-cpp-check` (seed {seed}; setup steps in the script's docstring;
 smollm3, gemma2, qwen3moe, qwen3yarn, gptoss, lfm2 and qwen35 were added later with `--only NAME`, without the
-llama.cpp run; qwen35moe with `--only NAME --llama-cpp-check`);
+llama.cpp run; qwen35moe and gemma4 with `--only NAME --llama-cpp-check`);
 rerun it to regenerate everything (the GGUF bytes, reference values and this README are deterministic for a given
 seed and library versions: two full runs gave byte-identical files).
 Versions: {vers}.
@@ -1631,11 +1909,17 @@ Each `<name>/` holds:
   experts' and the shared expert's down projections N(0, 0.3) like o_proj; its `mtp.*` tensors include the MoE block
   (per-expert `mtp.layers.0.mlp.experts.<e>.{{gate,up,down}}_proj.weight`, as save_pretrained and the checkpoints
   store experts; the converter stacks them).
+  gemma4 (tied): token embedding N(0, 0.03) (times sqrt(64) in the model; with N(0, 0.1) greedy decoding repeats
+  the fed token); its norms are plain `x * w` (Gemma4RMSNorm; the converter adds nothing), drawn like the others,
+  except q_norm/k_norm U(0.25, 0.75) (with attention scale 1 the usual U(0.5, 1.5) makes the attention nearly one-hot
+  and float32 transformers drift 8e-5 from float64); the per-layer token table `embed_tokens_per_layer` N(0, 0.4);
+  the per-layer output scalars (`layer_scalar`, buffers, not parameters) U(0.5, 1.5), drawn after the parameters.
 - Conversion: `convert_hf_to_gguf.py` from the llama-cpp-python 0.3.36 sdist (`vendor/llama.cpp`, with its vendored
   gguf-py), run via `runpy` with two monkey-patches: `TextModel.get_vocab_base_pre` returns `"smollm"` (the
   converter does not know our tokenizer's pre-tokenizer hash), and for phi3 `Phi3MiniModel.set_vocab` is replaced by
   `_set_vocab_gpt2` (the converter otherwise requires a SentencePiece `tokenizer.model`; the GPT-2 path is the same
-  branch it takes for Phi-4 checkpoints whose tokenizer_class is GPT2Tokenizer). So every GGUF has
+  branch it takes for Phi-4 checkpoints whose tokenizer_class is GPT2Tokenizer; gemma2's and gemma4's `set_vocab`
+  likewise, as they expect a SentencePiece vocab: gemma4's would write `tokenizer.ggml.model = "gemma4"`). So every GGUF has
   `tokenizer.ggml.model = "gpt2"`, `tokenizer.ggml.pre = "smollm"`, 512 tokens and the BPE merges.
 - `general.name` is set with `--model-name` ("Tiny Random <Name>"); for phi3 it is "Tiny Random Phi 3" because
   llama.cpp's vocab loader applies a Phi-3 special-token fix-up whenever general.name contains "phi3"/"phi-3" and
@@ -1724,6 +2008,34 @@ Each `<name>/` holds:
   tensors: `ffn_gate_exps` / `ffn_up_exps` ne [n_embd, n_ff_exp, n_expert], `ffn_down_exps` ne [n_ff_exp, n_embd,
   n_expert]; the router `ffn_gate_inp` ne [n_embd, n_expert]; no biases anywhere in the FFN.
 
+- Gemma 4 (`gemma4`, text model, dense FFN; the 26B-A4B MoE variant is not exercised). What the file says:
+  `attention.sliding_window_pattern` (per layer, true = sliding; llama.cpp requires the array), `sliding_window`,
+  `attention.key_length` / `value_length` (full layers' head size) and `key_length_swa` / `value_length_swa`
+  (sliding layers'; llama.cpp requires k = v for each), `attention.head_count_kv` (per layer: here 2 on sliding,
+  1 on full layers), `rope.freq_base` (full layers) / `rope.freq_base_swa` (sliding), `rope.dimension_count` (full:
+  the whole head, 32) / `rope.dimension_count_swa` (16), the non-block `rope_freqs.weight` (used by full layers
+  only: 1 for the first 4 pairs, 1e30 for the other 12, so those are not rotated: transformers' "proportional"
+  RoPE, theta_i = pos * base^(-2i/32) for i < 4, i.e. the exponent is over the FULL head size, not over the 8
+  rotated dims), `attention.shared_kv_layers`, `embedding_length_per_layer_input`, `feed_forward_length` (per layer:
+  the KV-shared layers' FFN is double wide), `final_logit_softcapping`. Per layer: `layer_output_scale` (one float).
+  What llama.cpp hard-codes (the file is silent): the embedding times sqrt(n_embd) (text tokens); attention scale
+  1.0 (no 1/sqrt(head_dim): `f_attention_scale = 1`); NEOX rope; q and k RMS-normed per head with
+  `attn_q_norm` / `attn_k_norm` before rope; V RMS-normed per head WITHOUT a weight (`ggml_rms_norm`, the file's
+  eps); a layer without `attn_v` uses the raw K projection (before k-norm and rope) as V (transformers'
+  `attention_k_eq_v`, on full layers only); causal attention, sliding layers see keys t - window + 1 .. t;
+  which layers keep no K/V: l >= block_count - shared_kv_layers (here 3, 4, 5), and whose K/V they read: a sliding
+  one layer (block_count - shared_kv_layers - 2), a full one (block_count - shared_kv_layers - 1) (here 1 and 2;
+  transformers reads the last non-shared layer of the same type, the same layers only because layer 2 is full and
+  layer 1 sliding); each layer: x += post_attention_norm(attn_output(attn(attn_norm(x)))); x +=
+  post_ffw_norm(ffn_down(GELU_tanh(ffn_gate h) * ffn_up h)), h = ffn_norm(x); then the per-layer input (below);
+  then x *= layer_output_scale; finally output_norm, the tied output and tanh soft-capping. The per-layer inputs
+  (PLE): E_pl = per_layer_token_embd[token] (n_layer x 8 values per token) times sqrt(8); P = per_layer_model_proj
+  (scaled embedding) / sqrt(n_embd), RMS-normed per layer slice with `per_layer_proj_norm`; per-layer input_l =
+  (P_l + E_pl_l) / sqrt(2); in layer l: x += post_norm(proj(GELU_tanh(inp_gate x) * input_l)) (tensors
+  `blk.N.inp_gate` [n_embd -> 8], `blk.N.proj` [8 -> n_embd], `blk.N.post_norm`). All these sqrt scales are
+  hard-coded, as is GELU. Norm weights are stored as is (no + 1). The KV-shared layers have no attn_k, attn_v,
+  attn_k_norm; full layers with k = v have no attn_v.
+
 ## reference.json
 - `meta`: names, GGUF architecture, rope style, `gguf_sha256`, `config` (hidden, heads, kv heads, head_dim,
   rope dims, rope parameters, eps, tying, sliding window), the saved HF `config.json`, init scheme, versions and
@@ -1765,7 +2077,13 @@ decay, the state reset every token, the convolution seeing its own position only
 transformers' grouped order, no q/k L2 norm, no SiLU(z) output gate, no sigmoid attention gate, the q projection
 read as [all queries | all gates]; for qwen35moe also: one expert more or fewer, no renormalisation of the top-k
 weights, sigmoid instead of softmax router scores (same experts chosen, other weights: the smallest effect, 0.3),
-no shared expert, the shared expert without its sigmoid gate);
+no shared expert, the shared expert without its sigmoid gate; for gemma4: q/k norms skipped, no per-layer inputs,
+only their token-table or only their projection half, KV-shared layers projecting their own K/V with the source
+layer's weights instead of reading its K/V, KV-shared layers reading the first layer of their type, full layers'
+rope ignoring rope_freqs (all 16 pairs rotated: the smallest effect, 0.2), rotating only the 8 rotated dims with
+exponents over 8, with the sliding layers' 16 rope dims, or with the sliding base, no V norm, V = the normed and
+roped K on the k = v layers, attention scale 1/sqrt(head_dim), embeddings not times sqrt(n_embd), no layer scalar,
+no final soft-capping, no sliding window);
 each moves the logits by O(1), so the references do pin each of these details.
 `python scripts/gen-arch-refs.py --check-only` reruns just this check (and the
 sha256) on the committed files.
@@ -1776,7 +2094,11 @@ same sdist, `pip install --no-build-isolation llama_cpp_python-0.3.36.tar.gz`, C
 flash attention); `meta.llama_cpp_crosscheck` and the per-model sections below give its max logit diffs against
 the transformers values and its greedy agreement. This confirms llama.cpp loads every file and agrees with the
 oracle (rope style, partial rope, rope_freqs, biases, q/k norms, fused tensors). With llama.cpp's default F16 KV
-cache the diffs grow to ~5e-3.
+cache the diffs grow to ~5e-3. gemma4's llama.cpp diffs (~2e-3, greedy still 48/48) come from ggml's CPU GELU, which
+looks the value up in a float16 table (`GGML_GELU_FP16` in ggml-cpu/vec.h: input rounded to float16, float16 result):
+the same llama.cpp with that define removed (only libggml-cpu rebuilt) gives 4.3e-6 against the numpy forward on all
+three cases, so the gemma4 math above is llama.cpp's exactly; an engine computing GELU in float32 should match the
+transformers values here, not llama.cpp's, to ~1e-5.
 
 ## Guidance for tests
 - Logits of a float32 engine on these F32 weights: compare within ~1e-4 absolute (logits are O(1-10); numpy float64
