@@ -70,7 +70,7 @@ struct BenchArgs {
     /// Also time each kernel family (one dispatch per submission) for a prefill and a decode step.
     #[arg(long)]
     profile: bool,
-    /// Also time speculative decoding: lookup, layers:L or draft:PATH, each bench prompt (prose,
+    /// Also time speculative decoding: lookup, layers:L, draft:PATH or mtp, each bench prompt (prose,
     /// a chat question, code) without and with it, side by side.
     #[arg(long)]
     speculate: Option<String>,
@@ -177,8 +177,9 @@ struct GenerateArgs {
     #[arg(long)]
     json: bool,
     /// Speculative decoding: lookup (an n-gram of the context proposes what followed it),
-    /// layers:L (the model's first L layers draft) or draft:PATH (a smaller model with the same
-    /// tokenizer drafts).
+    /// layers:L (the model's first L layers draft), draft:PATH (a smaller model with the same
+    /// tokenizer drafts) or mtp (the model's multi-token-prediction head drafts: Qwen3.5, on the
+    /// CPU backend).
     #[arg(long)]
     speculate: Option<String>,
     /// Tokens drafted per verifying pass with --speculate [default: 4]
