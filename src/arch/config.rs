@@ -84,7 +84,14 @@ impl ModelConfig {
             true => ("expert_feed_forward_length", "blk.0.ffn_down_exps.weight"),
             false => ("feed_forward_length", "blk.0.ffn_down.weight"),
         };
-        let ffn_dim = required(ffn_key)?;
+        // Gemma 4 writes a width per layer (wider on its KV-shared layers): the largest here,
+        // each layer's in its plan.
+        let ffn_dim = match per_layer(gguf, &key(ffn_key), blocks)? {
+            Some(widths) if arch == "gemma4" => {
+                positive(&key(ffn_key), widths.iter().copied().max().unwrap_or(0) as u64)?
+            }
+            _ => required(ffn_key)?,
+        };
         let context_length = required("context_length")?;
         // The key that sets the head size, and its value, for the error when heads do not fit.
         let (head_dim, head_key, head_value) = match gguf.get_u64(&key("attention.key_length"))? {
@@ -102,7 +109,8 @@ impl ModelConfig {
         let first_attention = (0..n_layers).find(|i| gguf.tensor(&format!("blk.{i}.attn_output.weight")).is_some());
         let output_name = format!("blk.{}.attn_output.weight", first_attention.unwrap_or(0));
         let attn_output = gguf.require_tensor(&output_name)?;
-        if q_dim != Some(attn_output.shape[0]) {
+        // Gemma 4's sliding layers have heads of their own size (its plan checks each layer).
+        if q_dim != Some(attn_output.shape[0]) && arch != "gemma4" {
             let reason = format!(
                 "{n_heads} heads of {head_dim} values do not make the {} inputs of {output_name}",
                 attn_output.shape[0]
@@ -121,13 +129,19 @@ impl ModelConfig {
                 let first = counts.next().ok_or_else(|| {
                     invalid(&key("attention.head_count_kv"), "all 0", "some layer must have attention")
                 })?;
-                if counts.any(|n| n != first) {
+                // Gemma 4: its sliding and full layers each their own count (the plan's per
+                // layer; the largest here).
+                if arch == "gemma4" {
+                    let most = per_layer.iter().copied().max().unwrap_or(first);
+                    positive(&key("attention.head_count_kv"), most as u64)?
+                } else if counts.any(|n| n != first) {
                     return Err(Error::Unsupported(format!(
                         "attention layers with different KV head counts ({})",
                         key("attention.head_count_kv")
                     )));
+                } else {
+                    positive(&key("attention.head_count_kv"), first as u64)?
                 }
-                positive(&key("attention.head_count_kv"), first as u64)?
             }
             None => match gguf.get_u64(&key("attention.head_count_kv"))? {
                 Some(v) => positive(&key("attention.head_count_kv"), v)?,
@@ -142,7 +156,7 @@ impl ModelConfig {
             ));
         }
         let down = gguf.require_tensor(ffn_down)?;
-        if ffn_dim as u64 != down.shape[0] {
+        if ffn_dim as u64 != down.shape[0] && arch != "gemma4" {
             let reason = format!("{ffn_down} has {} inputs", down.shape[0]);
             return Err(invalid(&key(ffn_key), ffn_dim, &reason));
         }
@@ -193,6 +207,11 @@ impl ModelConfig {
         })
     }
 
+    /// This config with a layer's head size, KV heads and FFN width (Gemma 4's differ by layer).
+    pub fn with_dims(&self, d: &super::LayerDims) -> Self {
+        Self { head_dim: d.head_dim, n_kv_heads: d.n_kv_heads, ffn_dim: d.ffn_dim, ..self.clone() }
+    }
+
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
     }
@@ -205,7 +224,13 @@ impl ModelConfig {
 /// `attention.head_count_kv` as one count per layer, when the file writes an array (LFM2:
 /// 0 for its short-convolution layers); None when it is one number or absent.
 pub(crate) fn kv_heads_per_layer(gguf: &Gguf, arch: &str, n_layers: usize) -> Result<Option<Vec<usize>>> {
-    let key = format!("{arch}.attention.head_count_kv");
+    per_layer(gguf, &format!("{arch}.attention.head_count_kv"), n_layers)
+}
+
+/// `key` as one number per layer, when the file writes an array; None when it is one number or
+/// absent.
+pub(crate) fn per_layer(gguf: &Gguf, key: &str, n_layers: usize) -> Result<Option<Vec<usize>>> {
+    let key = key.to_string();
     if !matches!(gguf.get(&key), Some(crate::gguf::Value::List(_))) {
         return Ok(None);
     }

@@ -40,6 +40,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "gpt-oss",
     "qwen35",
     "qwen35moe",
+    "gemma4",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +95,8 @@ impl Rope {
 pub enum Qkv {
     Separate([String; 3]),
     Fused(String),
+    /// A query alone: the layer reads an earlier layer's keys and values (Gemma 4's KV sharing).
+    Query(String),
 }
 
 /// Where the gate and up projections come from: two matrices, or one fused gate|up (Phi-3).
@@ -231,6 +234,26 @@ pub struct Mtp {
     pub head: String,
 }
 
+/// A layer's head size, KV heads and FFN width: the model's, but Gemma 4's differ by layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerDims {
+    pub head_dim: usize,
+    pub n_kv_heads: usize,
+    pub ffn_dim: usize,
+}
+
+/// Gemma 4's per-layer embeddings: each token's `width` values for every layer, from
+/// `token_embd` (times sqrt(width)) plus `model_proj` of the scaled embedding (divided by
+/// sqrt(d_model), RMS-normed per layer with `proj_norm`), the sum divided by sqrt(2); a layer
+/// adds post_norm(proj(GELU(inp_gate x) * its values)) after its FFN.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerLayerEmbeddings {
+    pub token_embd: String,
+    pub model_proj: String,
+    pub proj_norm: String,
+    pub width: usize,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerPlan {
     pub attn_norm: String,
@@ -260,6 +283,16 @@ pub struct LayerPlan {
     pub wo_bias: Option<String>,
     /// RMSNorm of the FFN output before the residual add (Gemma 3).
     pub post_ffn_norm: Option<String>,
+    /// Its head size, KV heads and FFN width.
+    pub dims: LayerDims,
+    /// Reads this earlier layer's keys and values (Gemma 4's KV sharing; `qkv` is a query).
+    pub kv_source: Option<usize>,
+    /// V is RMS-normed per head, without weights, before the cache (Gemma 4).
+    pub v_norm: bool,
+    /// Multiplies the layer's output (Gemma 4's `layer_output_scale`, one value).
+    pub out_scale: Option<String>,
+    /// Gemma 4's per-layer embedding tensors (inp_gate, proj, post_norm) and its width.
+    pub ple: Option<([String; 3], usize)>,
     /// Index into `Plan::ropes`.
     pub rope: usize,
     /// A query sees the last `window` positions, itself included; None: all before it.
@@ -286,6 +319,8 @@ pub struct Plan {
     pub output: String,
     /// A multi-token-prediction head (Qwen3.5's `nextn` layer).
     pub mtp: Option<Mtp>,
+    /// Gemma 4's per-layer embeddings.
+    pub ple: Option<PerLayerEmbeddings>,
 }
 
 impl LayerPlan {
@@ -353,8 +388,31 @@ impl Plan {
 
         // 0 means no window (llama.cpp's converter writes it for Phi-3 without one).
         let window = gguf.get_u64(&key("attention.sliding_window"))?.filter(|&w| w > 0).map(|w| w as usize);
+        // Gemma 4: the file's per-layer flags, and its sliding layers' RoPE (base and size).
+        let pattern: Vec<bool> = match arch.as_str() {
+            "gemma4" => {
+                let k = key("attention.sliding_window_pattern");
+                let flags = gguf.get_array(&k)?.ok_or_else(|| Error::MissingMetadata(k.clone()))?;
+                if flags.len() != c.n_layers {
+                    return Err(invalid(&k, format!("{} values", flags.len()), "must have one per layer"));
+                }
+                let base = gguf.get_f32(&key("rope.freq_base_swa"))?.unwrap_or(10000.0) as f64;
+                let dim = gguf.get_u64(&key("rope.dimension_count_swa"))?.unwrap_or(c.rope_dim as u64) as usize;
+                if dim == 0 || dim % 2 != 0 || dim > c.head_dim {
+                    return Err(invalid(
+                        &key("rope.dimension_count_swa"),
+                        dim,
+                        "must be even and at most the head size",
+                    ));
+                }
+                ropes.push(Rope { base, dim, style, freq_factors: Vec::new(), mscale: 1.0 });
+                (0..c.n_layers).map(|i| matches!(flags.get(i), Some(crate::gguf::ValueRef::Bool(true)))).collect()
+            }
+            _ => Vec::new(),
+        };
         let slides: fn(usize) -> bool = match (arch.as_str(), window) {
             (_, None) => |_| false,
+            ("gemma4", Some(_)) => |_| false,
             ("gemma3", Some(_)) => {
                 // Gemma 3: five sliding layers, then one global; the sliding ones use RoPE base
                 // 10000 without scaling (not in the metadata; llama.cpp and transformers agree).
@@ -373,6 +431,7 @@ impl Plan {
                 )))
             }
         };
+        let slides = |l: usize| if arch == "gemma4" { window.is_some() && pattern[l] } else { slides(l) };
         // Gemma's sliding layers have a RoPE of their own; the others share the global one.
         let sliding_rope = ropes.len() - 1;
         // SmolLM3: every fourth layer has no RoPE (NoPE). The file does not say so: llama.cpp
@@ -402,6 +461,7 @@ impl Plan {
                 }
                 l as usize
             }
+            ("gemma4", _) => 0,
             (_, Some(_)) => {
                 return Err(Error::Unsupported(format!(
                     "a KV head count per layer ({}) for architecture {arch:?}",
@@ -410,7 +470,11 @@ impl Plan {
             }
             _ => 0,
         };
-        let is_conv = |i: usize| kv_per_layer.as_ref().is_some_and(|k| k[i] == 0);
+        let is_conv = |i: usize| arch != "gemma4" && kv_per_layer.as_ref().is_some_and(|k| k[i] == 0);
+        let gemma4 = match arch.as_str() {
+            "gemma4" => Some(gemma4_layout(gguf, &c, &pattern, kv_per_layer.as_deref())?),
+            _ => None,
+        };
         // Qwen3.5: Gated DeltaNet layers, with full attention every `full_attention_interval`.
         let delta = match arch.as_str() {
             a if QWEN35.contains(&a) => Some((delta_shape(gguf, &arch)?, recurrent_layers(gguf, &arch, c.n_layers)?)),
@@ -427,11 +491,22 @@ impl Plan {
         for i in 0..c.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
             let b = |s: &str| format!("blk.{i}.{s}.bias");
-            let qkv = if has(&n("attn_qkv")) {
+            let kv_source = gemma4.as_ref().and_then(|g| g.kv_source[i]);
+            let qkv = if kv_source.is_some() {
+                Qkv::Query(n("attn_q"))
+            } else if has(&n("attn_qkv")) {
                 Qkv::Fused(n("attn_qkv"))
+            } else if gemma4.is_some() && !has(&n("attn_v")) {
+                // Gemma 4's key-equals-value layers: V is the K projection (before its norms).
+                Qkv::Separate([n("attn_q"), n("attn_k"), n("attn_k")])
             } else {
                 Qkv::Separate([n("attn_q"), n("attn_k"), n("attn_v")])
             };
+            let dims = gemma4
+                .as_ref()
+                .map_or(LayerDims { head_dim: c.head_dim, n_kv_heads: c.n_kv_heads, ffn_dim: c.ffn_dim }, |g| {
+                    g.dims[i]
+                });
             let (gate_up, down, experts) = ffn_plan(gguf, i, experts.as_ref())?;
             let optional = |name: String| has(&name).then_some(name);
             let layer = LayerPlan {
@@ -471,6 +546,11 @@ impl Plan {
                     shape: *shape,
                 }),
                 attn_gate: QWEN35.contains(&arch.as_str()) && !is_delta(i),
+                dims,
+                kv_source,
+                v_norm: gemma4.is_some(),
+                out_scale: optional(n("layer_output_scale")),
+                ple: gemma4.as_ref().and_then(|g| g.ple_width).map(|w| ([n("inp_gate"), n("proj"), n("post_norm")], w)),
                 post_ffn_norm: optional(n("post_ffw_norm")),
                 rope: if no_rope(i) {
                     none_rope
@@ -486,25 +566,29 @@ impl Plan {
         }
 
         check_sliding_layout(gguf, &arch, &layers, &ropes[sliding_rope])?;
-        let gemma = arch == "gemma3" || arch == "gemma2";
+        let gemma = arch == "gemma3" || arch == "gemma2" || arch == "gemma4";
         // Gemma 2 27B (46 layers) and Gemma 3 27B (62) scale by d_model / heads, the others by
         // the head size: transformers' query_pre_attn_scalar, which the file does not carry
         // (llama.cpp decides by the layer count too).
         let big = (arch == "gemma2" && c.n_layers == 46) || (arch == "gemma3" && c.n_layers == 62);
         let scale_dim = if big { c.d_model / c.n_heads } else { c.head_dim };
         // Gemma 2's soft-capping; llama.cpp's defaults (50, 30) where the file leaves them out.
-        let (attn_softcap, final_softcap) = if arch == "gemma2" {
-            (
+        let (attn_softcap, final_softcap) = match arch.as_str() {
+            "gemma2" => (
                 Some(softcap(gguf, &key("attn_logit_softcapping"), 50.0)?),
                 Some(softcap(gguf, &key("final_logit_softcapping"), 30.0)?),
-            )
-        } else {
-            (None, None)
+            ),
+            // Gemma 4: the final logits only, when the file says so.
+            "gemma4" if gguf.get_f32(&key("final_logit_softcapping"))?.is_some_and(|v| v != 0.0) => {
+                (None, Some(softcap(gguf, &key("final_logit_softcapping"), 30.0)?))
+            }
+            _ => (None, None),
         };
         let plan = Self {
             embed_scale: gemma.then(|| (c.d_model as f32).sqrt()),
             activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
-            attn_scale: 1.0 / (scale_dim as f32).sqrt(),
+            // Gemma 4 scales by 1 (its q and k are RMS-normed; llama.cpp and transformers).
+            attn_scale: if arch == "gemma4" { 1.0 } else { 1.0 / (scale_dim as f32).sqrt() },
             attn_softcap,
             final_softcap,
             ropes,
@@ -514,6 +598,15 @@ impl Plan {
             output_norm: if arch == "lfm2" { "token_embd_norm.weight" } else { "output_norm.weight" }.into(),
             output: if c.tied_output { "token_embd.weight" } else { "output.weight" }.into(),
             mtp: None,
+            ple: match gemma4.as_ref().and_then(|g| g.ple_width) {
+                Some(width) => Some(PerLayerEmbeddings {
+                    token_embd: "per_layer_token_embd.weight".into(),
+                    model_proj: "per_layer_model_proj.weight".into(),
+                    proj_norm: "per_layer_proj_norm.weight".into(),
+                    width,
+                }),
+                None => None,
+            },
             config: c,
         };
         let plan = Self { mtp: (plan.config.mtp_layers > 0).then(|| mtp(gguf, &plan)).transpose()?, ..plan };
@@ -530,6 +623,14 @@ impl Plan {
             out.push((self.output.as_str(), vec![d, v]));
         }
         out.extend(self.layers.iter().flat_map(|l| l.expected_shapes(c)));
+        if let Some(p) = &self.ple {
+            let all = (p.width * c.n_layers) as u64;
+            out.extend([
+                (p.token_embd.as_str(), vec![all, v]),
+                (p.model_proj.as_str(), vec![d, all]),
+                (p.proj_norm.as_str(), vec![p.width as u64]),
+            ]);
+        }
         if let Some(m) = &self.mtp {
             out.extend(m.layer.expected_shapes(c));
             out.extend([
@@ -564,6 +665,7 @@ impl Plan {
 impl LayerPlan {
     /// Every tensor of the layer, with the shape (ggml order) it must have.
     pub fn expected_shapes(&self, c: &ModelConfig) -> Vec<(&str, Vec<u64>)> {
+        let c = &c.with_dims(&self.dims);
         let (d, q, kv, hd) = (c.d_model as u64, c.q_dim() as u64, c.kv_dim() as u64, c.head_dim as u64);
         let mut out = vec![(self.attn_norm.as_str(), vec![d])];
         if let Some(sc) = &self.conv {
@@ -599,12 +701,19 @@ impl LayerPlan {
                 out.extend([(wq.as_str(), vec![d, q_out]), (wk, vec![d, kv]), (wv, vec![d, kv])])
             }
             Qkv::Fused(w) => out.push((w, vec![d, q + 2 * kv])),
+            Qkv::Query(w) => out.push((w, vec![d, q_out])),
         }
         if let Some([bq, bk, bv]) = &self.qkv_bias {
             out.extend([(bq.as_str(), vec![q]), (bk, vec![kv]), (bv, vec![kv])]);
         }
-        if let Some([qn, kn]) = &self.qk_norm {
-            out.extend([(qn.as_str(), vec![hd]), (kn, vec![hd])]);
+        match (&self.qk_norm, &self.qkv) {
+            (Some([qn, _]), Qkv::Query(_)) => out.push((qn.as_str(), vec![hd])),
+            (Some([qn, kn]), _) => out.extend([(qn.as_str(), vec![hd]), (kn, vec![hd])]),
+            (None, _) => {}
+        }
+        out.extend(self.out_scale.iter().map(|n| (n.as_str(), vec![1])));
+        if let Some(([gate, proj, post], w)) = &self.ple {
+            out.extend([(gate.as_str(), vec![d, *w as u64]), (proj, vec![*w as u64, d]), (post, vec![d])]);
         }
         out.push((&self.wo, vec![q, d]));
         out.extend(self.wo_bias.iter().map(|n| (n.as_str(), vec![d])));
@@ -701,6 +810,82 @@ fn ffn_plan(gguf: &Gguf, i: usize, experts: Option<&Experts>) -> Result<(GateUp,
         None if has(&n("ffn_gate")) => (GateUp::Separate([n("ffn_gate"), n("ffn_up")]), n("ffn_down"), None),
         None => (GateUp::Fused(n("ffn_up")), n("ffn_down"), None),
     })
+}
+
+/// Gemma 4's layers from its metadata: each one's head size (`attention.key_length_swa` on
+/// sliding layers, `attention.key_length` on full ones), KV heads and FFN width (per-layer
+/// arrays), which layer's keys and values the last `attention.shared_kv_layers` read (as
+/// llama.cpp hard-codes it: a sliding one the second-last layer that keeps its own, a full one
+/// the last; each must be of its kind), and the per-layer embeddings' width.
+pub(crate) struct Gemma4Layout {
+    pub dims: Vec<LayerDims>,
+    pub kv_source: Vec<Option<usize>>,
+    pub ple_width: Option<usize>,
+}
+
+/// `gemma4_layout` from the header alone (`ModelInfo`).
+pub(crate) fn gemma4_header_layout(gguf: &Gguf, c: &ModelConfig) -> Result<Gemma4Layout> {
+    let k = "gemma4.attention.sliding_window_pattern";
+    let flags = gguf.get_array(k)?.ok_or_else(|| Error::MissingMetadata(k.into()))?;
+    let sliding: Vec<bool> =
+        (0..c.n_layers).map(|i| matches!(flags.get(i), Some(crate::gguf::ValueRef::Bool(true)))).collect();
+    gemma4_layout(gguf, c, &sliding, config::kv_heads_per_layer(gguf, "gemma4", c.n_layers)?.as_deref())
+}
+
+fn gemma4_layout(gguf: &Gguf, c: &ModelConfig, sliding: &[bool], kv: Option<&[usize]>) -> Result<Gemma4Layout> {
+    let key = |k: &str| format!("gemma4.{k}");
+    let n = c.n_layers;
+    let swa_head = gguf.get_u64(&key("attention.key_length_swa"))?.map_or(c.head_dim, |v| v as usize);
+    if gguf.get_u64(&key("attention.value_length_swa"))?.is_some_and(|v| v as usize != swa_head) {
+        return Err(invalid(&key("attention.value_length_swa"), swa_head, "must equal attention.key_length_swa"));
+    }
+    if swa_head == 0 || swa_head > c.head_dim {
+        return Err(invalid(&key("attention.key_length_swa"), swa_head, "must be from 1 to attention.key_length"));
+    }
+    let ffn = config::per_layer(gguf, &key("feed_forward_length"), n)?;
+    let dims = (0..n)
+        .map(|i| LayerDims {
+            head_dim: if sliding[i] { swa_head } else { c.head_dim },
+            n_kv_heads: kv.map_or(c.n_kv_heads, |k| k[i]),
+            ffn_dim: ffn.as_ref().map_or(c.ffn_dim, |f| f[i]),
+        })
+        .collect::<Vec<_>>();
+    for (i, d) in dims.iter().enumerate() {
+        if d.n_kv_heads == 0 || c.n_heads % d.n_kv_heads != 0 || d.ffn_dim == 0 {
+            return Err(invalid(
+                &key("attention.head_count_kv"),
+                format!("layer {i}"),
+                "each layer needs KV heads dividing the heads and an FFN",
+            ));
+        }
+    }
+    let shared = gguf.get_u64(&key("attention.shared_kv_layers"))?.unwrap_or(0) as usize;
+    if shared >= n.saturating_sub(1) && shared > 0 {
+        return Err(invalid(&key("attention.shared_kv_layers"), shared, "must leave two layers their own keys"));
+    }
+    let own = n - shared;
+    let kv_source = (0..n)
+        .map(|i| {
+            if i < own {
+                return Ok(None);
+            }
+            let source = if sliding[i] { own - 2 } else { own - 1 };
+            if sliding[source] != sliding[i] || dims[source].head_dim != dims[i].head_dim {
+                let reason =
+                    format!("layer {i} would read layer {source}'s keys, of another kind (llama.cpp's layout)");
+                return Err(invalid(&key("attention.shared_kv_layers"), shared, &reason));
+            }
+            Ok(Some(source))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let ple_width = match gguf.get_u64(&key("embedding_length_per_layer_input"))? {
+        Some(0) | None => None,
+        Some(w) if w > 1 << 16 => {
+            return Err(invalid(&key("embedding_length_per_layer_input"), w, "must be at most 65536"))
+        }
+        Some(w) => Some(w as usize),
+    };
+    Ok(Gemma4Layout { dims, kv_source, ple_width })
 }
 
 /// gpt-oss and Qwen3.5 name the norm before the FFN `post_attention_norm`.
@@ -806,6 +991,11 @@ fn mtp(gguf: &Gguf, plan: &Plan) -> Result<Mtp> {
         attn_sinks: None,
         wo_bias: None,
         post_ffn_norm: None,
+        dims: LayerDims { head_dim: c.head_dim, n_kv_heads: c.n_kv_heads, ffn_dim: c.ffn_dim },
+        kv_source: None,
+        v_norm: false,
+        out_scale: None,
+        ple: None,
         rope: 0,
         window: None,
     };
@@ -971,7 +1161,11 @@ fn softcap(gguf: &Gguf, key: &str, default: f32) -> Result<f32> {
 /// Metadata keys that change the math in ways no plan implements.
 fn reject_unimplemented_keys(gguf: &Gguf, arch: &str) -> Result<()> {
     // Gemma 2's plan soft-caps; no other does.
-    let capped: &[&str] = if arch == "gemma2" { &[] } else { &["attn_logit_softcapping", "final_logit_softcapping"] };
+    let capped: &[&str] = match arch {
+        "gemma2" => &[],
+        "gemma4" => &["attn_logit_softcapping"],
+        _ => &["attn_logit_softcapping", "final_logit_softcapping"],
+    };
     for k in capped.iter().chain(&["attention.max_alibi_bias"]) {
         let full = format!("{arch}.{k}");
         if gguf.get_f32(&full).ok().flatten().is_some_and(|v| v != 0.0) {

@@ -14,7 +14,7 @@ use super::kernels::{
 use super::shader::PipelineCache;
 use super::weights::{Linear, Rows};
 use super::{Gpu, KernelStyle};
-use crate::arch::{GateUp, Plan, Qkv, ROPE_FREQS};
+use crate::arch::{GateUp, LayerDims, Plan, Qkv, ROPE_FREQS};
 use crate::error::{Error, Result};
 use crate::gguf::{ByteSource, Gguf, TensorInfo};
 use crate::kv_pool::{KvPool, SeqId};
@@ -297,6 +297,13 @@ impl GpuModel {
         };
         let plan = Plan::from_gguf(gguf, rope_freqs.as_deref())?;
         let c = plan.config.clone();
+        let uniform = LayerDims { head_dim: c.head_dim, n_kv_heads: c.n_kv_heads, ffn_dim: c.ffn_dim };
+        if plan.ple.is_some() || plan.layers.iter().any(|l| l.dims != uniform || l.kv_source.is_some() || l.v_norm) {
+            return Err(Error::Unsupported(format!(
+                "{}'s per-layer head sizes, KV sharing, V norm and per-layer embeddings on the GPU backend (it runs on the CPU backend)",
+                c.architecture
+            )));
+        }
         if c.head_dim > 256 || c.head_dim % 8 != 0 || c.d_model % 8 != 0 || c.ffn_dim % 8 != 0 {
             return Err(Error::InvalidMetadata {
                 key: format!("{}.attention.head_count", c.architecture),
@@ -375,7 +382,7 @@ impl GpuModel {
                     Linear::new(&gpu, "qkv", &rows, src).await?
                 }
                 Qkv::Separate([q, k, v]) => linear("qkv", &[q, k, v]).await?,
-                Qkv::Fused(name) => linear("qkv", &[name]).await?,
+                Qkv::Fused(name) | Qkv::Query(name) => linear("qkv", &[name]).await?,
             };
             let attn_gate = match &l.qkv {
                 Qkv::Separate([q, _, _]) if l.attn_gate => {

@@ -39,6 +39,9 @@ struct Layer {
     delta: Option<DeltaWeights>,
     /// Gated attention's gate projection (the q projection's second half of each head's rows).
     w_attn_gate: Option<Vec<f32>>,
+    /// Gemma 4's per-layer embedding: inp_gate, proj, post_norm; its output scalar.
+    ple: Option<[Vec<f32>; 3]>,
+    out_scale: Option<f32>,
     post_ffn_norm: Option<Vec<f32>>,
     /// RoPE inverse frequency of each rotated pair, and the factor on cos and sin.
     inv_freq: Vec<f64>,
@@ -92,6 +95,8 @@ pub struct CpuModel {
     output: Option<Vec<f32>>,
     layers: Vec<Layer>,
     mtp: Option<MtpWeights>,
+    /// Gemma 4's per-layer embeddings: the token table, the model projection, its norm.
+    ple: Option<[Vec<f32>; 3]>,
 }
 
 /// A Gated DeltaNet layer keeps its state (a head_k x head_v matrix per value head) after
@@ -176,7 +181,7 @@ impl CpuKvCache {
 
 /// A layer's weights from its plan, dequantized (`load` reads a tensor by name).
 fn load_layer(plan: &Plan, l: &LayerPlan, load: &dyn Fn(&str) -> Result<Vec<f32>>) -> Result<Layer> {
-    let c = &plan.config;
+    let c = &plan.config.with_dims(&l.dims);
     // Rows [a, b) of a row-major matrix of `cols` columns.
     let rows = |m: &[f32], cols: usize, a: usize, b: usize| m[a * cols..b * cols].to_vec();
     let d = c.d_model;
@@ -184,6 +189,7 @@ fn load_layer(plan: &Plan, l: &LayerPlan, load: &dyn Fn(&str) -> Result<Vec<f32>
     let (wq, wk, wv) = match &l.qkv {
         _ if !attention => (Vec::new(), Vec::new(), Vec::new()),
         Qkv::Separate([q, k, v]) => (load(q)?, load(k)?, load(v)?),
+        Qkv::Query(q) => (load(q)?, Vec::new(), Vec::new()),
         Qkv::Fused(name) => {
             let w = load(name)?;
             let (q, kv) = (c.q_dim(), c.kv_dim());
@@ -237,6 +243,14 @@ fn load_layer(plan: &Plan, l: &LayerPlan, load: &dyn Fn(&str) -> Result<Vec<f32>
         conv,
         delta,
         w_attn_gate,
+        ple: match &l.ple {
+            Some(([g, p, n], _)) => Some([load(g)?, load(p)?, load(n)?]),
+            None => None,
+        },
+        out_scale: match &l.out_scale {
+            Some(name) => Some(load(name)?[0]),
+            None => None,
+        },
         attn_norm: load(&l.attn_norm)?,
         wq,
         wk,
@@ -247,7 +261,15 @@ fn load_layer(plan: &Plan, l: &LayerPlan, load: &dyn Fn(&str) -> Result<Vec<f32>
             .filter(|_| attention)
             .map(|[q, k, v]| Ok::<_, Error>([load(q)?, load(k)?, load(v)?]))
             .transpose()?,
-        qk_norm: l.qk_norm.as_ref().map(|[q, k]| Ok::<_, Error>([load(q)?, load(k)?])).transpose()?,
+        qk_norm: l
+            .qk_norm
+            .as_ref()
+            .map(|[q, k]| match &l.qkv {
+                // A query alone has no key norm.
+                Qkv::Query(_) => Ok::<_, Error>([load(q)?, Vec::new()]),
+                _ => Ok([load(q)?, load(k)?]),
+            })
+            .transpose()?,
         wo: if attention { load(&l.wo)? } else { Vec::new() },
         post_attn_norm: optional(&l.post_attn_norm)?,
         ffn_norm: load(&l.ffn_norm)?,
@@ -303,12 +325,17 @@ impl CpuModel {
             }),
             None => None,
         };
+        let ple = match &plan.ple {
+            Some(p) => Some([load(&p.token_embd)?, load(&p.model_proj)?, load(&p.proj_norm)?]),
+            None => None,
+        };
         Ok(Self {
             token_embd: load(&plan.token_embd)?,
             output_norm: load(&plan.output_norm)?,
             output,
             layers,
             mtp,
+            ple,
             config: c,
             plan,
         })
@@ -323,7 +350,7 @@ impl CpuModel {
             .map(|l| match (&l.conv, &l.delta) {
                 (Some(_), _) => (c.d_model, c.d_model),
                 (_, Some(dn)) => (dn.shape.conv_dim(), delta_inputs(&dn.shape)),
-                _ => (c.kv_dim(), c.kv_dim()),
+                _ => (c.with_dims(&l.dims).kv_dim(), c.with_dims(&l.dims).kv_dim()),
             })
             .collect();
         let states = self
@@ -384,19 +411,44 @@ impl CpuModel {
         let (n, d) = (tokens.len(), c.d_model);
         let start = cache.len;
         let mut x = self.embed(tokens, &self.token_embd, plan.embed_scale.unwrap_or(1.0))?;
-        let mut s = Scratch::new(c, n);
+        let ple = self.per_layer_inputs(tokens, &x)?;
         for ((li, layer), lp) in self.layers.iter().enumerate().zip(&plan.layers).take(layers) {
+            // The layer's own head size, KV heads and FFN width (Gemma 4's differ).
+            let lc = &c.with_dims(&lp.dims);
+            let mut s = Scratch::new(lc, n);
             rms_norm(&mut s.xn, &x, &layer.attn_norm, c.rms_eps);
             if let Some(cw) = &layer.conv {
                 short_conv(d, cw, &s.xn, &mut cache.k[li], start, &mut s.proj);
             } else if let Some(dw) = &layer.delta {
                 let state = cache.states[li].as_mut().expect("a state for each Gated DeltaNet layer");
                 delta_net(c, dw, &s.xn, &mut cache.k[li], &mut cache.v[li], state, start, &mut s.proj);
+            } else if let Some(src) = lp.kv_source {
+                // Gemma 4's KV sharing: an earlier layer's keys and values (this pass's included).
+                let (k, v) = (&cache.k[src], &cache.v[src]);
+                self.attend(lc, lp, layer, Kv::Shared(k, v), start, &mut s);
             } else {
-                self.attend(lp, layer, &mut cache.k[li], &mut cache.v[li], start, &mut s);
+                let (k, v) = (&mut cache.k[li], &mut cache.v[li]);
+                self.attend(lc, lp, layer, Kv::Own(k, v), start, &mut s);
             }
             add_in_place(&mut x, &s.proj);
-            self.ffn(c, lp, layer, &mut x, &mut s.xn, &mut s.gate, &mut s.up, &mut s.proj);
+            self.ffn(lc, lp, layer, &mut x, &mut s.xn, &mut s.gate, &mut s.up, &mut s.proj);
+            if let (Some([gate, proj, norm]), Some((_, w))) = (&layer.ple, &lp.ple) {
+                // Gemma 4's per-layer embedding: GELU(inp_gate x) times this layer's inputs,
+                // through proj and its norm, added.
+                let all = ple.as_deref().expect("per-layer inputs with per-layer weights");
+                let (mut g, mut y) = (vec![0f32; n * w], vec![0f32; n * d]);
+                matmul(&mut g, &x, gate, d);
+                for (t, gt) in g.chunks_exact_mut(*w).enumerate() {
+                    let inputs = &all[(t * c.n_layers + li) * w..][..*w];
+                    gt.iter_mut().zip(inputs).for_each(|(g, &p)| *g = activation(plan.activation, *g) * p);
+                }
+                matmul(&mut y, &g, proj, *w);
+                rms_norm_in_place(&mut y, norm, c.rms_eps);
+                add_in_place(&mut x, &y);
+            }
+            if let Some(scale) = layer.out_scale {
+                x.iter_mut().for_each(|v| *v *= scale);
+            }
         }
         cache.len += n;
 
@@ -445,37 +497,44 @@ impl CpuModel {
 
     /// An attention layer over the rows of `s.xn` (positions `start..`): their keys and values
     /// appended to the layer's cache, the output projection in `s.proj`.
-    fn attend(
-        &self,
-        lp: &LayerPlan,
-        layer: &Layer,
-        k_cache: &mut Vec<f32>,
-        v_cache: &mut Vec<f32>,
-        start: usize,
-        s: &mut Scratch,
-    ) {
-        let (c, plan) = (&self.config, &self.plan);
+    fn attend(&self, c: &ModelConfig, lp: &LayerPlan, layer: &Layer, kv: Kv<'_>, start: usize, s: &mut Scratch) {
+        let plan = &self.plan;
         let (n, d, kv_dim, hd) = (s.xn.len() / c.d_model, c.d_model, c.kv_dim(), c.head_dim);
-        matmul(&mut s.q, &s.xn, &layer.wq, d);
-        matmul(&mut s.k, &s.xn, &layer.wk, d);
-        matmul(&mut s.v, &s.xn, &layer.wv, d);
-        if let Some([bq, bk, bv]) = &layer.bias {
-            add_rows(&mut s.q, bq);
-            add_rows(&mut s.k, bk);
-            add_rows(&mut s.v, bv);
-        }
-        if let Some([qn, kn]) = &layer.qk_norm {
-            rms_norm_in_place(&mut s.q, qn, c.rms_eps);
-            rms_norm_in_place(&mut s.k, kn, c.rms_eps);
-        }
         let style = plan.ropes[lp.rope].style;
-        for t in 0..n {
-            let pos = start + t;
-            rope(&mut s.q[t * c.q_dim()..(t + 1) * c.q_dim()], pos, hd, &layer.inv_freq, layer.mscale, style);
-            rope(&mut s.k[t * kv_dim..(t + 1) * kv_dim], pos, hd, &layer.inv_freq, layer.mscale, style);
+        matmul(&mut s.q, &s.xn, &layer.wq, d);
+        if let Some(b) = &layer.bias {
+            add_rows(&mut s.q, &b[0]);
         }
-        k_cache.extend_from_slice(&s.k);
-        v_cache.extend_from_slice(&s.v);
+        if let Some([qn, _]) = &layer.qk_norm {
+            rms_norm_in_place(&mut s.q, qn, c.rms_eps);
+        }
+        for t in 0..n {
+            rope(&mut s.q[t * c.q_dim()..(t + 1) * c.q_dim()], start + t, hd, &layer.inv_freq, layer.mscale, style);
+        }
+        let (k_cache, v_cache): (&[f32], &[f32]) = match kv {
+            Kv::Own(k_cache, v_cache) => {
+                matmul(&mut s.k, &s.xn, &layer.wk, d);
+                matmul(&mut s.v, &s.xn, &layer.wv, d);
+                if let Some([_, bk, bv]) = &layer.bias {
+                    add_rows(&mut s.k, bk);
+                    add_rows(&mut s.v, bv);
+                }
+                if let Some([_, kn]) = &layer.qk_norm {
+                    rms_norm_in_place(&mut s.k, kn, c.rms_eps);
+                }
+                if lp.v_norm {
+                    // Gemma 4: each head of V RMS-normed, no weights.
+                    rms_norm_in_place(&mut s.v, &vec![1.0; hd], c.rms_eps);
+                }
+                for t in 0..n {
+                    rope(&mut s.k[t * kv_dim..(t + 1) * kv_dim], start + t, hd, &layer.inv_freq, layer.mscale, style);
+                }
+                k_cache.extend_from_slice(&s.k);
+                v_cache.extend_from_slice(&s.v);
+                (k_cache, v_cache)
+            }
+            Kv::Shared(k_cache, v_cache) => (k_cache, v_cache),
+        };
         let kind = AttentionKind::of(plan, lp);
         attention(c, kind, layer.sinks.as_deref(), &mut s.attn, &s.q, k_cache, v_cache, start);
         if let Some(wg) = &layer.w_attn_gate {
@@ -529,7 +588,7 @@ impl CpuModel {
         let start = cache.len;
         rms_norm(&mut s.xn, &x, &m.layer.attn_norm, c.rms_eps);
         let (k, v) = (&mut cache.k[0], &mut cache.v[0]);
-        self.attend(lp, &m.layer, k, v, start, &mut s);
+        self.attend(c, lp, &m.layer, Kv::Own(k, v), start, &mut s);
         add_in_place(&mut x, &s.proj);
         self.ffn(c, lp, &m.layer, &mut x, &mut s.xn, &mut s.gate, &mut s.up, &mut s.proj);
         cache.len += n;
@@ -577,6 +636,36 @@ impl CpuModel {
             m.truncate(len, 0);
         }
         Ok(())
+    }
+}
+
+/// An attention layer's keys and values: its own (this pass's appended), or an earlier
+/// layer's (Gemma 4's KV sharing).
+enum Kv<'a> {
+    Own(&'a mut Vec<f32>, &'a mut Vec<f32>),
+    Shared(&'a [f32], &'a [f32]),
+}
+
+impl CpuModel {
+    /// Gemma 4's per-layer inputs of each token (`arch::PerLayerEmbeddings`; `x`: the scaled
+    /// embeddings): [token][layer][width], or None without them.
+    fn per_layer_inputs(&self, tokens: &[u32], x: &[f32]) -> Result<Option<Vec<f32>>> {
+        let (Some([table, model_proj, norm]), Some(p)) = (&self.ple, &self.plan.ple) else { return Ok(None) };
+        let (c, w) = (&self.config, p.width);
+        let all = w * c.n_layers;
+        let mut proj = vec![0f32; tokens.len() * all];
+        matmul(&mut proj, x, model_proj, c.d_model);
+        let scale = 1.0 / (c.d_model as f32).sqrt();
+        proj.iter_mut().for_each(|v| *v *= scale);
+        rms_norm_in_place(&mut proj, norm, c.rms_eps);
+        let (tok_scale, half) = ((w as f32).sqrt(), std::f32::consts::FRAC_1_SQRT_2);
+        for (t, &id) in tokens.iter().enumerate() {
+            let row = &table[id as usize * all..(id as usize + 1) * all];
+            for (p, &e) in proj[t * all..(t + 1) * all].iter_mut().zip(row) {
+                *p = (*p + e * tok_scale) * half;
+            }
+        }
+        Ok(Some(proj))
     }
 }
 

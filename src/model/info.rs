@@ -67,9 +67,17 @@ impl ModelInfo {
             let per_position = (s.conv_dim() + s.key_dim() + s.value_dim() + 2 * s.v_heads) as u64 * 4;
             state_bytes += delta_layers as u64 * (per_position * context as u64 + s.state_values() as u64 * 4);
         }
-        // K and V of every attention layer at every position; checked, as the context may come
-        // from the caller.
-        let kv_values = [c.n_layers - conv_layers - delta_layers, c.kv_dim(), context, 2]
+        // K and V of every attention layer at every position (Gemma 4: each layer that keeps its
+        // own, at its size); checked, as the context may come from the caller.
+        let per_position = match c.architecture.as_str() {
+            "gemma4" => {
+                let g = crate::arch::gemma4_header_layout(gguf, &c)?;
+                let own = g.dims.iter().zip(&g.kv_source).filter(|(_, s)| s.is_none());
+                own.map(|(d, _)| d.n_kv_heads * d.head_dim).sum()
+            }
+            _ => (c.n_layers - conv_layers - delta_layers) * c.kv_dim(),
+        };
+        let kv_values = [per_position, context, 2]
             .iter()
             .try_fold(1u64, |acc, &n| acc.checked_mul(n as u64))
             .filter(|&v| v.checked_mul(4).is_some())
