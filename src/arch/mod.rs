@@ -598,15 +598,12 @@ impl Plan {
             output_norm: if arch == "lfm2" { "token_embd_norm.weight" } else { "output_norm.weight" }.into(),
             output: if c.tied_output { "token_embd.weight" } else { "output.weight" }.into(),
             mtp: None,
-            ple: match gemma4.as_ref().and_then(|g| g.ple_width) {
-                Some(width) => Some(PerLayerEmbeddings {
-                    token_embd: "per_layer_token_embd.weight".into(),
-                    model_proj: "per_layer_model_proj.weight".into(),
-                    proj_norm: "per_layer_proj_norm.weight".into(),
-                    width,
-                }),
-                None => None,
-            },
+            ple: gemma4.as_ref().and_then(|g| g.ple_width).map(|width| PerLayerEmbeddings {
+                token_embd: "per_layer_token_embd.weight".into(),
+                model_proj: "per_layer_model_proj.weight".into(),
+                proj_norm: "per_layer_proj_norm.weight".into(),
+                width,
+            }),
             config: c,
         };
         let plan = Self { mtp: (plan.config.mtp_layers > 0).then(|| mtp(gguf, &plan)).transpose()?, ..plan };
