@@ -3,7 +3,9 @@
 // q_norm then k_norm), RoPE of the first ROPE_DIM values of each q and k head — adjacent pairs
 // (x[2i], x[2i+1]) or, with NEOX, halves (x[i], x[i + ROPE_DIM/2]) — by angle pos * inv_freq[i]
 // from a cos/sin table computed in f64 at load; then q is written back in place and k, v go to
-// the cache at row t's position, in its sequence's block.
+// the cache at row t's position, in its sequence's block. V_NORM: each V head RMS-normed without
+// weights (Gemma 4). A layer that reads another's K and V (Gemma 4's KV sharing) dispatches its
+// q heads alone.
 // One workgroup per (head of q, k or v; token); invocation i owns value i of the head.
 // Bindings: 0 params, 1 qkv, 2 rope (vec2 cos,sin per [pos][pair]), 3 k_cache, 4 v_cache,
 // 5 bias (Q_DIM + 2 KV_DIM), 6 qk_norm (2 HD) — 5 and 6 any buffer when unused, 7 batch.
@@ -17,6 +19,8 @@ override N_KV_HEADS: u32;
 override NEOX: bool = false;
 override BIAS: bool = false;
 override QK_NORM: bool = false;
+// Each V head RMS-normed without weights (Gemma 4).
+override V_NORM: bool = false;
 override EPS: f32 = 0.0;
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -43,7 +47,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) i
     let is_v = head >= N_Q_HEADS + N_KV_HEADS;
     var v = qkv[src];
     if (BIAS) { v += bias[e]; }
-    if (QK_NORM && !is_v) {
+    if ((QK_NORM && !is_v) || (V_NORM && is_v)) {
         red[i] = v * v;
         workgroupBarrier();
         for (var s = HD_POW2 / 2u; s > 0u; s >>= 1u) {
@@ -51,7 +55,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) i
             workgroupBarrier();
         }
         let inv = inverseSqrt(red[0] / f32(HD) + EPS);
-        v = qk_norm[select(HD, 0u, head < N_Q_HEADS) + i] * (v * inv);
+        if (is_v) {
+            v *= inv;
+        } else {
+            v = qk_norm[select(HD, 0u, head < N_Q_HEADS) + i] * (v * inv);
+        }
     }
     vals[i] = v;
     workgroupBarrier();

@@ -3,7 +3,7 @@
 //! transformers reference (reference.json: three raw-id prompts, 16 greedy tokens each, the
 //! top-20 logits of every step): greedy generation of each prompt alone, the three prompts in
 //! one batch, speculative decoding, and the logits; and the seeded RNG gives the published
-//! sequence; and the tiny Qwen3.5 (Gated DeltaNet) gives its greedy tokens. The models are
+//! sequence; and the tiny Qwen3.5 (Gated DeltaNet) and Gemma 4 give their greedy tokens. The models are
 //! fetched from WEBGPU_LLM_TEST_MODEL_URL (set at build time by
 //! scripts/test, which serves tests/data/arch with CORS on 127.0.0.1: cors_server.py).
 #![cfg(target_arch = "wasm32")]
@@ -115,42 +115,46 @@ async fn greedy_generation_in_the_browser_equals_transformers_alone_batched_and_
     assert!(accepted > 0, "no drafted token was accepted");
 }
 
-/// Qwen3.5 (tests/data/arch/qwen35: Gated DeltaNet layers beside gated attention) in the
+/// Qwen3.5 (tests/data/arch/qwen35: Gated DeltaNet layers beside gated attention) and Gemma 4
+/// (tests/data/arch/gemma4: per-layer head sizes, KV sharing, per-layer embeddings) in the
 /// browser's WebGPU, on its default path: each prompt alone and the three in one batch give
-/// transformers' 16 greedy tokens (its Gated DeltaNet kernels, the chunked delta rule of a
-/// prompt included, as the browser's shader compiler takes them).
+/// transformers' 16 greedy tokens (their kernels, the chunked delta rule of a prompt included,
+/// as the browser's shader compiler takes them).
 #[wasm_bindgen_test]
-async fn qwen35_in_the_browser_gives_transformers_greedy_tokens_alone_and_batched() {
+async fn qwen35_and_gemma4_in_the_browser_give_transformers_greedy_tokens_alone_and_batched() {
     const QWEN35: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/arch/qwen35/reference.json"));
-    let reference: serde_json::Value = serde_json::from_str(QWEN35).unwrap();
-    let cases = reference["cases"].as_array().unwrap();
-    let bytes = fetch_arch_model("qwen35").await;
-    let options = LoadOptions { backend: BackendKind::Gpu, context_length: Some(256), gpu: GpuOptions::default() };
-    let mut engine = Engine::load(&bytes, options, &mut |_, _| {}).await.unwrap();
-    let want: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["greedy_ids"])).collect();
-    let requests: Vec<(Prompt, GenerateOptions)> =
-        cases.iter().map(|c| (Prompt::Tokens(ids(&c["prompt_ids"])), greedy(16))).collect();
-    for (i, (prompt, options)) in requests.iter().enumerate() {
-        let mut got = Vec::new();
+    const GEMMA4: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/arch/gemma4/reference.json"));
+    for (name, json) in [("qwen35", QWEN35), ("gemma4", GEMMA4)] {
+        let reference: serde_json::Value = serde_json::from_str(json).unwrap();
+        let cases = reference["cases"].as_array().unwrap();
+        let bytes = fetch_arch_model(name).await;
+        let options = LoadOptions { backend: BackendKind::Gpu, context_length: Some(256), gpu: GpuOptions::default() };
+        let mut engine = Engine::load(&bytes, options, &mut |_, _| {}).await.unwrap();
+        let want: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["greedy_ids"])).collect();
+        let requests: Vec<(Prompt, GenerateOptions)> =
+            cases.iter().map(|c| (Prompt::Tokens(ids(&c["prompt_ids"])), greedy(16))).collect();
+        for (i, (prompt, options)) in requests.iter().enumerate() {
+            let mut got = Vec::new();
+            engine
+                .generate(prompt, options, &mut |ev| {
+                    got.push(ev.id);
+                    true
+                })
+                .await
+                .unwrap();
+            assert_eq!(got, want[i], "{name} alone: case {i}");
+        }
+        let mut batch = vec![Vec::new(); requests.len()];
         engine
-            .generate(prompt, options, &mut |ev| {
-                got.push(ev.id);
+            .generate_batch(&requests, &mut |seq, ev| {
+                batch[seq].push(ev.id);
                 true
             })
             .await
             .unwrap();
-        assert_eq!(got, want[i], "qwen35 alone: case {i}");
-    }
-    let mut batch = vec![Vec::new(); requests.len()];
-    engine
-        .generate_batch(&requests, &mut |seq, ev| {
-            batch[seq].push(ev.id);
-            true
-        })
-        .await
-        .unwrap();
-    for (i, got) in batch.iter().enumerate() {
-        assert_eq!(got, &want[i], "qwen35 batched: case {i}");
+        for (i, got) in batch.iter().enumerate() {
+            assert_eq!(got, &want[i], "{name} batched: case {i}");
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use super::kernels::{
 use super::shader::PipelineCache;
 use super::weights::{Linear, Rows};
 use super::{Gpu, KernelStyle};
-use crate::arch::{GateUp, LayerDims, Plan, Qkv, ROPE_FREQS};
+use crate::arch::{GateUp, Plan, Qkv, ROPE_FREQS};
 use crate::error::{Error, Result};
 use crate::gguf::{ByteSource, Gguf, TensorInfo};
 use crate::kv_pool::{KvPool, SeqId};
@@ -110,6 +110,9 @@ struct LayerWeights {
     expert_biases: Option<(wgpu::Buffer, wgpu::Buffer)>,
     /// A mixture's shared expert (`arch::SharedExpert`): gate|up, down, and its gate's row.
     shared: Option<[Linear; 3]>,
+    /// Gemma 4's per-layer embedding (inp_gate, proj, post_norm) and output scalar.
+    ple: Option<(Linear, Linear, wgpu::Buffer)>,
+    out_scale: Option<wgpu::Buffer>,
 }
 
 /// A Gated DeltaNet layer's vectors (f32): the convolution's taps, dt_bias, a (-exp(A_log))
@@ -188,6 +191,9 @@ struct Buffers {
     delta_q: Option<wgpu::Buffer>,
     gate: Option<wgpu::Buffer>,
     params_none: wgpu::Buffer,
+    /// Gemma 4's per-layer inputs (rows of layers x width), the model projection's rows, and a
+    /// layer's gate (rows of width).
+    ple: Option<[wgpu::Buffer; 3]>,
     /// Two, used in turn: pipelined greedy steps read one while the next step fills the other.
     staging_argmax: [wgpu::Buffer; 2],
     staging_logits: wgpu::Buffer,
@@ -233,6 +239,8 @@ pub struct GpuModel {
     pub plan: Plan,
     pub context: usize,
     embd: Linear,
+    /// Gemma 4's per-layer embeddings: the token table, the model projection, its norm.
+    ple: Option<(Linear, Linear, wgpu::Buffer)>,
     output_norm: wgpu::Buffer,
     lm_head: Option<Linear>,
     layers: Vec<LayerWeights>,
@@ -297,13 +305,6 @@ impl GpuModel {
         };
         let plan = Plan::from_gguf(gguf, rope_freqs.as_deref())?;
         let c = plan.config.clone();
-        let uniform = LayerDims { head_dim: c.head_dim, n_kv_heads: c.n_kv_heads, ffn_dim: c.ffn_dim };
-        if plan.ple.is_some() || plan.layers.iter().any(|l| l.dims != uniform || l.kv_source.is_some() || l.v_norm) {
-            return Err(Error::Unsupported(format!(
-                "{}'s per-layer head sizes, KV sharing, V norm and per-layer embeddings on the GPU backend (it runs on the CPU backend)",
-                c.architecture
-            )));
-        }
         if c.head_dim > 256 || c.head_dim % 8 != 0 || c.d_model % 8 != 0 || c.ffn_dim % 8 != 0 {
             return Err(Error::InvalidMetadata {
                 key: format!("{}.attention.head_count", c.architecture),
@@ -361,6 +362,14 @@ impl GpuModel {
         };
 
         let embd = linear("token_embd", &[&plan.token_embd]).await?;
+        let ple = match &plan.ple {
+            Some(pe) => Some((
+                linear("per_layer_token_embd", &[&pe.token_embd]).await?,
+                linear("per_layer_model_proj", &[&pe.model_proj]).await?,
+                f32_buffer("per_layer_proj_norm", fetch(g, src, &[&pe.proj_norm]).await?)?,
+            )),
+            None => None,
+        };
         progress(1, total);
         let mut layers = Vec::with_capacity(c.n_layers);
         for (i, l) in plan.layers.iter().enumerate() {
@@ -428,7 +437,21 @@ impl GpuModel {
                 attn_norm: f32_buffer("attn_norm", fetch(g, src, &[&l.attn_norm]).await?)?,
                 qkv,
                 qkv_bias: optional_f32("qkv_bias", l.qkv_bias.as_ref().map(|n| &n[..])).await?,
-                qk_norm: optional_f32("qk_norm", l.qk_norm.as_ref().map(|n| &n[..])).await?,
+                // A query alone (Gemma 4's KV sharing) has no key norm.
+                qk_norm: optional_f32(
+                    "qk_norm",
+                    l.qk_norm.as_ref().map(|n| if matches!(l.qkv, Qkv::Query(_)) { &n[..1] } else { &n[..] }),
+                )
+                .await?,
+                ple: match &l.ple {
+                    Some(([gate, proj, post], _)) => Some((
+                        linear("ple_gate", &[gate]).await?,
+                        linear("ple_proj", &[proj]).await?,
+                        f32_buffer("ple_post_norm", fetch(g, src, &[post]).await?)?,
+                    )),
+                    None => None,
+                },
+                out_scale: optional_f32("layer_output_scale", l.out_scale.as_ref().map(std::slice::from_ref)).await?,
                 wo: match (&l.conv, &l.delta) {
                     (Some(sc), _) => linear("out_proj", &[&sc.out_proj]).await?,
                     (_, Some(dn)) => linear("ssm_out", &[&dn.out]).await?,
@@ -528,6 +551,7 @@ impl GpuModel {
             plan,
             context,
             embd,
+            ple,
             output_norm,
             lm_head,
             layers,
@@ -594,8 +618,17 @@ impl GpuModel {
         let n = PREFILL_CHUNK as u64;
         let f = 4u64;
         let kv_bytes = (pool_tokens * c.kv_dim()) as u64 * gpu.kv_bytes();
+        // Each attention layer's keys and values at its own size (Gemma 4's differ by layer; its
+        // KV-shared layers keep none).
+        let _ = kv_bytes;
         let cache_per_layer = |label: &str| -> Result<Vec<wgpu::Buffer>> {
-            plan.layers.iter().map(|l| gpu.storage(label, if l.attends() { kv_bytes } else { 16 })).collect()
+            plan.layers
+                .iter()
+                .map(|l| {
+                    let bytes = (pool_tokens * c.with_dims(&l.dims).kv_dim()) as u64 * gpu.kv_bytes();
+                    gpu.storage(label, if l.attends() && l.kv_source.is_none() { bytes } else { 16 })
+                })
+                .collect()
         };
         // A short convolution's in_proj (3 d a row) and output (d), a Gated DeltaNet's input
         // projection and output (its value heads) share q|k|v's and attention's.
@@ -691,6 +724,17 @@ impl GpuModel {
                 false => None,
             },
             params_none: gpu.uniform("params_none", std::mem::size_of::<Params>() as u64),
+            ple: match &plan.ple {
+                Some(pe) => {
+                    let all = (pe.width * c.n_layers) as u64;
+                    Some([
+                        gpu.storage("ple_inputs", n * all * f)?,
+                        gpu.storage("ple_proj", n * all * f)?,
+                        gpu.storage("ple_gate", n * pe.width as u64 * f)?,
+                    ])
+                }
+                None => None,
+            },
             staging_argmax: [gpu.readback("staging_argmax", batch * 4), gpu.readback("staging_argmax", batch * 4)],
             staging_logits: gpu.readback("staging_logits", batch * c.vocab_size as u64 * f),
             top_k_want: gpu.storage("top_k_want", batch * 8)?,
@@ -728,17 +772,43 @@ impl GpuModel {
         let gb = GemvBatch { params, mb };
         let embed_scale = plan.embed_scale.unwrap_or(1.0);
         let mut ops = kernels::embed(gpu, p, params, &self.embd, embed_scale, &b.tokens, &b.x);
-        let qkv_stride = c.q_dim() + 2 * c.kv_dim();
+        // Gemma 4's per-layer inputs, from the tokens and the scaled embeddings.
+        let ple = match (&self.ple, &b.ple, &plan.ple) {
+            (Some((table, model_proj, norm)), Some([inputs, proj, _]), Some(pe)) => {
+                let all = pe.width * c.n_layers;
+                ops.extend(kernels::embed(gpu, p, params, table, (pe.width as f32).sqrt(), &b.tokens, inputs));
+                if tiled {
+                    ops.extend(kernels::gemm(gpu, p, params, model_proj, Epilogue::Store, &b.x, proj, all));
+                } else {
+                    ops.extend(kernels::gemv(gpu, p, gb, model_proj, act, Epilogue::Store, None, &b.x, proj, all));
+                }
+                ops.push(kernels::ple_inputs(gpu, p, params, c.n_layers, pe.width, c.d_model, eps, proj, inputs, norm));
+                Some(pe.width)
+            }
+            _ => None,
+        };
         // GPUs fold each pre-norm into the matrix-vector product that reads it (one dispatch less
         // per norm); CPU adapters keep the separate pass, which is cheaper there.
         let fuse = !tiled && gpu.style == KernelStyle::Gpu;
         let input = if fuse { &b.x } else { &b.xn };
+        let model_config = c;
         for (i, (l, lp)) in self.layers.iter().zip(&plan.layers).enumerate().take(layers) {
-            let (kc, vc) = (&b.k_cache[i], &b.v_cache[i]);
+            // The layer's own head size, KV heads and FFN width (Gemma 4's differ by layer).
+            let layer_config = model_config.with_dims(&lp.dims);
+            let c = &layer_config;
+            let qkv_stride = c.q_dim() + 2 * c.kv_dim();
+            // Gemma 4's KV-shared layers read an earlier layer's cache.
+            let source = lp.kv_source.unwrap_or(i);
+            let (kc, vc) = (&b.k_cache[source], &b.v_cache[source]);
             let rope = &plan.ropes[lp.rope];
             let kind = AttentionKind::of(plan, lp);
             let sinks = l.sinks.as_ref();
-            let extras = QkvExtras { bias: l.qkv_bias.as_ref(), qk_norm: l.qk_norm.as_ref().map(|n| (n, eps)) };
+            let extras = QkvExtras {
+                bias: l.qkv_bias.as_ref(),
+                qk_norm: l.qk_norm.as_ref().map(|n| (n, eps)),
+                v_norm: lp.v_norm.then_some(eps),
+                q_only: lp.kv_source.is_some(),
+            };
             // A projection into the residual stream (plus its bias, where it has one): added to
             // x, or through its post-norm first.
             let residual = |ops: &mut Vec<Dispatch>,
@@ -979,7 +1049,28 @@ impl GpuModel {
                 }
             }
             residual(&mut ops, p, &l.w_down, None, &b.h, &l.post_ffn_norm);
+            if let (Some((gate, proj, post)), Some(width), Some([inputs, _, g])) = (&l.ple, ple, &b.ple) {
+                // Gemma 4's per-layer embedding: GELU(inp_gate x) times the layer's inputs,
+                // through proj and its norm, added to x.
+                let d = c.d_model;
+                if tiled {
+                    ops.extend(kernels::gemm(gpu, p, params, gate, Epilogue::Store, &b.x, g, width));
+                } else {
+                    ops.extend(kernels::gemv(gpu, p, gb, gate, act, Epilogue::Store, None, &b.x, g, width));
+                }
+                ops.push(kernels::ple_gate(gpu, p, params, act, c.n_layers, width, i, g, inputs));
+                if tiled {
+                    ops.extend(kernels::gemm(gpu, p, params, proj, Epilogue::Store, g, &b.proj, d));
+                } else {
+                    ops.extend(kernels::gemv(gpu, p, gb, proj, act, Epilogue::Store, None, g, &b.proj, d));
+                }
+                ops.push(kernels::rms_norm(gpu, p, params, d, eps, NormOut::Add, &b.proj, post, &b.x));
+            }
+            if let Some(scale) = &l.out_scale {
+                ops.push(kernels::scale_rows(gpu, p, params, c.d_model, &b.x, scale));
+            }
         }
+        let c = model_config;
         let head = self.lm_head.as_ref().unwrap_or(&self.embd);
         let output_norm = &self.output_norm;
         let vocab = c.vocab_size;

@@ -219,8 +219,7 @@ fn gpu(force_f32: bool, style: Option<KernelStyle>, r: &Reference) -> GpuModel {
 
 #[test]
 fn gpu_matches_transformers_on_every_architecture_and_path() {
-    // Gemma 4 runs on the CPU backend alone so far (its refusal: the test below).
-    for name in MODELS.into_iter().filter(|&n| n != "gemma4") {
+    for name in MODELS {
         let r = Reference::load(name);
         let mut f32_path = gpu(true, None, &r);
         let worst = check(&r, &mut f32_path, 2e-3, "gpu f32 path");
@@ -250,10 +249,8 @@ fn batched_generation_gives_the_reference_tokens_on_the_newer_plans() {
     use webgpu_llm::sampling::SamplingParams;
     use webgpu_llm::speculate::{Drafter, Speculation};
     let backends = [BackendKind::Cpu, BackendKind::Gpu];
-    let both = ["smollm3", "gemma2", "qwen3moe", "lfm2", "gptoss", "qwen35", "qwen35moe"];
-    // Gemma 4 runs on the CPU backend alone so far.
-    for (name, backend) in both.into_iter().flat_map(|n| backends.map(|b| (n, b))).chain([("gemma4", BackendKind::Cpu)])
-    {
+    let names = ["smollm3", "gemma2", "qwen3moe", "lfm2", "gptoss", "qwen35", "qwen35moe", "gemma4"];
+    for (name, backend) in names.into_iter().flat_map(|n| backends.map(|b| (n, b))) {
         let r = Reference::load(name);
         let gpu = GpuOptions { force_f32: true, kv_tokens: Some(1024), ..Default::default() };
         let opts = LoadOptions { backend, context_length: Some(256), gpu };
@@ -394,7 +391,7 @@ fn model_info_counts_a_mixtures_active_parameters_and_a_hybrids_state() {
 fn beams_on_the_hybrid_and_the_mixture_give_the_cpu_beams() {
     use webgpu_llm::beam::{BeamOptions, EarlyStopping};
     use webgpu_llm::engine::{BackendKind, Engine, LoadOptions, Prompt};
-    for name in ["lfm2", "qwen3moe", "gptoss", "qwen35", "qwen35moe"] {
+    for name in ["lfm2", "qwen3moe", "gptoss", "qwen35", "qwen35moe", "gemma4"] {
         let r = Reference::load(name);
         let load = |backend| {
             let gpu = GpuOptions { force_f32: true, kv_tokens: Some(1024), ..Default::default() };
@@ -571,15 +568,4 @@ fn mtp_speculation_keeps_the_greedy_tokens() {
             eprintln!("qwen35 {what} case {ci}: MTP drafts {sp:?}");
         }
     }
-}
-
-/// Until Gemma 4's per-layer head sizes, KV sharing, V norm and per-layer embeddings have GPU
-/// kernels, its file is refused by the GPU backend naming them, before anything is uploaded;
-/// the engine's GPU load says so too (the CPU backend runs it: the references above).
-#[test]
-fn gemma4_on_the_gpu_is_refused_naming_what_is_missing() {
-    let r = Reference::load("gemma4");
-    let gpu = pollster::block_on(Gpu::new(GpuOptions::default())).expect("a GPU adapter (lavapipe in CI)");
-    let err = pollster::block_on(GpuModel::load(gpu, &r.gguf(), &r.bytes[..], 256, &mut |_, _| {})).err().unwrap();
-    assert!(err.to_string().contains("KV sharing") && err.to_string().contains("CPU backend"), "{err}");
 }

@@ -32,6 +32,10 @@ pub struct QkvExtras<'a> {
     pub bias: Option<&'a wgpu::Buffer>,
     /// q_norm then k_norm weights (head_dim each), and the epsilon.
     pub qk_norm: Option<(&'a wgpu::Buffer, f32)>,
+    /// Each V head RMS-normed without weights, with this epsilon (Gemma 4).
+    pub v_norm: Option<f32>,
+    /// q alone: the layer reads another layer's keys and values (Gemma 4's KV sharing).
+    pub q_only: bool,
 }
 
 /// Where the decode qkv projection sends its rows when it does rope_kv's work itself
@@ -54,6 +58,8 @@ impl RopeKvFold<'_> {
         self.rope.style == RopeStyle::Adjacent
             && extras.bias.is_none()
             && extras.qk_norm.is_none()
+            && extras.v_norm.is_none()
+            && !extras.q_only
             && self.config.head_dim % 2 == 0
             && self.rope.dim % 2 == 0
             && qkv.parts.iter().all(|p| !p.pair && p.rows % 2 == 0 && p.out % 2 == 0)
@@ -107,14 +113,15 @@ pub fn rope_kv(
         ("NEOX", (rope.style == RopeStyle::NeoX) as u32 as f64),
         ("BIAS", extras.bias.is_some() as u32 as f64),
         ("QK_NORM", extras.qk_norm.is_some() as u32 as f64),
-        ("EPS", extras.qk_norm.map_or(0.0, |n| n.1 as f64)),
+        ("V_NORM", extras.v_norm.is_some() as u32 as f64),
+        ("EPS", extras.qk_norm.map(|n| n.1).or(extras.v_norm).unwrap_or(0.0) as f64),
     ];
     let needs = Needs { kv_write: true, rope: true, ..Default::default() };
     let pipeline = cache.get(gpu, "rope_kv", include_str!("../../../shaders/rope_kv.wgsl"), needs, &consts, &overrides);
     let bias = extras.bias.unwrap_or(table);
     let norm = extras.qk_norm.map_or(table, |n| n.0);
     let bind_group = gpu.bind_group("rope_kv", &pipeline, &[params, qkv, table, k_cache, v_cache, bias, norm, batch]);
-    let heads = (c.n_heads + 2 * c.n_kv_heads) as u32;
+    let heads = if extras.q_only { c.n_heads } else { c.n_heads + 2 * c.n_kv_heads } as u32;
     // The qkv row and this position's cos/sin read, q rotated in place, k and v into the cache.
     let (q, kv) = (c.q_dim() as u64, c.kv_dim() as u64);
     let traffic = Traffic {

@@ -347,7 +347,12 @@ impl GpuModel {
                         copy(&d.conv_in, conv, from, to);
                         copy(&d.inputs, inputs, from, to);
                     }
+                    // A layer that reads another's keys (Gemma 4's KV sharing) has none to copy.
+                    _ if self.plan.layers[i].kv_source.is_some() => {}
                     _ => {
+                        // Each layer's block at its own size (Gemma 4's differ by layer).
+                        let dims = &self.plan.layers[i].dims;
+                        let kv = (KV_BLOCK * self.config.with_dims(dims).kv_dim()) as u64 * self.gpu.kv_bytes();
                         copy(&b.k_cache[i], kv, from, to);
                         copy(&b.v_cache[i], kv, from, to);
                     }
