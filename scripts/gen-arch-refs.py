@@ -381,13 +381,40 @@ ARCHS = [
                                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                                            "rope_theta": 1000000.0}}),
     },
+    {
+        "name": "lfm2moe",
+        "gguf_name": "Tiny Random LFM2 MoE",
+        "model_type": "lfm2_moe",
+        "hf_class": "Lfm2MoeForCausalLM",
+        # The router's expert selection bias (feed_forward.expert_bias) is a buffer, not a parameter (zeros in
+        # transformers' init): drawn N(0, 0.1) after the parameters, about the spread of the sigmoid scores (~0.15),
+        # so that it changes which experts are chosen for many tokens.
+        "expert_bias_std": 0.1,
+        "exercises": "LFM2 MoE: LFM2's hybrid layers (gated short convolutions 0, 2, 3 over 3 positions; attention 1, 4 "
+                     "with q/k RMSNorms, NEOX rope, GQA 4/2; conv layers marked by 0 in the per-layer "
+                     "attention.head_count_kv) with a mixture of experts after the leading dense blocks: layers 0-1 "
+                     "a dense SiLU FFN of width 96 (leading_dense_block_count 2), layers 2-4 8 SiLU experts of width "
+                     "16, the router's sigmoid scores (expert_gating_func 2) plus a per-expert selection bias "
+                     "(exp_probs_b, N(0, 0.1)) choose the top 3, weighted by their unbiased sigmoid scores "
+                     "renormalised to sum 1 (llama.cpp hard-codes norm_w; routed_scaling_factor 1, which llama.cpp "
+                     "does not read); the final norm is token_embd_norm; tied output",
+        # Experts of width 16 (not 32) keep the F32 GGUF under 1 MB; the dense FFN's 96 differs from it, so that
+        # feed_forward_length and expert_feed_forward_length cannot be confused.
+        "config": dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_experts=8,
+                       num_experts_per_tok=3, num_dense_layers=2, use_expert_bias=True, norm_topk_prob=True,
+                       routed_scaling_factor=1.0, num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=1024, norm_eps=1e-5,
+                       layer_types=["conv", "full_attention", "conv", "conv", "full_attention"],
+                       conv_L_cache=3, conv_bias=False, tie_word_embeddings=True,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    },
 ]
 
 # llama.cpp src/llama-model.cpp llama_model_rope_type(): which pairs rotate.
 # qwen35: IMROPE (interleaved multi-section rope; NEOX pairs, each pair's angle from one of 4 position streams).
 ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "smollm3": "norm",
               "gemma2": "neox", "qwen3moe": "neox", "lfm2": "neox", "gpt-oss": "neox", "qwen35": "imrope",
-              "qwen35moe": "imrope", "gemma4": "neox"}
+              "qwen35moe": "imrope", "gemma4": "neox", "lfm2moe": "neox"}
 
 # Qwen3.5 (Gated DeltaNet)
 STD_DT_BIAS = 0.5          # dt_bias N(0, 0.5)
@@ -509,6 +536,13 @@ def build_hf_model(spec, seed, arch_index):
                 kind = "matrix N(0,%g)" % STD_MATRIX
             p.copy_(torch.from_numpy(v.astype(np.float32)))
             init_log[name] = kind
+        if spec.get("expert_bias_std"):
+            # LFM2 MoE's expert_bias (a buffer): the router's selection bias, drawn after the parameters.
+            std = spec["expert_bias_std"]
+            for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
+                if name.endswith("expert_bias"):
+                    b.copy_(torch.from_numpy(rng.normal(0.0, std, size=tuple(b.shape)).astype(np.float32)))
+                    init_log[name] = "expert selection bias (buffer) N(0,%g)" % std
         if spec.get("layer_scalar"):
             lo, hi = spec["layer_scalar"]
             for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
@@ -747,6 +781,22 @@ class NpGGUF:
         # controls: router "softmax" (llama.cpp's hard-coded qwen35moe gating) or "sigmoid" (a wrong variant).
         self.shexp = self.shexp_gate = True
         self.router = "softmax"
+        # LFM2 MoE (llama.cpp's lfm2 graph with build_moe_ffn): the file's expert_gating_func (2 = sigmoid; llama.cpp
+        # requires the key for lfm2moe), the per-expert selection bias exp_probs_b added to the scores only to choose
+        # the experts (the weights are the unbiased scores), norm_w = true hard-coded, no weight scale (lfm2moe's
+        # loader does not read expert_weights_scale); the first leading_dense_block_count blocks have a dense FFN.
+        # Switches for the negative controls: sel_bias (use exp_probs_b), bias_in_weights (weights from the biased
+        # scores), dense_lead (run the leading blocks' dense FFN).
+        gating = int(f(f"{a}.expert_gating_func", 0))
+        if gating == 2:
+            self.router = "sigmoid"
+        else:
+            assert gating in (0, 1), gating
+        self.n_dense_lead = int(f(f"{a}.leading_dense_block_count", 0))
+        self.sel_bias = True
+        self.bias_in_weights = False
+        self.dense_lead = True
+        self.sel_log = None  # a list: (layer prefix, k-th minus (k+1)-th selection score, chosen, chosen without bias)
         self.moe_log = None  # a list: collects (layer prefix, chosen experts per token, their weights)
         self.w = {}
         for t in r.tensors:
@@ -759,7 +809,11 @@ class NpGGUF:
                 arr = arr.reshape(-1)
             self.w[t.name] = arr.astype(np.float64)
         self.out_w = self.w.get("output.weight", self.w["token_embd.weight"])
-        self.final_norm = "token_embd_norm.weight" if a == "lfm2" else "output_norm.weight"
+        if a == "lfm2moe":
+            # The leading dense blocks are exactly those without a router (llama.cpp creates the tensors so).
+            for l in range(self.n_layer):
+                assert (f"blk.{l}.ffn_gate_inp.weight" in self.w) == (l >= self.n_dense_lead), l
+        self.final_norm = "token_embd_norm.weight" if a in ("lfm2", "lfm2moe") else "output_norm.weight"
         half = self.n_rot // 2
         ff = self.w.get("rope_freqs.weight", np.ones(half))
         assert ff.shape == (half,)
@@ -1021,23 +1075,41 @@ class NpGGUF:
         g, u = self.lin(h, p + "ffn_gate" + suffix), self.lin(h, p + "ffn_up" + suffix)
         return self.lin(g / (1.0 + np.exp(-g)) * u, p + "ffn_down" + suffix)
 
+    def ffn_block(self, h, p):
+        """A block's FFN: the mixture of experts where the block has a router, else the dense SiLU FFN (LFM2 MoE's
+        leading dense blocks; skipped by the negative control dense_lead = False)."""
+        if p + "ffn_gate_inp.weight" in self.w:
+            return self.moe(h, p)
+        if not self.dense_lead:
+            return np.zeros_like(h)
+        return self.ffn(h, p)
+
     def moe(self, h, p):
         logits = h @ self.w[p + "ffn_gate_inp.weight"].T + self.w.get(p + "ffn_gate_inp.bias", 0.0)
         if self.gptoss:
             return self.moe_oai(h, p, logits)
-        if self.router == "sigmoid":  # negative control
+        if self.router == "sigmoid":  # lfm2moe; a negative control for qwen35moe
             probs = 1.0 / (1.0 + np.exp(-logits))
         else:
             probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
             probs /= probs.sum(axis=-1, keepdims=True)
+        sel = probs
+        if self.sel_bias and p + "exp_probs_b.bias" in self.w:
+            sel = probs + self.w[p + "exp_probs_b.bias"]
         out = np.zeros_like(h)
+        k = self.n_expert_used
         for t in range(h.shape[0]):
-            top = np.argsort(-probs[t], kind="stable")[:self.n_expert_used]
-            w = probs[t][top]
+            order = np.argsort(-sel[t], kind="stable")
+            top = order[:k]
+            w = (sel if self.bias_in_weights else probs)[t][top]
             if self.norm_topk:
                 w = w / w.sum()
             if self.moe_log is not None:
                 self.moe_log.append((p, top.tolist(), w.tolist()))
+            if self.sel_log is not None:
+                unbiased = np.argsort(-probs[t], kind="stable")[:k]
+                self.sel_log.append((p, float(sel[t][order[k - 1]] - sel[t][order[k]]), sorted(top.tolist()),
+                                     sorted(unbiased.tolist())))
             for e, we in zip(top, w):
                 g = self.w[p + "ffn_gate_exps.weight"][e] @ h[t]
                 u = self.w[p + "ffn_up_exps.weight"][e] @ h[t]
@@ -1207,7 +1279,7 @@ class NpGGUF:
             h = self.rms(x, self.w[p + "attn_norm.weight"])
             if self.kv_per_layer and self.kv_per_layer[l] == 0:
                 x = x + self.short_conv(h, p)
-                x = x + self.ffn(self.rms(x, self.w[p + "ffn_norm.weight"]), p)
+                x = x + self.ffn_block(self.rms(x, self.w[p + "ffn_norm.weight"]), p)
                 continue
             if p + "attn_qkv.weight" in self.w:
                 qkv = self.lin(h, p + "attn_qkv")
@@ -1242,7 +1314,7 @@ class NpGGUF:
             # gpt-oss names its pre-FFN norm post_attention_norm.
             h = self.rms(x, self.w[p + ("post_attention_norm.weight" if self.gptoss else "ffn_norm.weight")])
             if self.n_expert:
-                x = x + self.moe(h, p)
+                x = x + self.ffn_block(h, p)
                 continue
             if p + "ffn_gate.weight" in self.w:
                 g, u = self.lin(h, p + "ffn_gate"), self.lin(h, p + "ffn_up")
@@ -1358,6 +1430,12 @@ def negative_controls(gguf_path, ref):
         out["deltanet_no_silu_z_gate"] = run(lambda m: setattr(m, "ssm_gate", False))
         out["attention_no_sigmoid_gate"] = run(lambda m: setattr(m, "attn_gate", False))
         out["attention_query_gate_halves_not_per_head"] = run(lambda m: setattr(m, "qg_interleaved", False))
+    if m0.arch == "lfm2moe":
+        out["one_expert_more"] = run(lambda m: setattr(m, "n_expert_used", m.n_expert_used + 1))
+        out["no_expert_selection_bias"] = run(lambda m: setattr(m, "sel_bias", False))
+        out["selection_bias_also_in_weights"] = run(lambda m: setattr(m, "bias_in_weights", True))
+        out["router_softmax_not_sigmoid"] = run(lambda m: setattr(m, "router", "softmax"))
+        out["leading_dense_ffn_skipped"] = run(lambda m: setattr(m, "dense_lead", False))
     if m0.qwen35 and m0.n_expert:
         out["one_expert_more"] = run(lambda m: setattr(m, "n_expert_used", m.n_expert_used + 1))
         out["router_sigmoid_not_softmax"] = run(lambda m: setattr(m, "router", "sigmoid"))
@@ -1655,6 +1733,10 @@ def generate(args):
                     **({k: getattr(cfg, k) for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
                                                       "shared_expert_intermediate_size")}
                        if spec["name"] == "qwen35moe" else {}),
+                    **({k: getattr(cfg, k) for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                                      "num_dense_layers", "use_expert_bias", "norm_topk_prob",
+                                                      "routed_scaling_factor", "layer_types")}
+                       if spec["name"] == "lfm2moe" else {}),
                     **(gemma4_meta(cfg, summary, model) if spec["name"] == "gemma4" else {}),
                 },
                 "hf_config_json": json.load(open(os.path.join(hf_dir, "config.json"))),
@@ -1681,10 +1763,11 @@ def generate(args):
                 meta["deltanet_decay"] = {"min": float(dec.min()), "median": float(np.median(dec)),
                                           "max": float(dec.max()), "beta_min": float(bet.min()),
                                           "beta_max": float(bet.max())}
-            if spec["name"] == "qwen35moe":
+            if spec["name"] in ("qwen35moe", "lfm2moe"):
                 # How the router spreads the 40-token prompt's tokens over the experts (main layers).
                 npm = NpGGUF(gguf_path)
                 npm.moe_log = []
+                npm.sel_log = []
                 npm.forward(ref["cases"][-1]["prompt_ids"])
                 usage, wmin, wmax = {}, 1.0, 0.0
                 for pfx, top, wts in npm.moe_log:
@@ -1693,6 +1776,21 @@ def generate(args):
                         u[e] += 1
                     wmin, wmax = min(wmin, min(wts)), max(wmax, max(wts))
                 meta["expert_usage_last_prompt"] = {"per_layer_counts": usage, "weight_min": wmin, "weight_max": wmax}
+                if spec["name"] == "lfm2moe":
+                    # The selection bias's effect: (token, layer) pairs whose chosen set differs from the top-k of
+                    # the unbiased scores; the smallest gap between the k-th and (k+1)-th biased score (a float32
+                    # engine must pick the same experts: the gap is far above float32 rounding).
+                    changed = sum(1 for _, _, a_, b_ in npm.sel_log if a_ != b_)
+                    npa = NpGGUF(gguf_path)
+                    npa.sel_log = []
+                    for c in ref["cases"]:
+                        npa.forward(c["prompt_ids"] + c["greedy_ids"][:-1])
+                    meta["expert_selection_bias"] = {
+                        "last_prompt_token_layer_pairs": len(npm.sel_log),
+                        "last_prompt_chosen_set_changed_by_bias": changed,
+                        "all_cases_token_layer_pairs": len(npa.sel_log),
+                        "all_cases_chosen_set_changed_by_bias": sum(1 for _, _, a_, b_ in npa.sel_log if a_ != b_),
+                        "all_cases_min_gap_kth_vs_next_selection_score": min(gp for _, gp, _, _ in npa.sel_log)}
             if mtp_hf is not None:
                 ref["mtp"] = mtp_reference(gguf_path, ref, model, mtp_hf)
                 mt = {k: v for k, v in ref["mtp"].items() if k not in ("cases", "about")}
@@ -1774,6 +1872,9 @@ def rot_cell(c):
 def ffn_cell(c):
     if "full_head_dim" in c and c.get("use_double_wide_mlp"):
         return f"{c['intermediate_size']} ({2 * c['intermediate_size']} on KV-shared)"
+    if "num_dense_layers" in c:
+        return (f"{c['intermediate_size']} (blk 0-{c['num_dense_layers'] - 1}) + {c['num_experts']}x"
+                f"{c['moe_intermediate_size']} (top {c['num_experts_per_tok']})")
     if c["intermediate_size"] is None and "num_experts" in c:
         return (f"{c['num_experts']}x{c['moe_intermediate_size']} (top {c['num_experts_per_tok']}) "
                 f"+ shared {c['shared_expert_intermediate_size']}")
@@ -1801,7 +1902,7 @@ def write_readme(args, results, vers):
         blk0 = [t for t in tens if t[0].startswith("blk.0.")]
         other = [t for t in tens if not t[0].startswith("blk.")]
         extra = ""
-        if arch in ("qwen35", "qwen35moe", "gemma4"):
+        if arch in ("qwen35", "qwen35moe", "gemma4", "lfm2moe"):
             # The other block kinds: qwen35: a full-attention layer and the nextn (MTP) block; gemma4: full layers,
             # KV-shared sliding and full layers.
             n_blk = md[f"{arch}.block_count"]
@@ -1820,12 +1921,25 @@ def write_readme(args, results, vers):
                                                          + (f" (K/V of layer {src[l]})" if l in src else "")
                                                          for l, t in enumerate(c["layer_types"]))
                           + f"; `layer_output_scale` values: {c['layer_scalars']}\n")
+            if "num_dense_layers" in c:
+                extra += ("- layer kinds: " + ", ".join(
+                    f"{l} {'conv' if t == 'conv' else 'attention'} + {'dense FFN' if l < c['num_dense_layers'] else 'MoE'}"
+                    for l, t in enumerate(c["layer_types"])) + "\n")
             if "expert_usage_last_prompt" in meta:
                 eu = meta["expert_usage_last_prompt"]
                 extra += (f"- experts chosen (top {md[arch + '.expert_used_count']}) by the 40-token prompt's tokens, counts per "
                           f"expert 0..{md[arch + '.expert_count'] - 1}: "
                           + "; ".join(f"{k} {v}" for k, v in eu["per_layer_counts"].items())
                           + f"; renormalised weights from {eu['weight_min']:.3f} to {eu['weight_max']:.3f}\n")
+            if "expert_selection_bias" in meta:
+                sb = meta["expert_selection_bias"]
+                extra += (f"- the selection bias changes the chosen set (vs the top {md[arch + '.expert_used_count']} of "
+                          f"the unbiased scores) for {sb['last_prompt_chosen_set_changed_by_bias']} of the 40-token prompt's "
+                          f"{sb['last_prompt_token_layer_pairs']} (token, MoE layer) pairs, "
+                          f"{sb['all_cases_chosen_set_changed_by_bias']} of {sb['all_cases_token_layer_pairs']} over all "
+                          f"three cases (prompt + greedy); smallest gap between the k-th and (k+1)-th biased score "
+                          f"anywhere: {sb['all_cases_min_gap_kth_vs_next_selection_score']:.1e} (float32 rounding of "
+                          f"the scores is ~1e-7)\n")
             if "deltanet_decay" in meta:
                 dd = meta["deltanet_decay"]
                 extra += (f"- Gated DeltaNet per-token decay exp(g) over the 40-token prompt's linear layers and v heads: "
@@ -1879,7 +1993,7 @@ README_TEMPLATE = """# Tiny random-weight reference models per architecture
 
 Generated by `scripts/gen-arch-refs.py --llama-cpp-check` (seed {seed}; setup steps in the script's docstring;
 smollm3, gemma2, qwen3moe, qwen3yarn, gptoss, lfm2 and qwen35 were added later with `--only NAME`, without the
-llama.cpp run; qwen35moe and gemma4 with `--only NAME --llama-cpp-check`);
+llama.cpp run; qwen35moe, gemma4 and lfm2moe with `--only NAME --llama-cpp-check`);
 rerun it to regenerate everything (the GGUF bytes, reference values and this README are deterministic for a given
 seed and library versions: two full runs gave byte-identical files).
 Versions: {vers}.
@@ -1914,6 +2028,11 @@ Each `<name>/` holds:
   except q_norm/k_norm U(0.25, 0.75) (with attention scale 1 the usual U(0.5, 1.5) makes the attention nearly one-hot
   and float32 transformers drift 8e-5 from float64); the per-layer token table `embed_tokens_per_layer` N(0, 0.4);
   the per-layer output scalars (`layer_scalar`, buffers, not parameters) U(0.5, 1.5), drawn after the parameters.
+  lfm2moe (tied, LFM2's scheme: convolution taps N(0, 0.5), attention `out_proj`, conv `out_proj` and the dense `w2`
+  N(0, 0.08), their names not being o_proj/down_proj): router and expert matrices N(0, 0.08), the stacked experts'
+  `down_proj` N(0, 0.3) like the tied models' down_proj; the routers' selection bias `expert_bias` (a buffer, zeros in
+  transformers) N(0, 0.1), drawn after the parameters (save_pretrained writes it and per-expert w1/w2/w3 tensors, as
+  the LFM2-8B-A1B checkpoint stores them; the converter stacks the experts and renames the bias `exp_probs_b.bias`).
 - Conversion: `convert_hf_to_gguf.py` from the llama-cpp-python 0.3.36 sdist (`vendor/llama.cpp`, with its vendored
   gguf-py), run via `runpy` with two monkey-patches: `TextModel.get_vocab_base_pre` returns `"smollm"` (the
   converter does not know our tokenizer's pre-tokenizer hash), and for phi3 `Phi3MiniModel.set_vocab` is replaced by
@@ -1968,6 +2087,25 @@ Each `<name>/` holds:
   is 0 (the converter writes the array from `layer_types`; llama.cpp's `load_arch_hparams` marks them recurrent
   so); the kernel length is `shortconv.l_cache`; the final norm is `token_embd_norm` (transformers'
   `embedding_norm`, applied after the last layer).
+
+- LFM2 MoE (`lfm2moe`): LFM2's layers (conv layers by 0 in `attention.head_count_kv`, `shortconv.l_cache`, final norm
+  `token_embd_norm`, q/k RMSNorms `attn_q_norm` / `attn_k_norm` [head_dim] before NEOX rope, attention scale
+  1/sqrt(n_embd / head_count), no `attention.key_length` written) with the FFN chosen per block: the first
+  `leading_dense_block_count` blocks (2; optional key, default 0) have a dense SiLU FFN (`ffn_gate`, `ffn_up` ne
+  [n_embd, feed_forward_length], `ffn_down`); every later block has a router `ffn_gate_inp` ne [n_embd, n_expert], a
+  selection bias `exp_probs_b.bias` ne [n_expert] (required by llama.cpp: a checkpoint with `use_expert_bias` false
+  does not load) and stacked experts `ffn_gate_exps` / `ffn_up_exps` ne [n_embd, expert_feed_forward_length,
+  n_expert], `ffn_down_exps` ne [expert_feed_forward_length, n_embd, n_expert]; no biases besides `exp_probs_b`. The
+  file says `expert_count` (8), `expert_used_count` (3), `expert_feed_forward_length` (16), `feed_forward_length` (96:
+  the dense blocks' width) and `expert_gating_func` (2 = sigmoid; written by the converter for every LFM2 MoE,
+  required by llama.cpp's loader). Routing (llama.cpp build_moe_ffn; transformers Lfm2MoeTopKRouter): s =
+  sigmoid(ffn_gate_inp x); the experts are the top `expert_used_count` of s + exp_probs_b; their weights are the
+  UNBIASED s of the chosen experts divided by their sum; FFN(x) = sum w_e down_e(SiLU(gate_e x) * up_e x). What the
+  file leaves implicit: the renormalisation (llama.cpp's lfm2 graph passes norm_w = true whatever the file says; no
+  `expert_weights_norm` key; transformers' norm_topk_prob, true here and in LFM2-8B-A1B, divides by sum + 1e-6, llama.cpp
+  by max(sum, 6.1e-5): a 1e-6 relative difference), the weight scale (transformers' routed_scaling_factor, 1 here and
+  in LFM2-8B-A1B: the converter writes no `expert_weights_scale` and llama.cpp's lfm2moe loader would not read one:
+  scale 1), SiLU experts and dense FFN, and the bias's role (selection only).
 
 - Qwen3.5 (`qwen35`): `block_count` counts the MTP blocks too: the main model is the first
   `block_count - nextn_predict_layers` blocks (here 4 of 5; blk.4 is the nextn block, skipped by the main pass).
@@ -2083,7 +2221,10 @@ layer's weights instead of reading its K/V, KV-shared layers reading the first l
 rope ignoring rope_freqs (all 16 pairs rotated: the smallest effect, 0.2), rotating only the 8 rotated dims with
 exponents over 8, with the sliding layers' 16 rope dims, or with the sliding base, no V norm, V = the normed and
 roped K on the k = v layers, attention scale 1/sqrt(head_dim), embeddings not times sqrt(n_embd), no layer scalar,
-no final soft-capping, no sliding window);
+no final soft-capping, no sliding window; for lfm2moe: no expert selection bias (experts from the unbiased sigmoid
+scores; `drop_biases` is the same control, exp_probs_b being its only bias), the bias also in the weights (the
+smallest effect, 0.6), softmax instead of sigmoid scores, no renormalisation, one expert fewer or more, the leading
+dense blocks' FFN skipped);
 each moves the logits by O(1), so the references do pin each of these details.
 `python scripts/gen-arch-refs.py --check-only` reruns just this check (and the
 sha256) on the committed files.
