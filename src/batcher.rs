@@ -692,11 +692,14 @@ impl Batcher {
                                 spec.context.clear();
                                 spec.context.extend_from_slice(&r.seq.tokens);
                                 spec.context.push(next);
-                                match (&engine.backend, &mut r.kv) {
+                                match (&mut engine.backend, &mut r.kv) {
                                     (Backend::Cpu { model, .. }, SeqState::Cpu(cache)) => {
                                         model.mtp_draft(cache, &spec.context, k, &mut spec.draft)?
                                     }
-                                    _ => unreachable!("an MTP head runs on the CPU backend (refused at prepare)"),
+                                    (Backend::Gpu(model), &mut SeqState::Gpu(seq)) => {
+                                        model.mtp_draft_in(seq, &spec.context, k, &mut spec.draft).await?
+                                    }
+                                    _ => unreachable!("a request's cache is on its engine's backend"),
                                 }
                                 spec.stats.draft_passes += spec.draft.len();
                             }

@@ -306,7 +306,7 @@ impl Engine {
     pub fn has_mtp(&self) -> bool {
         match &self.backend {
             Backend::Cpu { model } => model.has_mtp(),
-            Backend::Gpu(_) => false,
+            Backend::Gpu(model) => model.has_mtp(),
         }
     }
 

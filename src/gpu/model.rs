@@ -62,6 +62,12 @@ enum Pass<'a> {
     Prefill,
     /// Prefill that writes every position's logits into the given buffer.
     AllLogits(&'a wgpu::Buffer),
+    /// Qwen3.5's MTP head over a chunk of one sequence's positions (prefill-style): its input
+    /// rows from the tokens and the kept hidden states (`chained`: the hidden state in `mtp_h`'s
+    /// first row, the head's own last output), its layer, the last row's logits and argmax.
+    Mtp {
+        chained: bool,
+    },
     /// A decode step of more than WIDE_ROWS rows: the prefill's tiled matrix products for the
     /// projections and the LM head (each weight read once per 64 rows), decode attention (each
     /// row its own sequence's blocks).
@@ -113,6 +119,18 @@ struct LayerWeights {
     /// Gemma 4's per-layer embedding (inp_gate, proj, post_norm) and output scalar.
     ple: Option<(Linear, Linear, wgpu::Buffer)>,
     out_scale: Option<wgpu::Buffer>,
+}
+
+/// Qwen3.5's MTP head (`arch::Mtp`): its layer, eh_proj, the norms, and its own embedding
+/// table and output where the file has them (else the model's).
+struct MtpWeights {
+    layer: LayerWeights,
+    eh_proj: Linear,
+    enorm: wgpu::Buffer,
+    hnorm: wgpu::Buffer,
+    head_norm: wgpu::Buffer,
+    embed: Option<Linear>,
+    head: Option<Linear>,
 }
 
 /// A Gated DeltaNet layer's vectors (f32): the convolution's taps, dt_bias, a (-exp(A_log))
@@ -194,6 +212,12 @@ struct Buffers {
     /// Gemma 4's per-layer inputs (rows of layers x width), the model projection's rows, and a
     /// layer's gate (rows of width).
     ple: Option<[wgpu::Buffer; 3]>,
+    /// With an MTP head: every position's final hidden state (after the output norm, paged like
+    /// the KV cache), the head's layer's keys and values, and its rows: hidden states in,
+    /// embedding|hidden, its normed output.
+    hidden: Option<wgpu::Buffer>,
+    mtp_kv: Option<[wgpu::Buffer; 2]>,
+    mtp_rows: Option<[wgpu::Buffer; 3]>,
     /// Two, used in turn: pipelined greedy steps read one while the next step fills the other.
     staging_argmax: [wgpu::Buffer; 2],
     staging_logits: wgpu::Buffer,
@@ -257,6 +281,11 @@ pub struct GpuModel {
     round_wide: Option<Vec<Dispatch>>,
     /// Self-speculation's draft step (its layer count and dispatches); made on first use.
     draft: Option<(usize, Vec<Dispatch>)>,
+    /// Qwen3.5's MTP head, its passes (the hidden states gathered, chained; made on first use)
+    /// and the positions each sequence slot's head has read.
+    mtp: Option<MtpWeights>,
+    mtp_passes: Option<[Vec<Dispatch>; 2]>,
+    mtp_len: Vec<usize>,
     prefill: Vec<Dispatch>,
     /// The top-k selection that follows a pass for the rows whose sampler asks for it.
     select: Option<Dispatch>,
@@ -372,7 +401,8 @@ impl GpuModel {
         };
         progress(1, total);
         let mut layers = Vec::with_capacity(c.n_layers);
-        for (i, l) in plan.layers.iter().enumerate() {
+        // One layer's weights from its plan (the model's layers, the MTP head's).
+        let load_layer = async |l: &crate::arch::LayerPlan| -> Result<LayerWeights> {
             // Gated attention: each head's query rows, then its gate rows, in the q tensor.
             let head_halves = |name: &str, second: bool| -> Result<Vec<Rows<'_>>> {
                 let rows = Rows::of(g.require_tensor(name)?)?;
@@ -433,7 +463,7 @@ impl GpuModel {
                 }
                 None => None,
             };
-            layers.push(LayerWeights {
+            Ok::<_, Error>(LayerWeights {
                 attn_norm: f32_buffer("attn_norm", fetch(g, src, &[&l.attn_norm]).await?)?,
                 qkv,
                 qkv_bias: optional_f32("qkv_bias", l.qkv_bias.as_ref().map(|n| &n[..])).await?,
@@ -500,9 +530,30 @@ impl GpuModel {
                 router,
                 post_ffn_norm: optional_f32("post_ffn_norm", l.post_ffn_norm.as_ref().map(std::slice::from_ref))
                     .await?,
-            });
+            })
+        };
+        for (i, l) in plan.layers.iter().enumerate() {
+            layers.push(load_layer(l).await?);
             progress(i + 2, total);
         }
+        let mtp = match &plan.mtp {
+            Some(m) => Some(MtpWeights {
+                layer: load_layer(&m.layer).await?,
+                eh_proj: linear("mtp_eh_proj", &[&m.eh_proj]).await?,
+                enorm: f32_buffer("mtp_enorm", fetch(g, src, &[&m.enorm]).await?)?,
+                hnorm: f32_buffer("mtp_hnorm", fetch(g, src, &[&m.hnorm]).await?)?,
+                head_norm: f32_buffer("mtp_head_norm", fetch(g, src, &[&m.head_norm]).await?)?,
+                embed: match m.embed == plan.token_embd {
+                    true => None,
+                    false => Some(linear("mtp_embed", &[&m.embed]).await?),
+                },
+                head: match m.head == plan.output {
+                    true => None,
+                    false => Some(linear("mtp_head", &[&m.head]).await?),
+                },
+            }),
+            None => None,
+        };
         let output_norm = f32_buffer("output_norm", fetch(g, src, &[&plan.output_norm]).await?)?;
         let lm_head =
             if plan.output == plan.token_embd { None } else { Some(linear("output", &[&plan.output]).await?) };
@@ -562,6 +613,9 @@ impl GpuModel {
             round_narrow: None,
             round_wide: None,
             draft: None,
+            mtp,
+            mtp_passes: None,
+            mtp_len: vec![0; max_seqs],
             prefill: Vec::new(),
             select: None,
             all_logits: None,
@@ -620,7 +674,6 @@ impl GpuModel {
         let kv_bytes = (pool_tokens * c.kv_dim()) as u64 * gpu.kv_bytes();
         // Each attention layer's keys and values at its own size (Gemma 4's differ by layer; its
         // KV-shared layers keep none).
-        let _ = kv_bytes;
         let cache_per_layer = |label: &str| -> Result<Vec<wgpu::Buffer>> {
             plan.layers
                 .iter()
@@ -724,6 +777,22 @@ impl GpuModel {
                 false => None,
             },
             params_none: gpu.uniform("params_none", std::mem::size_of::<Params>() as u64),
+            hidden: match plan.mtp.is_some() {
+                true => Some(gpu.storage("mtp_hidden", (pool_tokens * c.d_model) as u64 * f)?),
+                false => None,
+            },
+            mtp_kv: match plan.mtp.is_some() {
+                true => Some([gpu.storage("mtp_k_cache", kv_bytes)?, gpu.storage("mtp_v_cache", kv_bytes)?]),
+                false => None,
+            },
+            mtp_rows: match plan.mtp.is_some() {
+                true => Some([
+                    gpu.storage("mtp_h", n * c.d_model as u64 * f)?,
+                    gpu.storage("mtp_cat", n * 2 * c.d_model as u64 * f)?,
+                    gpu.storage("mtp_out", n * c.d_model as u64 * f)?,
+                ]),
+                false => None,
+            },
             ple: match &plan.ple {
                 Some(pe) => {
                     let all = (pe.width * c.n_layers) as u64;
@@ -752,7 +821,8 @@ impl GpuModel {
             _ => (1, self.layers.len()),
         };
         // Attention over a prompt chunk (and its last row's logits), or each row's own.
-        let prefill = matches!(pass, Pass::Prefill | Pass::AllLogits(_));
+        let prefill = matches!(pass, Pass::Prefill | Pass::AllLogits(_) | Pass::Mtp { .. });
+        let mtp_pass = matches!(pass, Pass::Mtp { .. });
         let round = matches!(pass, Pass::Round { .. });
         // Tiled matrix products for every projection, or matrix-vector products.
         let tiled = !matches!(pass, Pass::Decode { .. } | Pass::Round { tiled: false });
@@ -765,15 +835,43 @@ impl GpuModel {
         // first row of each run, and a prompt chunk's last row).
         let decode_rows = match pass {
             Pass::Round { .. } => &b.params_decode,
-            Pass::Prefill | Pass::AllLogits(_) => &b.params_none,
+            Pass::Prefill | Pass::AllLogits(_) | Pass::Mtp { .. } => &b.params_none,
             Pass::Decode { .. } | Pass::WideDecode => &b.params,
         };
         let (params, eps, act) = (&b.params, c.rms_eps, plan.activation);
         let gb = GemvBatch { params, mb };
         let embed_scale = plan.embed_scale.unwrap_or(1.0);
-        let mut ops = kernels::embed(gpu, p, params, &self.embd, embed_scale, &b.tokens, &b.x);
+        let mut ops = Vec::new();
+        // The MTP head's input rows: eh_proj(enorm(embedding) | hnorm(hidden state)) into x.
+        let mtp = match (pass, &self.mtp, &plan.mtp, &b.hidden, &b.mtp_rows) {
+            (Pass::Mtp { chained }, Some(m), Some(pm), Some(hidden), Some([h, cat, _])) => {
+                let d = c.d_model;
+                ops.extend(kernels::embed(
+                    gpu,
+                    p,
+                    params,
+                    m.embed.as_ref().unwrap_or(&self.embd),
+                    1.0,
+                    &b.tokens,
+                    &b.x,
+                ));
+                ops.push(kernels::rms_norm(gpu, p, params, d, eps, NormOut::Store, &b.x, &m.enorm, &b.xn));
+                if !chained {
+                    ops.push(kernels::hidden(gpu, p, params, d, eps, true, &b.x, &m.hnorm, hidden, h, &b.batch));
+                }
+                ops.push(kernels::rms_norm(gpu, p, params, d, eps, NormOut::Store, h, &m.hnorm, &b.proj));
+                ops.push(kernels::concat_rows(gpu, p, params, d, &b.xn, &b.proj, cat));
+                ops.extend(kernels::gemm(gpu, p, params, &m.eh_proj, Epilogue::Store, cat, &b.x, d));
+                Some((m, pm))
+            }
+            _ => None,
+        };
+        if mtp.is_none() {
+            ops.extend(kernels::embed(gpu, p, params, &self.embd, embed_scale, &b.tokens, &b.x));
+        }
         // Gemma 4's per-layer inputs, from the tokens and the scaled embeddings.
         let ple = match (&self.ple, &b.ple, &plan.ple) {
+            _ if mtp_pass => None,
             (Some((table, model_proj, norm)), Some([inputs, proj, _]), Some(pe)) => {
                 let all = pe.width * c.n_layers;
                 ops.extend(kernels::embed(gpu, p, params, table, (pe.width as f32).sqrt(), &b.tokens, inputs));
@@ -792,14 +890,24 @@ impl GpuModel {
         let fuse = !tiled && gpu.style == KernelStyle::Gpu;
         let input = if fuse { &b.x } else { &b.xn };
         let model_config = c;
-        for (i, (l, lp)) in self.layers.iter().zip(&plan.layers).enumerate().take(layers) {
+        // The pass's layers: the model's first `layers`, or the MTP head's (numbered after them).
+        let list: Vec<(usize, &LayerWeights, &crate::arch::LayerPlan)> = match mtp {
+            Some((m, pm)) => vec![(plan.layers.len(), &m.layer, &pm.layer)],
+            None => {
+                self.layers.iter().zip(&plan.layers).enumerate().take(layers).map(|(i, (l, lp))| (i, l, lp)).collect()
+            }
+        };
+        for (i, l, lp) in list {
             // The layer's own head size, KV heads and FFN width (Gemma 4's differ by layer).
             let layer_config = model_config.with_dims(&lp.dims);
             let c = &layer_config;
             let qkv_stride = c.q_dim() + 2 * c.kv_dim();
-            // Gemma 4's KV-shared layers read an earlier layer's cache.
+            // Gemma 4's KV-shared layers read an earlier layer's cache; the MTP head its own.
             let source = lp.kv_source.unwrap_or(i);
-            let (kc, vc) = (&b.k_cache[source], &b.v_cache[source]);
+            let (kc, vc) = match (&b.mtp_kv, mtp_pass) {
+                (Some([k, v]), true) => (k, v),
+                _ => (&b.k_cache[source], &b.v_cache[source]),
+            };
             let rope = &plan.ropes[lp.rope];
             let kind = AttentionKind::of(plan, lp);
             let sinks = l.sinks.as_ref();
@@ -834,7 +942,9 @@ impl GpuModel {
             if !fuse {
                 ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, &l.attn_norm, &b.xn));
             }
-            if let (Some(dn), Some(dw), Some(db), Some(dq)) = (&lp.delta, &l.delta, &b.delta[i], &b.delta_q) {
+            let (delta_buffers, conv_state) =
+                (b.delta.get(i).and_then(Option::as_ref), b.conv_state.get(i).and_then(Option::as_ref));
+            if let (Some(dn), Some(dw), Some(db), Some(dq)) = (&lp.delta, &l.delta, delta_buffers, &b.delta_q) {
                 // Qwen3.5's Gated DeltaNet: q|k|v, z, b and alpha in one projection (in `qkv`);
                 // the convolution and norms; the delta rule over each run of a sequence's rows;
                 // the gated norm; the output projection.
@@ -879,7 +989,7 @@ impl GpuModel {
                 ));
                 ops.push(kernels::delta_out(gpu, p, params, s, eps, &b.attn, &b.qkv, &dw.norm));
                 residual(&mut ops, p, &l.wo, None, &b.attn, &l.post_attn_norm);
-            } else if let (Some(sc), Some(state), Some(taps)) = (&lp.conv, &b.conv_state[i], &l.conv_taps) {
+            } else if let (Some(sc), Some(state), Some(taps)) = (&lp.conv, conv_state, &l.conv_taps) {
                 // LFM2's short convolution: in_proj (in `qkv`) to B, C, x; B * x into the
                 // layer's state at each row's position; C * its convolution into `attn`.
                 let (d, norm) = (c.d_model, fuse.then_some((&l.attn_norm, eps)));
@@ -1072,6 +1182,27 @@ impl GpuModel {
         }
         let c = model_config;
         let head = self.lm_head.as_ref().unwrap_or(&self.embd);
+        let vocab = c.vocab_size;
+        if let (Some((m, _)), Some([_, _, out])) = (mtp, &b.mtp_rows) {
+            // The MTP head's output: every row's normed hidden state (a chained draft reads the
+            // last), the last row's logits and argmax.
+            let d = c.d_model;
+            ops.push(kernels::rms_norm(gpu, p, params, d, eps, NormOut::Store, &b.x, &m.head_norm, out));
+            ops.push(kernels::rms_norm(gpu, p, params, d, eps, NormOut::StoreLast, &b.x, &m.head_norm, &b.xn));
+            let head = m.head.as_ref().unwrap_or(head);
+            ops.extend(kernels::gemv(gpu, p, gb, head, act, Epilogue::Store, None, &b.xn, &b.logits, vocab));
+            ops.extend(
+                plan.final_softcap
+                    .map(|cap| kernels::softcap_rows(gpu, p, params, vocab, cap, false, &b.logits, max_rows)),
+            );
+            ops.push(kernels::argmax(gpu, p, params, vocab, &b.logits, &b.argmax, max_rows));
+            return ops;
+        }
+        if let (Some(hidden), Some([h, _, _]), true) = (&b.hidden, &b.mtp_rows, commit) {
+            // With an MTP head: every row's final hidden state kept at its position.
+            let d = c.d_model;
+            ops.push(kernels::hidden(gpu, p, params, d, eps, false, &b.x, &self.output_norm, hidden, h, &b.batch));
+        }
         let output_norm = &self.output_norm;
         let vocab = c.vocab_size;
         // Final-logit soft-capping (Gemma 2) of the rows the LM head wrote.
@@ -1199,6 +1330,11 @@ impl GpuModel {
         (kv.sum(), state.sum())
     }
 
+    /// The model has a multi-token-prediction head (Qwen3.5's) to draft with.
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
     /// Decode rows one step takes at most.
     pub fn max_batch(&self) -> usize {
         self.max_batch
@@ -1221,6 +1357,9 @@ impl GpuModel {
     }
 
     fn reset_state(&mut self, seq: SeqId) {
+        if let Some(n) = self.mtp_len.get_mut(seq.0) {
+            *n = 0;
+        }
         for (db, l) in self.buf.delta.iter().zip(&self.plan.layers) {
             if let (Some(db), Some(dn)) = (db, &l.delta) {
                 let heads = dn.shape.v_heads;
@@ -1266,5 +1405,8 @@ impl GpuModel {
     pub fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
         self.pool.truncate(seq, len);
         self.mark_dirty(seq);
+        if let Some(n) = self.mtp_len.get_mut(seq.0) {
+            *n = (*n).min(len);
+        }
     }
 }

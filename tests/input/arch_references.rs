@@ -503,7 +503,8 @@ fn doctored(r: &Reference, scale: &[(&str, f32)]) -> Vec<u8> {
     bytes
 }
 
-/// `speculate: "mtp"` (Qwen3.5's MTP head drafting, on the CPU backend) keeps the greedy tokens:
+/// `speculate: "mtp"` (Qwen3.5's MTP head drafting, on the CPU backend and the GPU's f32 path,
+/// whose drafts and counts are the CPU's) keeps the greedy tokens:
 /// on the reference model, transformers' (its random head's drafts are rejected, so the Gated
 /// DeltaNet's state goes back over rejected positions); and on a copy whose layers write a fifth
 /// of what they did into the residual stream (so the model often repeats its input token) and
@@ -540,24 +541,38 @@ fn mtp_speculation_keeps_the_greedy_tokens() {
         ..Default::default()
     };
     let mtp = Some(Speculation { drafter: Drafter::Mtp, draft_tokens: 3 });
-    for (file, what) in [(&r.bytes, "the reference model"), (&echo, "the echoing copy")] {
-        let opts = LoadOptions { backend: BackendKind::Cpu, context_length: Some(256), gpu: Default::default() };
+    // The CPU's figures per (file, case): the GPU's f32 path drafts the same tokens.
+    let mut cpu_stats = Vec::new();
+    let files = [(&r.bytes, "the reference model"), (&echo, "the echoing copy")];
+    for ((file, what), backend) in [BackendKind::Cpu, BackendKind::Gpu].into_iter().flat_map(|b| files.map(|f| (f, b)))
+    {
+        let gpu = GpuOptions { force_f32: true, ..Default::default() };
+        let opts = LoadOptions { backend, context_length: Some(256), gpu };
         let mut engine = pollster::block_on(Engine::load(file, opts, &mut |_, _| {})).unwrap();
         for (ci, case) in r.cases().iter().enumerate() {
             let prompt = Prompt::Tokens(ids(&case["prompt_ids"]));
             let mut run = |o: &GenerateOptions| {
-                let mut out = Vec::new();
+                let (mut out, mut origins) = (Vec::new(), Vec::new());
                 let stats = pollster::block_on(engine.generate(&prompt, o, &mut |ev| {
                     out.push(ev.id);
+                    origins.push(ev.speculation.clone());
                     true
                 }))
                 .unwrap();
-                (out, stats.speculation)
+                (out, (stats.speculation, origins))
             };
             let (plain, _) = run(&options(None));
-            let (drafted, sp) = run(&options(mtp));
+            let (drafted, (sp, origins)) = run(&options(mtp));
             let sp = sp.expect("speculation stats");
-            assert_eq!(drafted, plain, "{what} case {ci}: with MTP drafts ({sp:?})");
+            assert_eq!(drafted, plain, "{what} {backend:?} case {ci}: with MTP drafts ({sp:?})");
+            // Each token's origin: an accepted draft, or the drafts (their texts) it replaced.
+            match backend {
+                BackendKind::Cpu => cpu_stats.push(((what, ci), (sp, origins))),
+                BackendKind::Gpu => {
+                    let cpu = &cpu_stats.iter().find(|(key, _)| *key == (what, ci)).expect("the CPU ran first").1;
+                    assert_eq!((sp, &origins), (cpu.0, &cpu.1), "{what} case {ci}: the GPU's MTP drafts are the CPU's");
+                }
+            }
             if file == &r.bytes {
                 assert_eq!(plain, ids(&case["greedy_ids"]), "case {ci}: transformers' greedy tokens");
                 assert!(sp.drafted > 0, "case {ci}: {sp:?}");
@@ -565,7 +580,7 @@ fn mtp_speculation_keeps_the_greedy_tokens() {
                 assert!(sp.accepted > 0 && sp.accepted < sp.drafted, "{what} case {ci}: {sp:?}");
                 assert!(sp.passes < 16, "{what} case {ci}: accepted drafts save passes: {sp:?}");
             }
-            eprintln!("qwen35 {what} case {ci}: MTP drafts {sp:?}");
+            eprintln!("qwen35 {what} {backend:?} case {ci}: MTP drafts {sp:?}");
         }
     }
 }

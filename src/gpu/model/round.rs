@@ -339,7 +339,17 @@ impl GpuModel {
             enc.copy_buffer_to_buffer(cache, from as u64 * bytes, scratch, 0, bytes);
             enc.copy_buffer_to_buffer(scratch, 0, cache, to as u64 * bytes, bytes);
         };
+        // With an MTP head: the kept hidden states and the head's keys and values.
+        let (hidden, mtp_kv) = (
+            (KV_BLOCK * self.config.d_model) as u64 * 4,
+            (KV_BLOCK * self.config.kv_dim()) as u64 * self.gpu.kv_bytes(),
+        );
         for &(from, to) in &self.copies {
+            if let (Some(h), Some([k, v])) = (&b.hidden, &b.mtp_kv) {
+                copy(h, hidden, from, to);
+                copy(k, mtp_kv, from, to);
+                copy(v, mtp_kv, from, to);
+            }
             for i in 0..self.plan.layers.len() {
                 match (&b.conv_state[i], &b.delta[i], delta) {
                     (Some(s), _, _) => copy(s, state, from, to),

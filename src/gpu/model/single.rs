@@ -219,6 +219,76 @@ impl GpuModel {
         Ok(id)
     }
 
+    /// Up to `k` draft tokens from Qwen3.5's MTP head (greedy) in sequence `seq` after `tokens`
+    /// (the sequence's positions, then the token the model chose after them, not yet run), as
+    /// the CPU's `CpuModel::mtp_draft`: the head first reads the positions it has not (each
+    /// with the token after it: prefill-style passes over the kept hidden states), then drafts a
+    /// token a pass, each pass reading its own last output. Its keys and values at the drafts'
+    /// positions are written over later. Stops early (fewer drafts) when the pool has no block
+    /// for another draft position or the logits are not finite.
+    pub async fn mtp_draft_in(&mut self, seq: SeqId, tokens: &[u32], k: usize, out: &mut Vec<u32>) -> Result<()> {
+        out.clear();
+        let len = tokens.len().saturating_sub(1);
+        if k == 0 || len == 0 || self.mtp.is_none() {
+            return Ok(());
+        }
+        if self.mtp_passes.is_none() {
+            let gathered = self.record(Pass::Mtp { chained: false });
+            let chained = self.record(Pass::Mtp { chained: true });
+            self.mtp_passes = Some([gathered, chained]);
+        }
+        self.gpu.check()?;
+        // The head's last position is read again when it has read them all (its logits are
+        // the first draft's).
+        let from = self.mtp_len[seq.0].min(len - 1);
+        let d = self.config.d_model as u64 * 4;
+        let mut last_rows = 0;
+        for start in (from..len).step_by(PREFILL_CHUNK) {
+            let n = PREFILL_CHUNK.min(len - start);
+            self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(&tokens[start + 1..start + 1 + n]));
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            self.prepare(&mut enc, (start..start + n).map(|p| (seq, p)), Params::new(n, 1))?;
+            Self::encode_ops(&mut enc, &self.mtp_passes.as_ref().expect("recorded above")[0], n);
+            let b = &self.buf;
+            enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[0], 0, 4);
+            self.gpu.submit(enc);
+            last_rows = n;
+        }
+        self.mtp_len[seq.0] = len;
+        let mut id = self.read_mtp_argmax().await?;
+        while let Some(token) = id {
+            out.push(token);
+            let pos = len + out.len() - 1;
+            if out.len() == k || pos >= self.context {
+                break;
+            }
+            let b = &self.buf;
+            self.gpu.queue.write_buffer(&b.tokens, 0, bytemuck::bytes_of(&token));
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            let [h, _, head_out] = b.mtp_rows.as_ref().expect("made with the MTP head");
+            enc.copy_buffer_to_buffer(head_out, (last_rows as u64 - 1) * d, h, 0, d);
+            match self.prepare(&mut enc, std::iter::once((seq, pos)), Params::new(1, 1)) {
+                // No block for another draft: those so far.
+                Err(Error::KvPoolFull { .. }) => break,
+                r => r?,
+            }
+            Self::encode_ops(&mut enc, &self.mtp_passes.as_ref().expect("recorded above")[1], 1);
+            let b = &self.buf;
+            enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[0], 0, 4);
+            self.gpu.submit(enc);
+            last_rows = 1;
+            id = self.read_mtp_argmax().await?;
+        }
+        Ok(())
+    }
+
+    /// The MTP pass's argmax, None for non-finite logits (the draft stops there).
+    async fn read_mtp_argmax(&self) -> Result<Option<u32>> {
+        let staging = &self.buf.staging_argmax[0];
+        let id = self.gpu.read_mapped(staging, 4, |bytes| bytemuck::cast_slice::<u8, u32>(bytes)[0]).await?;
+        Ok((id != u32::MAX).then_some(id))
+    }
+
     /// Runs `tokens` at positions `start..` (one pass: at most PREFILL_CHUNK tokens) of the
     /// conversation's sequence, writing their keys and values into the cache. Returns the argmax
     /// when asked for it.
