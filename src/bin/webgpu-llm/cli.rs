@@ -178,8 +178,7 @@ struct GenerateArgs {
     json: bool,
     /// Speculative decoding: lookup (an n-gram of the context proposes what followed it),
     /// layers:L (the model's first L layers draft), draft:PATH (a smaller model with the same
-    /// tokenizer drafts) or mtp (the model's multi-token-prediction head drafts: Qwen3.5, on the
-    /// CPU backend).
+    /// tokenizer drafts) or mtp (the model's multi-token-prediction head drafts: Qwen3.5).
     #[arg(long)]
     speculate: Option<String>,
     /// Tokens drafted per verifying pass with --speculate [default: 4]
