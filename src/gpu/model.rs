@@ -591,12 +591,19 @@ impl GpuModel {
                 t.byte_size / count * used
             })
             .sum();
-        let file_weight_bytes = if plan.output == plan.token_embd {
-            all
-        } else {
-            let e = gguf.require_tensor(&plan.token_embd)?;
-            all - e.byte_size + e.byte_size / e.rows().1.max(1) as u64
+        // An embedding table is read a row a token (the token embedding's whole table when it is
+        // also the output; Gemma 4's per-layer table always a row).
+        let one_row = |name: &str| -> Result<u64> {
+            let e = gguf.require_tensor(name)?;
+            Ok(e.byte_size - e.byte_size / e.rows().1.max(1) as u64)
         };
+        let mut file_weight_bytes = all;
+        if plan.output != plan.token_embd {
+            file_weight_bytes -= one_row(&plan.token_embd)?;
+        }
+        if let Some(pe) = &plan.ple {
+            file_weight_bytes -= one_row(&pe.token_embd)?;
+        }
         let mut model = Self {
             config: c,
             plan,
@@ -1266,11 +1273,19 @@ impl GpuModel {
     /// the gated FFN's hidden vector, the logits).
     pub fn min_decode_traffic(&self, seq: usize) -> Ledger {
         let c = &self.config;
-        let kv_row = 2 * c.kv_dim() as u64 * self.gpu.kv_bytes();
+        // Each attention layer at its own size (Gemma 4's differ): its keys and values read (a
+        // KV-shared layer's from its source), written (its own alone), and its vectors.
+        let kv_row = |l: &crate::arch::LayerPlan| 2 * c.with_dims(&l.dims).kv_dim() as u64 * self.gpu.kv_bytes();
         let attention = self.plan.layers.iter().filter(|l| l.attends());
-        let kv_read = attention.clone().map(|l| kv_row * l.window.map_or(seq, |w| seq.min(w)) as u64).sum();
-        let attention_layers = attention.count();
-        let per_layer = (c.q_dim() + 2 * c.kv_dim()) + c.q_dim() + 2 * c.d_model + c.ffn_dim;
+        let kv_read = attention.clone().map(|l| kv_row(l) * l.window.map_or(seq, |w| seq.min(w)) as u64).sum();
+        let kv_written = attention.clone().filter(|l| l.kv_source.is_none()).map(kv_row).sum();
+        let attention_vectors: usize = attention
+            .map(|l| {
+                let lc = c.with_dims(&l.dims);
+                let kv = if l.kv_source.is_some() { 0 } else { 2 * lc.kv_dim() };
+                (lc.q_dim() + kv) + lc.q_dim() + 2 * c.d_model + lc.ffn_dim
+            })
+            .sum();
         // A short convolution's layer: in_proj's 3 d, the state written and the last `kernel`
         // positions' read, C times the convolution, and the rest as an attention layer's.
         let conv_layers: usize = self
@@ -1301,9 +1316,9 @@ impl GpuModel {
             .sum();
         Ledger {
             weights: self.file_weight_bytes,
-            activations: 4 * (attention_layers * per_layer + conv_layers + delta_layers + c.vocab_size) as u64,
+            activations: 4 * (attention_vectors + conv_layers + delta_layers + c.vocab_size) as u64,
             kv_read,
-            kv_written: kv_row * attention_layers as u64,
+            kv_written,
         }
     }
 
