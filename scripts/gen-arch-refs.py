@@ -25,6 +25,10 @@ Pipeline per model (everything deterministic from --seed):
   6. qwen35 and qwen35moe: random `mtp.*` (multi-token prediction) tensors are added to the checkpoint before step 3, and
      reference.json's `mtp` holds the MTP head's logits computed by NpGGUF.mtp from the GGUF as llama.cpp's
      graph_mtp (transformers does not run it), cross-checked with transformers modules on the HF weights.
+  7. gptossmxfp4: gptoss's draws with every expert weight rounded to MXFP4 values (gguf-py's quantizer, then dequantized)
+     before step 4; the checkpoint given to step 3 stores the experts as OpenAI's MXFP4 *_blocks / *_scales
+     (quant_method mxfp4), so the converter writes them as GGML MXFP4 tensors; the script asserts that they dequantize
+     to the transformers weights bit for bit (NpGGUF reads them with gguf-py's dequantize).
 
 Setup (outside the repo):
   python3 -m venv /work/venv-refs
@@ -408,7 +412,31 @@ ARCHS = [
                        conv_L_cache=3, conv_bias=False, tie_word_embeddings=True,
                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
     },
+    {
+        "name": "gptossmxfp4",
+        "gguf_name": "Tiny Random GPT-OSS MXFP4",
+        "model_type": "gpt_oss",
+        "hf_class": "GptOssForCausalLM",
+        "bias_std": 0.02,
+        # gptoss's random draws and prompts (numpy default_rng([seed, index of gptoss])): the same model, except that
+        # every expert weight is then rounded to the nearest MXFP4 value (per block of 32 along the input dimension,
+        # the scale gguf-py's / ggml's quantizer picks), and the GGUF stores the experts as MXFP4 (GGML type 39).
+        "rng_like": "gptoss",
+        "mxfp4_experts": True,
+        "exercises": "gptoss's model (attention sinks, q/k/v/o biases, sliding and full layers alternating, YaRN, 8 "
+                     "experts top 2 with router and expert biases, clamped SwiGLU, untied output) with its expert "
+                     "matrices ffn_{gate,up,down}_exps stored as MXFP4 (GGML type 39: per 32 values along the input "
+                     "dimension one E8M0 power-of-two scale byte and 32 E2M1 codes {0, +-0.5, +-1, +-1.5, +-2, +-3, "
+                     "+-4, +-6}, 17 bytes), as real gpt-oss GGUFs store them: the weights were rounded to MXFP4 values "
+                     "before running transformers, the checkpoint handed to the converter holds them as OpenAI's "
+                     "*_blocks / *_scales (quant_method mxfp4), and the converter repacks those bits into ggml's layout, "
+                     "so the GGUF's MXFP4 blocks dequantize exactly to the transformers float32 weights; every other "
+                     "tensor F32",
+        "config": None,  # gptoss's, set below
+    },
 ]
+_by_name = {a["name"]: a for a in ARCHS}
+_by_name["gptossmxfp4"]["config"] = dict(_by_name["gptoss"]["config"])
 
 # llama.cpp src/llama-model.cpp llama_model_rope_type(): which pairs rotate.
 # qwen35: IMROPE (interleaved multi-section rope; NEOX pairs, each pair's angle from one of 4 position streams).
@@ -583,6 +611,128 @@ def mtp_param_shapes(cfg):
     }
 
 
+# ----------------------------------------------------------------------------------------------
+# MXFP4 experts (gptossmxfp4)
+# ----------------------------------------------------------------------------------------------
+MXFP4_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def mxfp4_round_experts(model, init_log):
+    """Rounds gpt-oss's stacked expert matrices (transformers: gate_up_proj (E, in, 2 ff), down_proj (E, ff, out);
+    input dimension first) to MXFP4 values in place, per block of 32 consecutive input-dimension values of one output
+    row, with gguf-py's MXFP4 quantizer (= ggml's quantize_row_mxfp4_ref: scale byte e = floor(log2(max |w|)) - 2 + 127,
+    i.e. 2^(e - 127) with max |w| / scale in [4, 8); each value the nearest of the 16 E2M1 codes times the scale),
+    then dequantized. Re-quantizing the rounded values must give the same bytes and the same floats bit for bit.
+    Returns {param name: ggml block_mxfp4 bytes (E, out, in / 32 * 17)} and statistics."""
+    import torch
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize, dequantize
+    MX = GGMLQuantizationType.MXFP4
+    packed, stats = {}, {}
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            if not name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+                continue
+            w = p.detach().numpy().astype(np.float32)                 # (E, in, out)
+            rows = np.ascontiguousarray(w.transpose(0, 2, 1))          # (E, out, in): blocks along the input dim
+            q = quantize(rows, MX)
+            r = dequantize(q, MX).astype(np.float32)
+            q2 = quantize(r, MX)
+            assert np.array_equal(q2, q), name
+            assert np.array_equal(dequantize(q2, MX).astype(np.float32).view(np.uint32), r.view(np.uint32)), name
+            p.copy_(torch.from_numpy(np.ascontiguousarray(r.transpose(0, 2, 1))))
+            packed[name] = q
+            blk = q.reshape(-1, 17)
+            codes = np.concatenate([blk[:, 1:] & 0x0F, blk[:, 1:] >> 4], axis=1)
+            stats[name] = {"blocks": int(blk.shape[0]),
+                           "scale_exponents": sorted({int(e) - 127 for e in blk[:, 0]}),
+                           "code_counts": np.bincount(codes.ravel(), minlength=16).tolist(),
+                           "relative_rms_rounding_change": float(np.sqrt(np.mean((rows - r) ** 2) / np.mean(rows ** 2)))}
+            init_log[name] = init_log[name] + ", then rounded to MXFP4 (blocks of 32 along the input dimension)"
+    return packed, stats
+
+
+def mxfp4_ggml_to_openai(q):
+    """ggml block_mxfp4 bytes (..., n_blocks * 17: scale byte, then 16 bytes whose low nibbles are elements 0-15 and
+    high nibbles 16-31) -> OpenAI's checkpoint layout: blocks (..., n_blocks, 16) with element 2j in the low and 2j + 1
+    in the high nibble of byte j, scales (..., n_blocks) (the same E8M0 byte: 2^(s - 127) times the E2M1 value; ggml
+    writes it as 2^(s - 128) times the doubled value). The code indices are the same in both."""
+    b = q.reshape(*q.shape[:-1], -1, 17)
+    codes = np.concatenate([b[..., 1:] & 0x0F, b[..., 1:] >> 4], axis=-1)
+    blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    return np.ascontiguousarray(blocks), np.ascontiguousarray(b[..., 0])
+
+
+def write_mxfp4_checkpoint(hf_dir, model, packed):
+    """Replaces the saved float32 expert matrices by OpenAI's MXFP4 *_blocks / *_scales (as gpt-oss-20b/120b ship) and
+    marks config.json quant_method mxfp4, so that convert_hf_to_gguf.py's GptOssModel repacks them into GGML MXFP4
+    tensors (its generate_extra_tensors / repack_mxfp4) instead of writing F32 experts. Checks first that transformers'
+    own MXFP4 decoder (integrations.mxfp4.convert_moe_packed_tensors) gives back the model's weights bit for bit."""
+    import torch
+    from safetensors.numpy import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    params = dict(model.named_parameters())
+    path = os.path.join(hf_dir, "model.safetensors")
+    tensors = load_file(path)
+    for name, q in packed.items():
+        blocks, scales = mxfp4_ggml_to_openai(q)
+        deq = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32)
+        want = params[name].detach().numpy()
+        assert deq.shape == want.shape and np.array_equal(deq.numpy().view(np.uint32), want.view(np.uint32)), name
+        assert np.array_equal(tensors.pop(name).view(np.uint32), want.view(np.uint32)), name
+        tensors[name + "_blocks"] = blocks
+        tensors[name + "_scales"] = scales
+    save_file(tensors, path, metadata={"format": "pt"})
+    cpath = os.path.join(hf_dir, "config.json")
+    cfg = json.load(open(cpath))
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    with open(cpath, "w") as fh:
+        json.dump(cfg, fh, indent=2)
+
+
+def mxfp4_gguf_check(gguf_path, model, packed):
+    """The GGUF's expert tensors: MXFP4, the very bytes of gguf-py's quantization of the (rounded) weights, and their
+    dequantization equal to transformers' float32 weights bit for bit (gate = even, up = odd gate_up_proj columns).
+    Every other tensor F32."""
+    from gguf import GGUFReader, GGMLQuantizationType
+    from gguf.quants import dequantize
+    MX = GGMLQuantizationType.MXFP4
+    r = GGUFReader(gguf_path)
+    params = {k: v.detach().numpy() for k, v in model.named_parameters()}
+    checked, n_bytes = [], 0
+    for t in r.tensors:
+        if not t.name.endswith("_exps.weight"):
+            assert t.tensor_type == GGMLQuantizationType.F32, (t.name, t.tensor_type)
+            continue
+        assert t.tensor_type == MX, (t.name, t.tensor_type)
+        l = int(t.name.split(".")[1])
+        kind = t.name.split(".")[2]
+        hf = f"model.layers.{l}.mlp.experts." + ("down_proj" if kind == "ffn_down_exps" else "gate_up_proj")
+        w = params[hf]                                                  # (E, in, out)
+        if kind == "ffn_gate_exps":
+            w = w[:, :, 0::2]
+        elif kind == "ffn_up_exps":
+            w = w[:, :, 1::2]
+        want = np.ascontiguousarray(w.transpose(0, 2, 1))              # (E, out, in) = ggml ne reversed
+        raw = np.asarray(t.data, dtype=np.uint8)
+        shape = [int(x) for x in reversed(t.shape)]
+        deq = dequantize(raw, MX).reshape(shape)
+        assert np.array_equal(deq.astype(np.float32).view(np.uint32), want.view(np.uint32)), t.name
+        q = packed[hf]                                                  # (E, 2 ff or out, bytes)
+        if kind == "ffn_gate_exps":
+            q = q[:, 0::2]
+        elif kind == "ffn_up_exps":
+            q = q[:, 1::2]
+        assert np.array_equal(raw.reshape(-1), np.ascontiguousarray(q).reshape(-1)), t.name
+        checked.append(t.name)
+        n_bytes += raw.size
+    assert len(checked) == 3 * model.config.num_hidden_layers, checked
+    return {"tensors_checked": len(checked), "mxfp4_bytes": n_bytes,
+            "dequantized_equal_transformers_weights_bitwise": True,
+            "bytes_equal_gguf_py_quantization_of_the_weights": True}
+
+
 def add_mtp_tensors(hf_dir, cfg, seed, arch_index, init_log):
     """Random mtp.* tensors (the main model's scheme: matrices N(0, 0.08), residual-writing ones N(0, 0.3) when
     tied, zero-centred norms w U(-0.5, 0.5), the head norm mtp.norm like the tied final norm) written into the
@@ -729,6 +879,35 @@ def run_oracle(model, prompts):
 # ----------------------------------------------------------------------------------------------
 # Independent numpy (float64) forward from the GGUF only
 # ----------------------------------------------------------------------------------------------
+def mxfp4_decode(raw, variant=None):
+    """GGML MXFP4 (block_mxfp4: 1 E8M0 byte e, then 16 bytes; element j < 16 in the low nibble of byte j, element
+    16 + j in its high nibble) -> float64, written from ggml's dequantize_row_mxfp4, independently of gguf-py:
+    value = E2M1[code] * 2^(e - 127). Variants (negative controls): "nibbles_interleaved" (OpenAI's checkpoint order:
+    elements 2j, 2j + 1 in byte j), "scale_doubled" (2^(e - 127) applied to ggml's doubled code table)."""
+    b = np.asarray(raw, dtype=np.uint8).reshape(-1, 17)
+    lo, hi = b[:, 1:] & 0x0F, b[:, 1:] >> 4
+    if variant == "nibbles_interleaved":
+        codes = np.stack([lo, hi], axis=-1).reshape(-1, 32)
+    else:
+        codes = np.concatenate([lo, hi], axis=1)
+    scale = np.exp2(b[:, :1].astype(np.float64) - 127.0)
+    if variant == "scale_doubled":
+        scale = 2.0 * scale
+    return (MXFP4_E2M1[codes] * scale).reshape(-1)
+
+
+def q8_0_round(x):
+    """ggml's quantize_row_q8_0 then dequantized (float32 input; per 32 values d = amax / 127, q = round(x / d) with
+    1/d from the float32 d, value = fp16(d) * q): what ggml's CPU matmul does to the activations multiplying MXFP4
+    weights (its vec_dot_type is Q8_0; the integer dot products are exact)."""
+    x32 = np.asarray(x, dtype=np.float32).reshape(-1, 32)
+    d = (np.abs(x32).max(axis=1, keepdims=True) / np.float32(127.0)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
+    q = np.round((x32 * inv).astype(np.float32))  # ties to even (ggml's AVX path; roundf goes away from zero)
+    return (q.astype(np.float64) * d.astype(np.float16).astype(np.float64)).reshape(np.shape(x))
+
+
 class NpGGUF:
     """llama.cpp math for arch llama / qwen2 / qwen3 / phi3 (and the later ones; qwen35: forward_qwen35, mtp),
     float64, weights read from the GGUF.
@@ -799,7 +978,19 @@ class NpGGUF:
         self.sel_log = None  # a list: (layer prefix, k-th minus (k+1)-th selection score, chosen, chosen without bias)
         self.moe_log = None  # a list: collects (layer prefix, chosen experts per token, their weights)
         self.w = {}
+        self.mxfp4_raw = {}  # MXFP4 tensors' raw block bytes (for the decoding cross-check and negative controls)
+        self.q8_act = False
         for t in r.tensors:
+            if t.tensor_type == GGMLQuantizationType.MXFP4:
+                # gpt-oss experts (gptossmxfp4): gguf-py's dequantize, cross-checked bitwise with mxfp4_decode.
+                from gguf.quants import dequantize
+                raw = np.asarray(t.data, dtype=np.uint8)
+                shape = [int(x) for x in reversed(t.shape)]
+                arr = dequantize(raw, GGMLQuantizationType.MXFP4).astype(np.float32).reshape(shape)
+                assert np.array_equal(mxfp4_decode(raw).reshape(shape), arr), t.name  # exact (-0 == +0)
+                self.mxfp4_raw[t.name] = (raw, shape)
+                self.w[t.name] = arr.astype(np.float64)
+                continue
             assert t.tensor_type == GGMLQuantizationType.F32, (t.name, t.tensor_type)
             arr = np.asarray(t.data, dtype=np.float32)
             if len(t.shape) > 1:
@@ -1118,6 +1309,9 @@ class NpGGUF:
 
     def moe_oai(self, h, p, logits):
         # gpt-oss: softmax over the chosen experts' logits; biased experts; clamped SwiGLU.
+        # q8_act (diagnostic only, not the reference math): the inputs of MXFP4 expert matrices rounded as ggml's CPU
+        # backend does (quantized to Q8_0 blocks, its vec_dot_type for MXFP4), to explain real llama.cpp's logits.
+        act = (lambda v, n: q8_0_round(v) if self.q8_act and p + n in self.mxfp4_raw else v)
         out = np.zeros_like(h)
         for t in range(h.shape[0]):
             top = np.argsort(-logits[t], kind="stable")[:self.n_expert_used]
@@ -1125,11 +1319,12 @@ class NpGGUF:
             w = w / w.sum()
             for e, we in zip(top, w):
                 bias = lambda n: self.w[p + n][e] if p + n in self.w else 0.0
-                g = self.w[p + "ffn_gate_exps.weight"][e] @ h[t] + bias("ffn_gate_exps.bias")
-                u = self.w[p + "ffn_up_exps.weight"][e] @ h[t] + bias("ffn_up_exps.bias")
+                g = self.w[p + "ffn_gate_exps.weight"][e] @ act(h[t], "ffn_gate_exps.weight") + bias("ffn_gate_exps.bias")
+                u = self.w[p + "ffn_up_exps.weight"][e] @ act(h[t], "ffn_up_exps.weight") + bias("ffn_up_exps.bias")
                 g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
                 a = (u + 1.0) * g / (1.0 + np.exp(-1.702 * g))
-                out[t] += we * (self.w[p + "ffn_down_exps.weight"][e] @ a + bias("ffn_down_exps.bias"))
+                out[t] += we * (self.w[p + "ffn_down_exps.weight"][e] @ act(a, "ffn_down_exps.weight")
+                                + bias("ffn_down_exps.bias"))
         return out
 
     # ---- Qwen3.5 -------------------------------------------------------------------------------------
@@ -1396,6 +1591,14 @@ def negative_controls(gguf_path, ref):
         out["no_final_softcap"] = run(lambda m: setattr(m, "final_cap", None))
     if m0.window:
         out["no_sliding_window"] = run(lambda m: setattr(m, "window", None))
+    if m0.mxfp4_raw:
+        def mx(variant):
+            def f(m):
+                for name, (raw, shape) in m.mxfp4_raw.items():
+                    m.w[name] = mxfp4_decode(raw, variant).reshape(shape)
+            return f
+        out["mxfp4_nibbles_in_openai_order"] = run(mx("nibbles_interleaved"))
+        out["mxfp4_scale_doubled"] = run(mx("scale_doubled"))
     if m0.gptoss:
         out["no_attention_sinks"] = run(lambda m: [m.w.pop(k) for k in list(m.w) if k.endswith("attn_sinks.weight")])
         out["sliding_on_odd_layers"] = run(lambda m: setattr(m, "sliding", lambda l: l % 2 == 1))
@@ -1598,11 +1801,25 @@ def llama_cpp_check(gguf_path, ref):
                           type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
     res = {"llama_cpp_python": llama_cpp.__version__, "step0_max_abs_diff": 0.0, "all_steps_max_abs_diff": 0.0,
            "all_positions_max_abs_diff": None, "argmax_agrees": 0, "argmax_total": 0}
+    npq = NpGGUF(gguf_path)
+    if npq.mxfp4_raw:
+        # ggml's CPU backend multiplies MXFP4 weights by Q8_0-quantized activations: compare llama.cpp with the numpy
+        # forward that rounds those activations the same way (and with the exact one).
+        npq.q8_act = True
+        res["vs_numpy_q8_0_activations_max_abs_diff"] = 0.0
+        res["vs_numpy_exact_max_abs_diff"] = 0.0
+        npx = NpGGUF(gguf_path)
     for case in ref["cases"]:
         prompt, gen = case["prompt_ids"], case["greedy_ids"]
         llm.reset()
         llm.eval(prompt + gen[:-1])
         lg = np.array(llm.scores[:llm.n_tokens], dtype=np.float64)
+        if npq.mxfp4_raw:
+            seq = prompt + gen[:-1]
+            res["vs_numpy_q8_0_activations_max_abs_diff"] = max(res["vs_numpy_q8_0_activations_max_abs_diff"],
+                                                                 float(np.max(np.abs(lg - npq.forward(seq)))))
+            res["vs_numpy_exact_max_abs_diff"] = max(res["vs_numpy_exact_max_abs_diff"],
+                                                     float(np.max(np.abs(lg - npx.forward(seq)))))
         steps = lg[len(prompt) - 1:]
         res["step0_max_abs_diff"] = max(res["step0_max_abs_diff"],
                                         float(np.max(np.abs(steps[0] - np.array(case["logits_step0"])))))
@@ -1692,11 +1909,18 @@ def generate(args):
                 continue
             name = spec["name"]
             print(f"== {name}", flush=True)
+            # gptossmxfp4 draws gptoss's weights and prompts (then rounds its experts to MXFP4).
+            ri = [a["name"] for a in ARCHS].index(spec["rng_like"]) if spec.get("rng_like") else ai
             hf_dir = os.path.join(work, f"tiny-random-{name}")
-            model, init_log = build_hf_model(spec, args.seed, ai)
+            model, init_log = build_hf_model(spec, args.seed, ri)
+            mx_packed = mx_stats = None
+            if spec.get("mxfp4_experts"):
+                mx_packed, mx_stats = mxfp4_round_experts(model, init_log)
             model.save_pretrained(hf_dir, safe_serialization=True)
             tok.save_pretrained(hf_dir)
-            mtp_hf = add_mtp_tensors(hf_dir, model.config, args.seed, ai, init_log) if spec.get("mtp") else None
+            if mx_packed is not None:
+                write_mxfp4_checkpoint(hf_dir, model, mx_packed)
+            mtp_hf = add_mtp_tensors(hf_dir, model.config, args.seed, ri, init_log) if spec.get("mtp") else None
             dst = os.path.join(args.out, name)
             os.makedirs(dst, exist_ok=True)
             gguf_path = os.path.join(dst, "model.gguf")
@@ -1705,7 +1929,7 @@ def generate(args):
             with open(os.path.join(dst, "tensors.txt"), "w") as fh:
                 fh.write(listing)
 
-            prompts = make_prompts(args.seed, ai)
+            prompts = make_prompts(args.seed, ri)
             cases = run_oracle(model, prompts)
             cfg = model.config
             hd = rope_summary(spec, cfg)
@@ -1737,6 +1961,8 @@ def generate(args):
                                                       "num_dense_layers", "use_expert_bias", "norm_topk_prob",
                                                       "routed_scaling_factor", "layer_types")}
                        if spec["name"] == "lfm2moe" else {}),
+                    **({"num_local_experts": cfg.num_local_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+                        "experts_mxfp4": True} if spec.get("mxfp4_experts") else {}),
                     **(gemma4_meta(cfg, summary, model) if spec["name"] == "gemma4" else {}),
                 },
                 "hf_config_json": json.load(open(os.path.join(hf_dir, "config.json"))),
@@ -1751,7 +1977,29 @@ def generate(args):
                           "generation config; no logits processors; argmax of the raw logits checked at every step)",
                 "versions": vers,
             }
+            if spec.get("rng_like"):
+                meta["init"]["rng"] = (f"numpy default_rng([seed, {ri}]) (the arch index of {spec['rng_like']}: its draws) "
+                                       "over parameters sorted by name")
             ref = {"meta": meta, "cases": [c for c, _, _ in cases]}
+            if mx_packed is not None:
+                mx = {"rounding": "per block of 32 consecutive input-dimension values of one output row of one expert: "
+                                  "gguf-py's MXFP4 quantize (scale byte e = floor(log2(max|w|)) - 2 + 127, value "
+                                  "2^(e-127) * E2M1 code, each value the nearest code), then dequantize; re-quantizing "
+                                  "the result gives the same bytes and floats (asserted)",
+                      "per_parameter": mx_stats, "gguf_check": mxfp4_gguf_check(gguf_path, model, mx_packed),
+                      "transformers_decoder_check": "transformers.integrations.mxfp4.convert_moe_packed_tensors on the "
+                                                    "checkpoint's *_blocks / *_scales == the model's weights, bitwise"}
+                base = os.path.join(args.out, spec["rng_like"], "reference.json")
+                if os.path.exists(base):
+                    # What the rounding did: the same prompts through the unrounded model (gptoss's reference).
+                    b = json.load(open(base))
+                    if [c["prompt_ids"] for c in b["cases"]] == prompts:
+                        mx["step0_logits_vs_unrounded_model_max_abs_diff"] = max(
+                            float(np.max(np.abs(np.array(c["logits_step0"]) - np.array(d["logits_step0"]))))
+                            for c, d in zip(ref["cases"], b["cases"]))
+                        mx["greedy_ids_equal_unrounded_model"] = sum(
+                            int(c["greedy_ids"] == d["greedy_ids"]) for c, d in zip(ref["cases"], b["cases"]))
+                meta["mxfp4_experts"] = mx
             nc = numpy_check(gguf_path, ref)
             meta["numpy_float64_crosscheck"] = nc
             if spec["name"] in ("qwen35", "qwen35moe"):
@@ -1796,11 +2044,21 @@ def generate(args):
                 mt = {k: v for k, v in ref["mtp"].items() if k not in ("cases", "about")}
                 print(f"   mtp {mt}", flush=True)
                 assert ref["mtp"]["torch_crosscheck_max_abs_diff"] < 1e-4, mt
+            if args.llama_cpp_check and "mxfp4_experts" in meta:
+                base = os.path.join(args.out, spec["rng_like"])
+                meta["mxfp4_experts"]["unrounded_llama_cpp"] = llama_cpp_check(
+                    os.path.join(base, "model.gguf"), json.load(open(os.path.join(base, "reference.json"))))
             if args.llama_cpp_check:
                 lc = llama_cpp_check(gguf_path, ref)
                 meta["llama_cpp_crosscheck"] = lc
                 print(f"   llama.cpp check {lc}", flush=True)
-                assert lc["argmax_agrees"] == lc["argmax_total"], lc
+                if "vs_numpy_q8_0_activations_max_abs_diff" in lc:
+                    # MXFP4 experts: ggml's CPU matmul rounds their input activations to Q8_0 (logits ~0.1 off, an
+                    # expert choice can flip); what must hold is that llama.cpp equals the numpy forward that does
+                    # the same, i.e. reads the MXFP4 blocks as NpGGUF does.
+                    assert lc["vs_numpy_q8_0_activations_max_abs_diff"] < 1e-4, lc
+                else:
+                    assert lc["argmax_agrees"] == lc["argmax_total"], lc
             print(f"   gguf {meta['gguf_bytes']} B; numpy check {nc}", flush=True)
             for c in ref["cases"]:
                 print(f"   prompt {len(c['prompt_ids'])}: greedy {c['greedy_ids']} min margin "
@@ -1872,6 +2130,8 @@ def rot_cell(c):
 def ffn_cell(c):
     if "full_head_dim" in c and c.get("use_double_wide_mlp"):
         return f"{c['intermediate_size']} ({2 * c['intermediate_size']} on KV-shared)"
+    if c.get("experts_mxfp4"):
+        return f"{c['num_local_experts']}x{c['intermediate_size']} (top {c['num_experts_per_tok']}) MXFP4"
     if "num_dense_layers" in c:
         return (f"{c['intermediate_size']} (blk 0-{c['num_dense_layers'] - 1}) + {c['num_experts']}x"
                 f"{c['moe_intermediate_size']} (top {c['num_experts_per_tok']})")
@@ -1879,6 +2139,11 @@ def ffn_cell(c):
         return (f"{c['num_experts']}x{c['moe_intermediate_size']} (top {c['num_experts_per_tok']}) "
                 f"+ shared {c['shared_expert_intermediate_size']}")
     return str(c["intermediate_size"])
+
+
+def qt(ty):
+    """A tensor's type in the README's tensor lists, when not F32."""
+    return "" if ty == "F32" else f" {ty}"
 
 
 def write_readme(args, results, vers):
@@ -1913,7 +2178,7 @@ def write_readme(args, results, vers):
                 if names not in seen:
                     seen.append(names)
                     extra += (f"- per-block tensors (blk.{b}): "
-                              + ", ".join(f"`{n[len(f'blk.{b}.'):]}` {ne}" for n, _, ne in bt) + "\n")
+                              + ", ".join(f"`{n[len(f'blk.{b}.'):]}` {ne}{qt(ty)}" for n, ty, ne in bt) + "\n")
             if "layer_scalars" in c:
                 n_kv = n_blk - c["num_kv_shared_layers"]
                 src = {l: n_kv - (2 if c["layer_types"][l] == "sliding_attention" else 1) for l in range(n_kv, n_blk)}
@@ -1945,6 +2210,28 @@ def write_readme(args, results, vers):
                 extra += (f"- Gated DeltaNet per-token decay exp(g) over the 40-token prompt's linear layers and v heads: "
                           f"min {dd['min']:.3f}, median {dd['median']:.3f}, max {dd['max']:.3f}; beta min "
                           f"{dd['beta_min']:.3f}, max {dd['beta_max']:.3f}\n")
+        if "mxfp4_experts" in meta:
+            mx = meta["mxfp4_experts"]
+            pp = mx["per_parameter"]
+            exps = sorted({e for v in pp.values() for e in v["scale_exponents"]})
+            codes = np.sum([v["code_counts"] for v in pp.values()], axis=0).tolist()
+            gc = mx["gguf_check"]
+            extra += (f"- MXFP4 experts: {gc['tensors_checked']} tensors, {gc['mxfp4_bytes']} bytes ({sum(v['blocks'] for v in pp.values())} "
+                      f"blocks of 17 bytes); block scales 2^{exps[0]} .. 2^{exps[-1]}; E2M1 code counts (codes 0-15 = "
+                      f"0, 0.5, 1, 1.5, 2, 3, 4, 6, -0, -0.5, ... -6): {codes}; rounding changed the drawn weights by "
+                      f"{min(v['relative_rms_rounding_change'] for v in pp.values()):.3f}-"
+                      f"{max(v['relative_rms_rounding_change'] for v in pp.values()):.3f} relative RMS; the GGUF's MXFP4 "
+                      f"bytes equal gguf-py's quantization of the rounded weights and dequantize to transformers' float32 "
+                      f"weights bit for bit (gguf-py's dequantize and the script's own decoder agree); transformers' MXFP4 "
+                      f"decoder on the converter's input (*_blocks / *_scales) gives the same weights bit for bit\n")
+            if "step0_logits_vs_unrounded_model_max_abs_diff" in mx:
+                extra += (f"- against gptoss (the same draws, experts not rounded, same prompts): step-0 logits differ by up "
+                          f"to {mx['step0_logits_vs_unrounded_model_max_abs_diff']:.3g}, greedy ids equal in "
+                          f"{mx['greedy_ids_equal_unrounded_model']} of 3 cases"
+                          + (f"; gptoss's F32 GGUF in the same llama.cpp: all steps "
+                             f"{mx['unrounded_llama_cpp']['all_steps_max_abs_diff']:.2e}, greedy "
+                             f"{mx['unrounded_llama_cpp']['argmax_agrees']}/{mx['unrounded_llama_cpp']['argmax_total']}"
+                             if "unrounded_llama_cpp" in mx else "") + "\n")
         if "mtp" in ref:
             mt = ref["mtp"]
             extra += (f"- MTP (`mtp` in reference.json, block blk.{mt['nextn_block']}): {sum(len(x['top20']) for x in mt['cases'])} "
@@ -1970,12 +2257,17 @@ def write_readme(args, results, vers):
                f"step0 max diff {meta['llama_cpp_crosscheck']['step0_max_abs_diff']:.2e}, all steps "
                f"{meta['llama_cpp_crosscheck']['all_steps_max_abs_diff']:.2e}, all positions "
                f"{meta['llama_cpp_crosscheck']['all_positions_max_abs_diff']:.2e}, greedy argmax agrees "
-               f"{meta['llama_cpp_crosscheck']['argmax_agrees']}/{meta['llama_cpp_crosscheck']['argmax_total']}\n"
+               f"{meta['llama_cpp_crosscheck']['argmax_agrees']}/{meta['llama_cpp_crosscheck']['argmax_total']}"
+               + (f"; against the numpy forward with the MXFP4 experts' input activations rounded to Q8_0 as ggml's CPU "
+                  f"matmul does: {meta['llama_cpp_crosscheck']['vs_numpy_q8_0_activations_max_abs_diff']:.2e} (all "
+                  f"positions of the three prompt + greedy sequences; against the exact numpy forward "
+                  f"{meta['llama_cpp_crosscheck']['vs_numpy_exact_max_abs_diff']:.2g})"
+                  if "vs_numpy_q8_0_activations_max_abs_diff" in meta["llama_cpp_crosscheck"] else "") + "\n"
                if "llama_cpp_crosscheck" in meta else "")
             + f"- eps {c['rms_norm_eps']}, tied output: {c['tie_word_embeddings']}, sliding_window: {c['sliding_window']}\n"
             f"- arch metadata: " + ", ".join(f"`{k[len(arch) + 1:]}`={md[k]!r}" for k in keys) + "\n"
             f"- non-block tensors: " + ", ".join(f"`{n}` {ne}" for n, _, ne in other) + "\n"
-            f"- per-block tensors (blk.0): " + ", ".join(f"`{n[6:]}` {ne}" for n, _, ne in blk0) + "\n"
+            f"- per-block tensors (blk.0): " + ", ".join(f"`{n[6:]}` {ne}{qt(ty)}" for n, ty, ne in blk0) + "\n"
             + extra +
             f"- greedy (prompt lengths {', '.join(str(len(x['prompt_ids'])) for x in ref['cases'])}): "
             + "; ".join(str(x["greedy_ids"]) for x in ref["cases"]) + "\n")
@@ -1993,14 +2285,15 @@ README_TEMPLATE = """# Tiny random-weight reference models per architecture
 
 Generated by `scripts/gen-arch-refs.py --llama-cpp-check` (seed {seed}; setup steps in the script's docstring;
 smollm3, gemma2, qwen3moe, qwen3yarn, gptoss, lfm2 and qwen35 were added later with `--only NAME`, without the
-llama.cpp run; qwen35moe, gemma4 and lfm2moe with `--only NAME --llama-cpp-check`);
+llama.cpp run; qwen35moe, gemma4, lfm2moe and gptossmxfp4 with `--only NAME --llama-cpp-check`);
 rerun it to regenerate everything (the GGUF bytes, reference values and this README are deterministic for a given
 seed and library versions: two full runs gave byte-identical files).
 Versions: {vers}.
 
 Each `<name>/` holds:
 - `model.gguf`: written by llama.cpp's own `convert_hf_to_gguf.py --outtype f32` (all tensors F32, so the
-  weights are exactly the transformers weights, up to the converter's q/k row permutation for `llama`).
+  weights are exactly the transformers weights, up to the converter's q/k row permutation for `llama`; gptossmxfp4's
+  expert tensors are MXFP4, holding exactly its transformers weights too, see below).
 - `reference.json`: oracle data from transformers (float32, eager attention, CPU).
 - `tensors.txt`: every GGUF metadata key (type and value, long arrays abbreviated) and every tensor
   (name, type, shape in ggml `ne` order, i.e. input dimension first).
@@ -2033,6 +2326,23 @@ Each `<name>/` holds:
   `down_proj` N(0, 0.3) like the tied models' down_proj; the routers' selection bias `expert_bias` (a buffer, zeros in
   transformers) N(0, 0.1), drawn after the parameters (save_pretrained writes it and per-expert w1/w2/w3 tensors, as
   the LFM2-8B-A1B checkpoint stores them; the converter stacks the experts and renames the bias `exp_probs_b.bias`).
+  gptossmxfp4: gptoss's draws and prompts exactly (numpy seed `[seed, 9]`, gptoss's arch index; same config), then
+  every expert weight (transformers' stacked `mlp.experts.gate_up_proj` (E, in, 2 ff) and `down_proj` (E, ff, out))
+  is rounded to MXFP4 before anything else: per block of 32 consecutive input-dimension values of one output row of one
+  expert, gguf-py's `quants.quantize(.., MXFP4)` (ggml's `quantize_row_mxfp4_ref`: scale byte e = floor(log2(max
+  |w|)) - 2 + 127, i.e. the scale 2^(e - 127) puts max |w| / scale in [4, 8); each value becomes the nearest E2M1 code
+  times the scale, 6 for anything above 5 x scale), then `dequantize`; the script asserts that re-quantizing the rounded
+  weights gives the same bytes and the same float32 values bit for bit. transformers runs on those float32 weights.
+  For conversion the saved float32 `gate_up_proj` / `down_proj` are replaced by OpenAI's checkpoint format
+  (`*_blocks` uint8 (E, out, in / 32, 16): element 2j in the low, 2j + 1 in the high nibble of byte j; `*_scales`
+  uint8 (E, out, in / 32): the same E8M0 byte) and config.json gets gpt-oss's `quantization_config` (`quant_method:
+  mxfp4`), as openai/gpt-oss-20b ships; transformers' own decoder (`integrations.mxfp4.convert_moe_packed_tensors`)
+  is asserted to give back the float32 weights bit for bit. The converter's GptOssModel then repacks those bits into
+  GGML MXFP4 tensors (`repack_mxfp4`: gate = even, up = odd rows of gate_up; nibbles reordered to ggml's layout),
+  no patch needed, and writes `general.file_type` 38 (MOSTLY_MXFP4_MOE); everything else stays F32. After conversion
+  the script asserts that each `ffn_{{gate,up,down}}_exps.weight` is MXFP4, that its bytes are gguf-py's quantization of
+  the transformers weights and that they dequantize (gguf-py, and the script's own decoder) to those weights bit for
+  bit.
 - Conversion: `convert_hf_to_gguf.py` from the llama-cpp-python 0.3.36 sdist (`vendor/llama.cpp`, with its vendored
   gguf-py), run via `runpy` with two monkey-patches: `TextModel.get_vocab_base_pre` returns `"smollm"` (the
   converter does not know our tokenizer's pre-tokenizer hash), and for phi3 `Phi3MiniModel.set_vocab` is replaced by
@@ -2106,6 +2416,18 @@ Each `<name>/` holds:
   by max(sum, 6.1e-5): a 1e-6 relative difference), the weight scale (transformers' routed_scaling_factor, 1 here and
   in LFM2-8B-A1B: the converter writes no `expert_weights_scale` and llama.cpp's lfm2moe loader would not read one:
   scale 1), SiLU experts and dense FFN, and the bias's role (selection only).
+
+- gpt-oss (`gpt-oss`: gptoss, gptossmxfp4): llama.cpp hard-codes the clamped SwiGLU's alpha 1.702 and limit 7
+  (`LLM_FFN_SWIGLU_OAI_MOE`; transformers' swiglu_limit 7 is not in the file), the routing (`SOFTMAX_WEIGHT`: the top
+  `expert_used_count` router logits (+ `ffn_gate_inp.bias`), softmax over those only, no further normalisation), the
+  sliding layers (swa pattern 2: even layers slide, unless the file has `attention.sliding_window_pattern`) and the
+  YaRN correction dims rounded to integers (transformers' truncate = false keeps them fractional; here both give
+  pair 0 extrapolated and pairs 1-7 interpolated, so no difference). MXFP4 tensors (GGML type 39; gptossmxfp4's
+  `ffn_{{gate,up,down}}_exps.weight`): each row of ne0 values (the input dimension) is ne0 / 32 blocks of 17 bytes: byte 0
+  an E8M0 exponent e, bytes 1-16 the 4-bit codes, element j (0-15) in the low nibble of byte 1 + j and element 16 + j
+  in its high nibble; value = E2M1[code] x 2^(e - 127), E2M1 = [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0, -0.5, -1, -1.5, -2,
+  -3, -4, -6] (ggml stores the doubled table and 2^(e - 128), the same values). The tensor ne are those of the F32
+  experts ([64, 32, 8] gate/up, [32, 64, 8] down); the data is ne1 x ne2 rows of ne0 / 32 x 17 bytes.
 
 - Qwen3.5 (`qwen35`): `block_count` counts the MTP blocks too: the main model is the first
   `block_count - nextn_predict_layers` blocks (here 4 of 5; blk.4 is the nextn block, skipped by the main pass).
@@ -2224,7 +2546,8 @@ roped K on the k = v layers, attention scale 1/sqrt(head_dim), embeddings not ti
 no final soft-capping, no sliding window; for lfm2moe: no expert selection bias (experts from the unbiased sigmoid
 scores; `drop_biases` is the same control, exp_probs_b being its only bias), the bias also in the weights (the
 smallest effect, 0.6), softmax instead of sigmoid scores, no renormalisation, one expert fewer or more, the leading
-dense blocks' FFN skipped);
+dense blocks' FFN skipped; for gptossmxfp4: MXFP4 codes read in OpenAI's nibble order (elements 2j, 2j + 1 in byte
+j) instead of ggml's, the E8M0 scale applied to ggml's doubled code table (2x every expert weight));
 each moves the logits by O(1), so the references do pin each of these details.
 `python scripts/gen-arch-refs.py --check-only` reruns just this check (and the
 sha256) on the committed files.
@@ -2239,7 +2562,14 @@ cache the diffs grow to ~5e-3. gemma4's llama.cpp diffs (~2e-3, greedy still 48/
 looks the value up in a float16 table (`GGML_GELU_FP16` in ggml-cpu/vec.h: input rounded to float16, float16 result):
 the same llama.cpp with that define removed (only libggml-cpu rebuilt) gives 4.3e-6 against the numpy forward on all
 three cases, so the gemma4 math above is llama.cpp's exactly; an engine computing GELU in float32 should match the
-transformers values here, not llama.cpp's, to ~1e-5.
+transformers values here, not llama.cpp's, to ~1e-5. gptossmxfp4's llama.cpp logits are ~0.1 off the transformers
+values (and the routers choose other experts at one position, step 13 of the 40-token case, in layers 1-3: all steps
+~2, greedy 46/48) because ggml's CPU matmul rounds the
+activations that multiply MXFP4 weights to Q8_0 (its `vec_dot_type` for MXFP4: per 32 values a float16 scale amax / 127
+and int8 values); the numpy forward doing the same to the experts' inputs (`NpGGUF.q8_act`, diagnostic only) agrees with
+llama.cpp to ~3e-6 at every position of the three sequences, so llama.cpp reads the MXFP4 blocks exactly as described
+(and the script asserts that instead of llama.cpp's greedy agreement); an engine that dequantizes MXFP4 and multiplies in
+float32 should match the transformers values to ~1e-5.
 
 ## Guidance for tests
 - Logits of a float32 engine on these F32 weights: compare within ~1e-4 absolute (logits are O(1-10); numpy float64
@@ -2248,6 +2578,9 @@ transformers values here, not llama.cpp's, to ~1e-5.
   expected; the smallest top1-top2 margin of any step is in the table (> 100x the float32 noise).
 - qwen35's and qwen35moe's MTP rows (`mtp`): numpy float64 values stored as float32; a float32 engine should match within ~1e-4
   (the torch float32 rebuild of the same MTP differs by < 5e-5).
+- gptossmxfp4: the MXFP4 experts dequantize exactly to the transformers weights, so a float32 engine (dequantizing the
+  blocks, float32 activations) matches within ~1e-4 like the F32 models; one that quantizes the activations (as ggml's
+  CPU backend does to Q8_0) does not, and can choose other experts.
 - Random models settle into short cycles on some prompts (e.g. qwen2 and mistral on the 40-token prompt); that is
   expected and still pins the math.
 
