@@ -527,6 +527,7 @@ fn small_config() -> ModelConfig {
         rope_dim: 32,
         rms_eps: 1e-5,
         tied_output: true,
+        mtp_layers: 0,
     }
 }
 
@@ -557,15 +558,18 @@ gpu_test! {
         let row = q + 2 * kv;
         // llama (adjacent pairs, whole head), Qwen 2 (NeoX, biases), Qwen 3 / Gemma (NeoX, q/k
         // norms), Phi-3 (NeoX over half the head) with llama 3 style frequency factors.
+        // (style, rotated dims, bias, q/k norm, frequency factors, Gemma 4's V norm, q alone).
         let cases = [
-            (RopeStyle::Adjacent, hd, false, false, Vec::new()),
-            (RopeStyle::NeoX, hd, true, false, Vec::new()),
-            (RopeStyle::NeoX, hd, false, true, Vec::new()),
-            (RopeStyle::NeoX, hd / 2, false, false, (0..hd / 4).map(|i| 1.0 + i as f32).collect()),
+            (RopeStyle::Adjacent, hd, false, false, Vec::new(), false, false),
+            (RopeStyle::NeoX, hd, true, false, Vec::new(), false, false),
+            (RopeStyle::NeoX, hd, false, true, Vec::new(), false, false),
+            (RopeStyle::NeoX, hd / 2, false, false, (0..hd / 4).map(|i| 1.0 + i as f32).collect(), false, false),
+            (RopeStyle::NeoX, hd, false, true, Vec::new(), true, false),
+            (RopeStyle::NeoX, hd, false, true, Vec::new(), false, true),
         ];
         for mut h in Harness::kv_paths().await {
             let paging = h.set(n, start, ctx);
-            for (style, dim, with_bias, with_norm, freq_factors) in cases.clone() {
+            for (style, dim, with_bias, with_norm, freq_factors, v_norm, q_only) in cases.clone() {
                 let rope = Rope { base: 10000.0, dim, style, freq_factors, mscale: 1.0 };
                 let qkv = random(&mut rng, n * row, 2.0);
                 let bias = random(&mut rng, row, 0.5);
@@ -574,7 +578,12 @@ gpu_test! {
                 let (kc, _) = h.kv_buf(&vec![0.0; paging.rows() * kv]);
                 let (vc, _) = h.kv_buf(&vec![0.0; paging.rows() * kv]);
                 let (qb, bb, nb) = (h.buf(&qkv), h.buf(&bias), h.buf(&norm));
-                let extras = QkvExtras { bias: with_bias.then_some(&bb), qk_norm: with_norm.then_some((&nb, eps)) };
+                let extras = QkvExtras {
+                    bias: with_bias.then_some(&bb),
+                    qk_norm: with_norm.then_some((&nb, eps)),
+                    v_norm: v_norm.then_some(eps),
+                    q_only,
+                };
                 let op =
                     kernels::rope_kv(&h.gpu, &mut h.cache, &h.params, &c, &rope, extras, &qb, &table, &kc, &vc, &h.batch);
                 h.run(&[op], n);
@@ -583,19 +592,31 @@ gpu_test! {
                 let (got_k, got_v) = (h.read_kv(&kc, rows).await, h.read_kv(&vc, rows).await);
                 // f16 storage keeps 11 significant bits.
                 let kv_tol = if h.gpu.kv_bytes() == 2 { 1e-3 } else { 1e-6 };
-                let what = format!("{style:?} dim {dim} bias {with_bias} norm {with_norm}, {}", h.path());
+                let what = format!(
+                    "{style:?} dim {dim} bias {with_bias} norm {with_norm} v norm {v_norm} q alone {q_only}, {}",
+                    h.path()
+                );
                 for t in 0..n {
                     let mut r = qkv[t * row..(t + 1) * row].to_vec();
                     if with_bias {
                         r.iter_mut().zip(&bias).for_each(|(v, b)| *v += b);
                     }
-                    let (mut wq, mut wk, wv) = (r[..q].to_vec(), r[q..q + kv].to_vec(), r[q + kv..].to_vec());
+                    let (mut wq, mut wk, mut wv) = (r[..q].to_vec(), r[q..q + kv].to_vec(), r[q + kv..].to_vec());
                     if with_norm {
                         reference::rms_norm_in_place(&mut wq, &norm[..hd], eps);
                         reference::rms_norm_in_place(&mut wk, &norm[hd..], eps);
                     }
+                    if v_norm {
+                        reference::rms_norm_in_place(&mut wv, &vec![1.0; hd], eps);
+                    }
+                    if q_only {
+                        // The layer reads another's keys and values: its cache is not written.
+                        (wk, wv) = (vec![0.0; kv], vec![0.0; kv]);
+                    }
                     rope_f64(&mut wq, start + t, hd, &rope);
-                    rope_f64(&mut wk, start + t, hd, &rope);
+                    if !q_only {
+                        rope_f64(&mut wk, start + t, hd, &rope);
+                    }
                     for i in 0..q {
                         assert!((got_q[t * row + i] - wq[i]).abs() < 1e-5, "q[{t}][{i}], {what}");
                     }
@@ -645,7 +666,7 @@ gpu_test! {
                 let (vc, _) = h.kv_buf(&vec![0.0; paging.rows() * kv]);
                 let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; rows]));
                 let fold = kernels::RopeKvFold { config: &c, rope: &rope, batch: &h.batch, table: &table, k_cache: &kc, v_cache: &vc };
-                let none = QkvExtras { bias: None, qk_norm: None };
+                let none = QkvExtras { bias: None, qk_norm: None, v_norm: None, q_only: false };
                 assert!(fold.applies(&none, &lin));
                 let gb = GemvBatch { params: &h.params, mb: 1 };
                 let ops = kernels::gemv_rope_kv(&h.gpu, &mut h.cache, gb, &lin, &fold, None, &xb, &yb, rows);
@@ -679,10 +700,12 @@ gpu_test! {
             let whole = linear(&h, &info, &bytes).await;
             let b = h.buf(&[0.0; 4]);
             let fold = kernels::RopeKvFold { config: &c, rope: &rope, batch: &b, table: &b, k_cache: &b, v_cache: &b };
-            let none = QkvExtras { bias: None, qk_norm: None };
+            let none = QkvExtras { bias: None, qk_norm: None, v_norm: None, q_only: false };
             assert!(!fold.applies(&none, &odd));
-            assert!(!fold.applies(&QkvExtras { bias: Some(&b), qk_norm: None }, &whole));
-            assert!(!fold.applies(&QkvExtras { bias: None, qk_norm: Some((&b, 1e-6)) }, &whole));
+            assert!(!fold.applies(&QkvExtras { bias: Some(&b), ..none }, &whole));
+            assert!(!fold.applies(&QkvExtras { qk_norm: Some((&b, 1e-6)), ..none }, &whole));
+            assert!(!fold.applies(&QkvExtras { v_norm: Some(1e-6), ..none }, &whole));
+            assert!(!fold.applies(&QkvExtras { q_only: true, ..none }, &whole));
             let neox = Rope { style: RopeStyle::NeoX, ..rope.clone() };
             assert!(!kernels::RopeKvFold { rope: &neox, ..fold }.applies(&none, &whole));
         }

@@ -90,6 +90,9 @@ impl ModelConfig {
             Some(widths) if arch == "gemma4" => {
                 positive(&key(ffn_key), widths.iter().copied().max().unwrap_or(0) as u64)?
             }
+            // LFM2-MoE's leading dense layers are wider than its experts: the larger here, each
+            // layer's in its plan.
+            _ if arch == "lfm2moe" => required(ffn_key)?.max(required("feed_forward_length")?),
             _ => required(ffn_key)?,
         };
         let context_length = required("context_length")?;
@@ -155,8 +158,12 @@ impl ModelConfig {
                 "the head count must be a multiple of it",
             ));
         }
-        let down = gguf.require_tensor(ffn_down)?;
-        if ffn_dim as u64 != down.shape[0] && arch != "gemma4" {
+        let down = match arch.as_str() {
+            // LFM2-MoE's first layers are dense (its plan checks each layer's shapes).
+            "lfm2moe" => gguf.require_tensor(&format!("blk.{}.ffn_down.weight", 0))?,
+            _ => gguf.require_tensor(ffn_down)?,
+        };
+        if ffn_dim as u64 != down.shape[0] && arch != "gemma4" && arch != "lfm2moe" {
             let reason = format!("{ffn_down} has {} inputs", down.shape[0]);
             return Err(invalid(&key(ffn_key), ffn_dim, &reason));
         }

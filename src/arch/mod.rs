@@ -20,7 +20,7 @@ use std::collections::HashSet;
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// Architectures whose plan has a mixture of experts.
-pub const MOE_ARCHITECTURES: &[&str] = &["qwen3moe", "gpt-oss", "qwen35moe"];
+pub const MOE_ARCHITECTURES: &[&str] = &["qwen3moe", "gpt-oss", "qwen35moe", "lfm2moe"];
 
 /// Qwen3.5's architectures: Gated DeltaNet layers beside gated attention, an MTP head.
 pub const QWEN35: &[&str] = &["qwen35", "qwen35moe"];
@@ -37,6 +37,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "smollm3",
     "qwen3moe",
     "lfm2",
+    "lfm2moe",
     "gpt-oss",
     "qwen35",
     "qwen35moe",
@@ -129,6 +130,12 @@ pub struct Experts {
     pub swiglu_oai: bool,
     /// A shared expert every token goes through beside the chosen ones (Qwen3.5-MoE).
     pub shared: Option<SharedExpert>,
+    /// Sigmoid scores in place of the softmax (LFM2-MoE: `expert_gating_func` 2): the chosen
+    /// experts' scores, renormalized when `normalize`, are their weights.
+    pub sigmoid: bool,
+    /// A bias added to the scores to choose the experts, not to their weights (LFM2-MoE's
+    /// `exp_probs_b`).
+    pub selection_bias: Option<String>,
 }
 
 /// Qwen3.5-MoE's shared expert: a gated FFN `ffn` wide (`expert_shared_feed_forward_length`)
@@ -453,7 +460,7 @@ impl Plan {
         // LFM2's short-convolution layers: those with no KV heads (llama.cpp marks them so).
         let kv_per_layer = config::kv_heads_per_layer(gguf, &arch, c.n_layers)?;
         let conv_kernel = match (arch.as_str(), &kv_per_layer) {
-            ("lfm2", _) => {
+            ("lfm2" | "lfm2moe", _) => {
                 let k = key("shortconv.l_cache");
                 let l = gguf.get_u64(&k)?.ok_or_else(|| Error::MissingMetadata(k.clone()))?;
                 if !(2..=16).contains(&l) {
@@ -502,12 +509,21 @@ impl Plan {
             } else {
                 Qkv::Separate([n("attn_q"), n("attn_k"), n("attn_v")])
             };
-            let dims = gemma4
-                .as_ref()
-                .map_or(LayerDims { head_dim: c.head_dim, n_kv_heads: c.n_kv_heads, ffn_dim: c.ffn_dim }, |g| {
-                    g.dims[i]
-                });
             let (gate_up, down, experts) = ffn_plan(gguf, i, experts.as_ref())?;
+            let dims = match (&gemma4, arch.as_str()) {
+                (Some(g), _) => g.dims[i],
+                // LFM2-MoE: its leading dense layers' FFN (feed_forward_length) and its experts'
+                // (expert_feed_forward_length) differ.
+                (_, "lfm2moe") => LayerDims {
+                    head_dim: c.head_dim,
+                    n_kv_heads: c.n_kv_heads,
+                    ffn_dim: match experts.is_some() {
+                        true => required_u64(gguf, &key("expert_feed_forward_length"))?,
+                        false => required_u64(gguf, &key("feed_forward_length"))?,
+                    },
+                },
+                _ => LayerDims { head_dim: c.head_dim, n_kv_heads: c.n_kv_heads, ffn_dim: c.ffn_dim },
+            };
             let optional = |name: String| has(&name).then_some(name);
             let layer = LayerPlan {
                 attn_norm: n("attn_norm"),
@@ -595,7 +611,11 @@ impl Plan {
             layers,
             token_embd: "token_embd.weight".into(),
             // LFM2's final norm is its "embedding norm" (applied after the last layer).
-            output_norm: if arch == "lfm2" { "token_embd_norm.weight" } else { "output_norm.weight" }.into(),
+            output_norm: match arch.as_str() {
+                "lfm2" | "lfm2moe" => "token_embd_norm.weight",
+                _ => "output_norm.weight",
+            }
+            .into(),
             output: if c.tied_output { "token_embd.weight" } else { "output.weight" }.into(),
             mtp: None,
             ple: gemma4.as_ref().and_then(|g| g.ple_width).map(|width| PerLayerEmbeddings {
@@ -738,6 +758,7 @@ impl LayerPlan {
             let count = e.count as u64;
             out.push((&e.router, vec![d, count]));
             out.extend(e.router_bias.iter().map(|n| (n.as_str(), vec![count])));
+            out.extend(e.selection_bias.iter().map(|n| (n.as_str(), vec![count])));
             if let Some([g, u, dn]) = &e.biases {
                 out.extend([(g.as_str(), vec![f, count]), (u, vec![f, count]), (dn, vec![d, count])]);
             }
@@ -773,6 +794,10 @@ fn ffn_plan(gguf: &Gguf, i: usize, experts: Option<&Experts>) -> Result<(GateUp,
     let n = |s: &str| format!("blk.{i}.{s}.weight");
     let b = |s: &str| format!("blk.{i}.{s}.bias");
     let has = |name: &str| gguf.tensor(name).is_some();
+    // LFM2-MoE: its first `leading_dense_block_count` layers have a dense FFN.
+    let arch = gguf.get_str("general.architecture")?.unwrap_or_default();
+    let dense_first = gguf.get_u64(&format!("{arch}.leading_dense_block_count"))?.unwrap_or(0) as usize;
+    let experts = experts.filter(|_| i >= dense_first);
     Ok(match experts {
         Some(e) => {
             let arch = gguf.get_str("general.architecture")?.unwrap_or_default();
@@ -798,6 +823,7 @@ fn ffn_plan(gguf: &Gguf, i: usize, experts: Option<&Experts>) -> Result<(GateUp,
             let e = Experts {
                 router: n("ffn_gate_inp"),
                 router_bias: has(&b("ffn_gate_inp")).then(|| b("ffn_gate_inp")),
+                selection_bias: (arch == "lfm2moe").then(|| b("exp_probs_b")),
                 biases: has(&b("ffn_gate_exps")).then(|| [b("ffn_gate_exps"), b("ffn_up_exps"), b("ffn_down_exps")]),
                 shared,
                 ..e.clone()
@@ -883,6 +909,15 @@ fn gemma4_layout(gguf: &Gguf, c: &ModelConfig, sliding: &[bool], kv: Option<&[us
         Some(w) => Some(w as usize),
     };
     Ok(Gemma4Layout { dims, kv_source, ple_width })
+}
+
+/// A positive size the file must have.
+fn required_u64(gguf: &Gguf, key: &str) -> Result<usize> {
+    match gguf.get_u64(key)? {
+        Some(v) if v > 0 && v <= 1 << 24 => Ok(v as usize),
+        Some(v) => Err(invalid(key, v, "must be from 1 to 2^24")),
+        None => Err(Error::MissingMetadata(key.into())),
+    }
 }
 
 /// gpt-oss and Qwen3.5 name the norm before the FFN `post_attention_norm`.
@@ -1025,12 +1060,14 @@ fn experts(gguf: &Gguf, arch: &str, count: u64) -> Result<Experts> {
         let reason = format!("must be from 1 to {} (the expert count, at most 16)", count.min(16));
         return Err(invalid(&key("expert_used_count"), used, &reason));
     }
-    if let Some(g) = gguf.get_u64(&key("expert_gating_func"))? {
-        // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX is 1.
-        if g != 1 {
-            return Err(Error::Unsupported(format!("expert gating function {g} ({})", key("expert_gating_func"))));
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX is 1, _SIGMOID 2 (LFM2-MoE's).
+    let sigmoid = match gguf.get_u64(&key("expert_gating_func"))? {
+        None | Some(1) => false,
+        Some(2) if arch == "lfm2moe" => true,
+        Some(g) => {
+            return Err(Error::Unsupported(format!("expert gating function {g} ({})", key("expert_gating_func"))))
         }
-    }
+    };
     if gguf.get_u64(&key("expert_shared_count"))?.is_some_and(|n| n > 0) {
         return Err(Error::Unsupported(format!("shared experts ({})", key("expert_shared_count"))));
     }
@@ -1051,6 +1088,8 @@ fn experts(gguf: &Gguf, arch: &str, count: u64) -> Result<Experts> {
         biases: None,
         swiglu_oai: arch == "gpt-oss",
         shared: None,
+        sigmoid,
+        selection_bias: None,
     })
 }
 

@@ -491,9 +491,13 @@ impl GpuModel {
                 attn_gate,
                 sinks: optional_f32("attn_sinks", l.attn_sinks.as_ref().map(std::slice::from_ref)).await?,
                 wo_bias: optional_f32("wo_bias", l.wo_bias.as_ref().map(std::slice::from_ref)).await?,
+                // The router's bias, or LFM2-MoE's selection bias (a plan has one or the other).
                 router_bias: optional_f32(
                     "router_bias",
-                    l.experts.as_ref().and_then(|e| e.router_bias.as_ref()).map(std::slice::from_ref),
+                    l.experts
+                        .as_ref()
+                        .and_then(|e| e.router_bias.as_ref().or(e.selection_bias.as_ref()))
+                        .map(std::slice::from_ref),
                 )
                 .await?,
                 expert_biases: match l.experts.as_ref().and_then(|e| e.biases.as_ref()) {

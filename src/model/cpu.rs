@@ -27,6 +27,8 @@ struct Layer {
     /// and down biases (stacked as their matrices' rows).
     router: Option<Vec<f32>>,
     router_bias: Option<Vec<f32>>,
+    /// LFM2-MoE's selection bias (`arch::Experts::selection_bias`).
+    selection_bias: Option<Vec<f32>>,
     expert_biases: Option<[Vec<f32>; 3]>,
     /// A mixture's shared expert: gate, up, down and its gate's row (`arch::SharedExpert`).
     shared: Option<[Vec<f32>; 4]>,
@@ -278,6 +280,7 @@ fn load_layer(plan: &Plan, l: &LayerPlan, load: &dyn Fn(&str) -> Result<Vec<f32>
         w_down: load(&l.down)?,
         router: l.experts.as_ref().map(|e| load(&e.router)).transpose()?,
         router_bias: optional(&l.experts.as_ref().and_then(|e| e.router_bias.clone()))?,
+        selection_bias: optional(&l.experts.as_ref().and_then(|e| e.selection_bias.clone()))?,
         expert_biases: match l.experts.as_ref().and_then(|e| e.biases.as_ref()) {
             Some([g, u, d]) => Some([load(g)?, load(u)?, load(d)?]),
             None => None,
@@ -910,7 +913,7 @@ fn mixture(c: &ModelConfig, act: Activation, e: &Experts, layer: &Layer, router:
     let (mut gate, mut up, mut y) = (vec![0f32; f], vec![0f32; f], vec![0f32; d]);
     for ((xt, lt), ot) in xn.chunks_exact(d).zip(logits.chunks_exact(e.count)).zip(out.chunks_exact_mut(d)) {
         ot.fill(0.0);
-        for (ex, w) in route(e, lt) {
+        for (ex, w) in route(e, lt, layer.selection_bias.as_deref()) {
             matmul(&mut gate, xt, &layer.w_gate[ex * f * d..(ex + 1) * f * d], d);
             matmul(&mut up, xt, &layer.w_up[ex * f * d..(ex + 1) * f * d], d);
             if let Some([bg, bu, _]) = &layer.expert_biases {
@@ -947,14 +950,20 @@ pub fn swiglu_oai(gate: f32, up: f32) -> f32 {
     (u + 1.0) * g / (1.0 + (-alpha * g).exp())
 }
 
-/// The experts a token's router logits choose and their weights: the softmax over all experts,
-/// the `used` largest (the lower index first among equals), renormalized to sum to 1 when the
-/// plan says so, times its scale.
-pub fn route(e: &Experts, logits: &[f32]) -> Vec<(usize, f32)> {
+/// The experts a token's router logits choose and their weights: the softmax over all experts
+/// (LFM2-MoE: each logit's sigmoid), the `used` largest (plus `selection`'s bias where the plan
+/// has one; the lower index first among equals), renormalized to sum to 1 when the plan says
+/// so, times its scale.
+pub fn route(e: &Experts, logits: &[f32], selection: Option<&[f32]>) -> Vec<(usize, f32)> {
     let mut p = logits.to_vec();
-    softmax(&mut p);
+    if e.sigmoid {
+        p.iter_mut().for_each(|v| *v = sigmoid(*v));
+    } else {
+        softmax(&mut p);
+    }
+    let score = |i: usize| p[i] + selection.map_or(0.0, |b| b[i]);
     let mut order: Vec<usize> = (0..p.len()).collect();
-    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
     order.truncate(e.used);
     let sum: f32 = order.iter().map(|&i| p[i]).sum();
     let norm = if e.normalize { sum } else { 1.0 };

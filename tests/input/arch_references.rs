@@ -11,7 +11,7 @@ use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, Readback};
 use webgpu_llm::model::{CpuModel, Logits};
 use webgpu_llm::sampling::argmax;
 
-const MODELS: [&str; 14] = [
+const MODELS: [&str; 16] = [
     "qwen2",
     "qwen3",
     "phi3",
@@ -26,6 +26,8 @@ const MODELS: [&str; 14] = [
     "qwen35",
     "qwen35moe",
     "gemma4",
+    "lfm2moe",
+    "gptossmxfp4",
 ];
 
 struct Reference {
@@ -249,7 +251,8 @@ fn batched_generation_gives_the_reference_tokens_on_the_newer_plans() {
     use webgpu_llm::sampling::SamplingParams;
     use webgpu_llm::speculate::{Drafter, Speculation};
     let backends = [BackendKind::Cpu, BackendKind::Gpu];
-    let names = ["smollm3", "gemma2", "qwen3moe", "lfm2", "gptoss", "qwen35", "qwen35moe", "gemma4"];
+    let names =
+        ["smollm3", "gemma2", "qwen3moe", "lfm2", "gptoss", "qwen35", "qwen35moe", "gemma4", "lfm2moe", "gptossmxfp4"];
     for (name, backend) in names.into_iter().flat_map(|n| backends.map(|b| (n, b))) {
         let r = Reference::load(name);
         let gpu = GpuOptions { force_f32: true, kv_tokens: Some(1024), ..Default::default() };
@@ -391,7 +394,7 @@ fn model_info_counts_a_mixtures_active_parameters_and_a_hybrids_state() {
 fn beams_on_the_hybrid_and_the_mixture_give_the_cpu_beams() {
     use webgpu_llm::beam::{BeamOptions, EarlyStopping};
     use webgpu_llm::engine::{BackendKind, Engine, LoadOptions, Prompt};
-    for name in ["lfm2", "qwen3moe", "gptoss", "qwen35", "qwen35moe", "gemma4"] {
+    for name in ["lfm2", "qwen3moe", "gptoss", "qwen35", "qwen35moe", "gemma4", "lfm2moe"] {
         let r = Reference::load(name);
         let load = |backend| {
             let gpu = GpuOptions { force_f32: true, kv_tokens: Some(1024), ..Default::default() };

@@ -22,11 +22,16 @@ pub fn moe_route(
     ids: &wgpu::Buffer,
     weights: &wgpu::Buffer,
 ) -> Dispatch {
+    // The bias is the router's (added to the logits) or, with a selection bias in the plan, the
+    // selection's (added to the scores that choose).
+    let selection = e.selection_bias.is_some() && bias.is_some();
     let overrides = [
         ("COUNT", e.count as f64),
         ("NORMALIZE", e.normalize as u32 as f64),
         ("SCALE", e.scale as f64),
-        ("ROUTER_BIAS", bias.is_some() as u32 as f64),
+        ("ROUTER_BIAS", (bias.is_some() && !selection) as u32 as f64),
+        ("SIGMOID", e.sigmoid as u32 as f64),
+        ("SELECTION", selection as u32 as f64),
     ];
     let source = include_str!("../../../shaders/moe_route.wgsl");
     let pipeline = cache.get(gpu, "moe_route", source, Needs::default(), &[("USED", e.used as u32)], &overrides);
