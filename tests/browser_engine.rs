@@ -60,30 +60,21 @@ fn greedy(n: usize) -> GenerateOptions {
     GenerateOptions { max_tokens: n, sampling: SamplingParams::greedy(), ignore_eos: true, ..Default::default() }
 }
 
-#[wasm_bindgen_test]
-async fn greedy_generation_in_the_browser_equals_transformers_alone_batched_and_speculative() {
-    let cases = cases();
-    assert_eq!(cases.len(), 3);
-    let mut engine = load().await;
-    let want: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["greedy_ids"])).collect();
-    let prompts: Vec<Prompt> = cases.iter().map(|c| Prompt::Tokens(ids(&c["prompt_ids"]))).collect();
-    assert!(want.iter().all(|w| w.len() == 16));
-
-    // Each prompt alone: transformers' 16 greedy tokens.
-    for (i, prompt) in prompts.iter().enumerate() {
+/// Each prompt alone, then all in one batch: each gives `want`'s greedy tokens (`what` names
+/// the model in a failure).
+async fn alone_and_batched(engine: &mut Engine, prompts: &[Prompt], want: &[Vec<u32>], what: &str) {
+    let requests: Vec<(Prompt, GenerateOptions)> = prompts.iter().map(|p| (p.clone(), greedy(16))).collect();
+    for (i, (prompt, options)) in requests.iter().enumerate() {
         let mut got = Vec::new();
         engine
-            .generate(prompt, &greedy(16), &mut |ev| {
+            .generate(prompt, options, &mut |ev| {
                 got.push(ev.id);
                 true
             })
             .await
             .unwrap();
-        assert_eq!(got, want[i], "alone: case {i}");
+        assert_eq!(got, want[i], "{what} alone: case {i}");
     }
-
-    // The three prompts (5, 12 and 40 tokens) as one batch: each its own greedy tokens.
-    let requests: Vec<(Prompt, GenerateOptions)> = prompts.iter().map(|p| (p.clone(), greedy(16))).collect();
     let mut batch = vec![Vec::new(); requests.len()];
     engine
         .generate_batch(&requests, &mut |seq, ev| {
@@ -93,8 +84,22 @@ async fn greedy_generation_in_the_browser_equals_transformers_alone_batched_and_
         .await
         .unwrap();
     for (i, got) in batch.iter().enumerate() {
-        assert_eq!(got, &want[i], "batched: case {i}");
+        assert_eq!(got, &want[i], "{what} batched: case {i}");
     }
+}
+
+#[wasm_bindgen_test]
+async fn greedy_generation_in_the_browser_equals_transformers_alone_batched_and_speculative() {
+    let cases = cases();
+    assert_eq!(cases.len(), 3);
+    let mut engine = load().await;
+    let want: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["greedy_ids"])).collect();
+    let prompts: Vec<Prompt> = cases.iter().map(|c| Prompt::Tokens(ids(&c["prompt_ids"]))).collect();
+    assert!(want.iter().all(|w| w.len() == 16));
+
+    // Each prompt alone, then the three (5, 12 and 40 tokens) as one batch: transformers' 16
+    // greedy tokens each.
+    alone_and_batched(&mut engine, &prompts, &want, "llama3").await;
 
     // Speculative decoding with prompt lookup: the same tokens, with drafts accepted on the way
     // (the 40-token case's output repeats its own bigrams).
@@ -131,30 +136,8 @@ async fn qwen35_and_gemma4_in_the_browser_give_transformers_greedy_tokens_alone_
         let options = LoadOptions { backend: BackendKind::Gpu, context_length: Some(256), gpu: GpuOptions::default() };
         let mut engine = Engine::load(&bytes, options, &mut |_, _| {}).await.unwrap();
         let want: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["greedy_ids"])).collect();
-        let requests: Vec<(Prompt, GenerateOptions)> =
-            cases.iter().map(|c| (Prompt::Tokens(ids(&c["prompt_ids"])), greedy(16))).collect();
-        for (i, (prompt, options)) in requests.iter().enumerate() {
-            let mut got = Vec::new();
-            engine
-                .generate(prompt, options, &mut |ev| {
-                    got.push(ev.id);
-                    true
-                })
-                .await
-                .unwrap();
-            assert_eq!(got, want[i], "{name} alone: case {i}");
-        }
-        let mut batch = vec![Vec::new(); requests.len()];
-        engine
-            .generate_batch(&requests, &mut |seq, ev| {
-                batch[seq].push(ev.id);
-                true
-            })
-            .await
-            .unwrap();
-        for (i, got) in batch.iter().enumerate() {
-            assert_eq!(got, &want[i], "{name} batched: case {i}");
-        }
+        let prompts: Vec<Prompt> = cases.iter().map(|c| Prompt::Tokens(ids(&c["prompt_ids"]))).collect();
+        alone_and_batched(&mut engine, &prompts, &want, name).await;
     }
 }
 
