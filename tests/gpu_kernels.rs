@@ -22,10 +22,10 @@ macro_rules! gpu_test {
 }
 
 use half::f16;
-use webgpu_llm::arch::{Activation, Rope, RopeStyle};
+use webgpu_llm::arch::{Activation, Experts, Rope, RopeStyle};
 use webgpu_llm::gguf::{GgmlType, TensorInfo};
 use webgpu_llm::gpu::kernels::{
-    self, BatchLayout, Dispatch, Epilogue, GemvBatch, NormOut, Params, QkvExtras, KV_BLOCK,
+    self, BatchLayout, Dispatch, Epilogue, GemvBatch, MoeGroups, NormOut, Params, QkvExtras, KV_BLOCK,
 };
 use webgpu_llm::gpu::shader::PipelineCache;
 use webgpu_llm::gpu::weights::{Linear, Rows};
@@ -1178,6 +1178,69 @@ gpu_test! {
             let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1 }, &lin, Activation::Silu, Epilogue::Store, Some((&nb, eps)), &xb, &yb, rows);
             h.run(&ops, 1);
             assert_close(&format!("gemv + rms_norm, {}", h.path()), &h.read(&yb, rows).await, &want, &scale, 1e-5);
+        }
+    }
+}
+
+// A mixture's expert products in a pass of several tokens, grouped by expert (each chosen
+// expert's rows read once for all its tokens; two of the six experts chosen by none), are
+// each token's own products bit for bit, and the CPU's from the dequantized rows: gate|up
+// pairs from the tokens' rows, down from each assignment's own.
+gpu_test! {
+    async fn grouped_expert_products_are_each_tokens_own_bit_for_bit() {
+        let mut rng = Rng::new(29);
+        let (count, used, rows, cols, n) = (6usize, 2usize, 16usize, 64usize, 7usize);
+        let e = Experts {
+            router: String::new(),
+            count,
+            used,
+            normalize: true,
+            scale: 1.0,
+            router_bias: None,
+            biases: None,
+            swiglu_oai: false,
+            shared: None,
+            sigmoid: false,
+            selection_bias: None,
+        };
+        let ids: Vec<u32> = (0..n).flat_map(|t| [(t % 4) as u32, ((t + 1) % 4) as u32]).collect();
+        for mut h in Harness::paths().await {
+            h.set(n, 0, 16);
+            for pair in [true, false] {
+                let total = if pair { 2 * count * rows } else { count * rows };
+                let (info, bytes) = random_tensor(&mut rng, GgmlType::Q8_0, total, cols);
+                let w = linear(&h, &info, &bytes).await;
+                let x = random(&mut rng, if pair { n } else { n * used } * cols, 1.0);
+                let (xb, idb) = (h.buf(&x), h.u32_buf(&ids));
+                let groups = MoeGroups { order: h.u32_buf(&vec![0; n * used]), starts: h.u32_buf(&vec![0; count + 1]) };
+                let (alone, grouped) = (h.buf(&vec![0.0; n * used * rows]), h.buf(&vec![0.0; n * used * rows]));
+                let act = Activation::Silu;
+                let ops = [
+                    kernels::moe_gemv(&h.gpu, &mut h.cache, &h.params, &e, &w, rows, pair, act, pair, None, &xb, &idb, &alone, None),
+                    kernels::moe_group(&h.gpu, &mut h.cache, &h.params, &e, &idb, &groups),
+                    kernels::moe_gemv(
+                        &h.gpu, &mut h.cache, &h.params, &e, &w, rows, pair, act, pair, None, &xb, &idb, &grouped,
+                        Some(&groups),
+                    ),
+                ];
+                h.run(&ops, n);
+                let (got_alone, got) = (h.read(&alone, n * used * rows).await, h.read(&grouped, n * used * rows).await);
+                let what = format!("pair {pair}, {}", h.path());
+                assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), got_alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{what}");
+                let wd = dequantize(&info, &bytes).unwrap();
+                for (a, &ex) in ids.iter().enumerate() {
+                    let x0 = if pair { a / used } else { a };
+                    let xr = &x[x0 * cols..(x0 + 1) * cols];
+                    let row = |r: usize| reference::dot(&wd[r * cols..(r + 1) * cols], xr);
+                    for r in 0..rows {
+                        let ex = ex as usize;
+                        let gate = row(ex * rows + r);
+                        let want = if pair { reference::silu(gate) * row((count + ex) * rows + r) } else { gate };
+                        let g = got[a * rows + r];
+                        assert!((g - want).abs() <= 1e-3 * want.abs().max(1.0), "assignment {a} row {r}: {g} vs {want}, {what}");
+                    }
+                }
+            }
         }
     }
 }

@@ -157,6 +157,8 @@ struct DeltaBuffers {
 struct MoeBuffers {
     /// A shared expert's gate logit, a value a row.
     shared_gate: wgpu::Buffer,
+    /// A pass's assignments grouped by expert.
+    groups: kernels::MoeGroups,
     logits: wgpu::Buffer,
     ids: wgpu::Buffer,
     weights: wgpu::Buffer,
@@ -735,6 +737,10 @@ impl GpuModel {
                     let (count, used) = (e.count as u64, e.used as u64);
                     Some(MoeBuffers {
                         shared_gate: gpu.storage("shexp_gate", n * f)?,
+                        groups: kernels::MoeGroups {
+                            order: gpu.storage("moe_order", n * used * 4)?,
+                            starts: gpu.storage("moe_starts", (count + 1) * 4)?,
+                        },
                         logits: gpu.storage("moe_logits", n * count * f)?,
                         ids: gpu.storage("moe_ids", n * used * 4)?,
                         weights: gpu.storage("moe_weights", n * used * f)?,
@@ -1111,10 +1117,19 @@ impl GpuModel {
                 ops.push(kernels::moe_route(gpu, p, params, e, &m.logits, rb, &m.ids, &m.weights));
                 let (f, d) = (c.ffn_dim, c.d_model);
                 let (gub, db) = (l.expert_biases.as_ref().map(|b| &b.0), l.expert_biases.as_ref().map(|b| &b.1));
+                // A pass of several tokens reads each chosen expert's rows once for all of them.
+                let grouped = (!matches!(pass, Pass::Decode { mb: 1, .. })).then_some(&m.groups);
+                if let Some(g) = grouped {
+                    ops.push(kernels::moe_group(gpu, p, params, e, &m.ids, g));
+                }
                 let gu = &l.gate_up;
-                ops.push(kernels::moe_gemv(gpu, p, params, e, gu, f, true, act, true, gub, &b.xn, &m.ids, &m.h));
+                let up_gemv =
+                    kernels::moe_gemv(gpu, p, params, e, gu, f, true, act, true, gub, &b.xn, &m.ids, &m.h, grouped);
+                ops.push(up_gemv);
                 let dn = &l.w_down;
-                ops.push(kernels::moe_gemv(gpu, p, params, e, dn, d, false, act, false, db, &m.h, &m.ids, &m.y));
+                ops.push(kernels::moe_gemv(
+                    gpu, p, params, e, dn, d, false, act, false, db, &m.h, &m.ids, &m.y, grouped,
+                ));
                 let post = &l.post_ffn_norm;
                 let out = if post.is_some() { &b.proj } else { &b.x };
                 ops.push(kernels::moe_combine(gpu, p, params, e, d, post.is_none(), &m.y, &m.weights, out));

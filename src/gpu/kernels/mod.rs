@@ -24,7 +24,7 @@ pub use delta::{delta_inputs, delta_out, delta_prep, delta_proj, delta_scan, gat
 pub use embed::embed;
 pub use gemma4::{ple_gate, ple_inputs, scale_rows};
 pub use matmul::{gemm, gemv, gemv_rope_kv, Epilogue, GemvBatch};
-pub use moe::{check_experts, moe_combine, moe_gemv, moe_route};
+pub use moe::{check_experts, moe_combine, moe_gemv, moe_group, moe_route, MoeGroups};
 pub use mtp::{concat_rows, hidden};
 pub use norm::{rms_norm, NormOut};
 pub use rope::{rope_kv, rope_table, QkvExtras, RopeKvFold};

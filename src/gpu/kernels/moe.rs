@@ -68,6 +68,7 @@ pub fn moe_gemv(
     x: &wgpu::Buffer,
     ids: &wgpu::Buffer,
     y: &wgpu::Buffer,
+    grouped: Option<&MoeGroups>,
 ) -> Dispatch {
     let p = &w.parts[0];
     let (alpha, limit) = crate::arch::SWIGLU_OAI;
@@ -82,11 +83,14 @@ pub fn moe_gemv(
         ("OAI", (pair && e.swiglu_oai) as u32 as f64),
         ("ALPHA", alpha as f64),
         ("LIMIT", limit as f64),
+        ("GROUPED", grouped.is_some() as u32 as f64),
     ];
     let needs = Needs { weights: Some(p.format), act: Some(act), ..Default::default() };
     let source = include_str!("../../../shaders/moe_gemv.wgsl");
     let pipeline = cache.get(gpu, "moe_gemv", source, needs, &[("USED", e.used as u32)], &overrides);
-    let bind_group = gpu.bind_group("moe_gemv", &pipeline, &[&p.buffer, x, y, ids, params, bias.unwrap_or(x)]);
+    let (order, starts) = grouped.map_or((ids, ids), |g| (&g.order, &g.starts));
+    let bind_group =
+        gpu.bind_group("moe_gemv", &pipeline, &[&p.buffer, x, y, ids, params, bias.unwrap_or(x), order, starts]);
     // A token reads its chosen experts' rows alone: `used` of the `count` experts.
     let matrices = if pair { 2 } else { 1 };
     let traffic = Traffic {
@@ -94,12 +98,41 @@ pub fn moe_gemv(
         activations: 4 * (e.used * (p.cols + rows) + e.used) as u64,
         ..Default::default()
     };
-    let groups = Groups {
-        fixed: [(rows as u32).div_ceil(64), e.used as u32, 1],
-        tokens: Some((2, 1)),
-        segment: Default::default(),
+    let groups = match grouped {
+        // A workgroup per row block and expert (one that no token chose returns at once).
+        Some(_) => Groups::fixed((rows as u32).div_ceil(64), e.count as u32),
+        None => Groups {
+            fixed: [(rows as u32).div_ceil(64), e.used as u32, 1],
+            tokens: Some((2, 1)),
+            segment: Default::default(),
+        },
     };
     Dispatch { label: "moe_gemv", pipeline, bind_group, groups, traffic }
+}
+
+/// A pass's assignments grouped by expert (`moe_group`): `moe_gemv`'s GROUPED form reads them.
+pub struct MoeGroups {
+    /// Assignments (token * used + j), expert by expert.
+    pub order: wgpu::Buffer,
+    /// Where each expert's assignments start in `order` (count + 1 values).
+    pub starts: wgpu::Buffer,
+}
+
+/// Groups the pass's assignments (`ids`) by expert into `groups` (shaders/moe_group.wgsl).
+pub fn moe_group(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    params: &wgpu::Buffer,
+    e: &Experts,
+    ids: &wgpu::Buffer,
+    groups: &MoeGroups,
+) -> Dispatch {
+    let source = include_str!("../../../shaders/moe_group.wgsl");
+    let consts = [("USED", e.used as u32)];
+    let pipeline = cache.get(gpu, "moe_group", source, Needs::default(), &consts, &[("COUNT", e.count as f64)]);
+    let bind_group = gpu.bind_group("moe_group", &pipeline, &[params, ids, &groups.order, &groups.starts]);
+    let traffic = Traffic { activations: 4 * (2 * e.used + e.count + 1) as u64, ..Default::default() };
+    Dispatch { label: "moe_group", pipeline, bind_group, groups: Groups::fixed(1, 1), traffic }
 }
 
 /// out (+)= the weighted sum of each token's experts' outputs (rows of `d`).
