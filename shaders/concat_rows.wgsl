@@ -14,5 +14,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
     let t = gid.y;
     if (i >= 2u * D || t >= params.n_tokens) { return; }
-    out[t * 2u * D + i] = select(b[t * D + i - D], a[t * D + i], i < D);
+    if (i < D) {
+        out[t * 2u * D + i] = a[t * D + i];
+    } else {
+        out[t * 2u * D + i] = b[t * D + i - D];
+    }
 }

@@ -24,6 +24,10 @@
 // Dispatch: (VH, n_tokens, 1), workgroups of HV.
 
 override COMMIT: bool = true;
+// A round's pass dispatches this twice: its prompt chunks' runs (PHASE 1), then its decode rows'
+// (PHASE 2), so that a request whose prompt's last token is a decode row of the round (its rest a
+// chunk of the same round) finds the chunk's state committed; other passes take every run (0).
+override PHASE: u32 = 0u;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<uniform> decode: Params;
@@ -72,6 +76,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let first = row_pos(t);
     // Only a run's first row starts one.
     if (t > 0u && row_table(t - 1u) == table && row_pos(t - 1u) + 1u == first) { return; }
+    let is_decode = t < decode.n_tokens;
+    if ((PHASE == 1u && is_decode) || (PHASE == 2u && !is_decode)) { return; }
     var end = t + 1u;
     while (end < n && row_table(end) == table && row_pos(end) == row_pos(end - 1u) + 1u) { end++; }
     let slot = (table - TABLE0) / MAX_BLOCKS;
@@ -91,7 +97,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         chunk(&s, table, p, min(CHUNK, first - p), 0u, false, kh, h, j);
     }
     var count = start;
-    if (t < decode.n_tokens) {
+    if (is_decode) {
         // A decode run: its first row is final.
         for (var r = t; r < end; r++) {
             let pos = row_pos(r);

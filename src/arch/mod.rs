@@ -197,6 +197,10 @@ impl DeltaShape {
     pub fn state_values(&self) -> usize {
         self.v_heads * self.head_k * self.head_v
     }
+    /// Values a position keeps for the recurrence: k (every key head), v, g and beta.
+    pub fn inputs(&self) -> usize {
+        self.key_dim() + self.value_dim() + 2 * self.v_heads
+    }
 }
 
 /// Qwen3.5's Gated DeltaNet in place of attention (llama.cpp's `build_layer_attn_linear`,
@@ -939,13 +943,27 @@ pub(crate) fn delta_shape(gguf: &Gguf, arch: &str) -> Result<DeltaShape> {
     if !(2..=16).contains(&kernel) {
         return Err(invalid(&key("conv_kernel"), kernel, "must be from 2 to 16"));
     }
+    // The GPU's delta rule takes an invocation per state column (at most 256) and a column of
+    // head_k values in registers; the state of a layer stays at most 2^24 values (64 MiB).
+    for (k, v, most) in [("state_size", head_k, 512), ("time_step_rank", v_heads, 1024)] {
+        if v > most {
+            return Err(invalid(&key(k), v, &format!("at most {most} are supported")));
+        }
+    }
     if v_heads % k_heads != 0 {
         return Err(invalid(&key("time_step_rank"), v_heads, "the value heads must be a multiple of the key heads"));
     }
     if inner % v_heads != 0 {
         return Err(invalid(&key("inner_size"), inner, "must be a multiple of the value heads"));
     }
-    Ok(DeltaShape { kernel, k_heads, v_heads, head_k, head_v: inner / v_heads })
+    let shape = DeltaShape { kernel, k_heads, v_heads, head_k, head_v: inner / v_heads };
+    if shape.head_v > 256 {
+        return Err(invalid(&key("inner_size"), inner, "value heads of at most 256 values are supported"));
+    }
+    if shape.state_values() > 1 << 24 {
+        return Err(invalid(&key("inner_size"), inner, "a layer's state of at most 2^24 values is supported"));
+    }
+    Ok(shape)
 }
 
 /// Which of Qwen3.5's layers are Gated DeltaNets: `attention.recurrent_layers` (a flag per

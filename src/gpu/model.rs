@@ -586,7 +586,7 @@ impl GpuModel {
                 .and_then(|l| l.experts.as_ref())
                 .map_or((1, 1), |e| (e.used as u64, e.count as u64))
         };
-        // The MTP head's layer is not run on the GPU (its drafts run on the CPU backend).
+        // The MTP head's layer is no part of a token's pass (it drafts).
         let mtp_layer = format!("blk.{}.", plan.config.n_layers);
         let all: u64 = gguf
             .tensors
@@ -989,21 +989,27 @@ impl GpuModel {
                 );
                 ops.extend(prep);
                 let (state, ckpt) = (&db.state, &db.ckpt);
-                ops.push(kernels::delta_scan(
-                    gpu,
-                    p,
-                    params,
-                    decode_rows,
-                    s,
-                    layout,
-                    commit,
-                    inputs,
-                    dq,
-                    &b.attn,
-                    state,
-                    ckpt,
-                    &b.batch,
-                ));
+                // A round: its prompt chunks' runs, then its decode rows' (a prompt's last token
+                // may be a decode row beside the rest of it in a chunk).
+                let phases: &[u32] = if round { &[1, 2] } else { &[0] };
+                for &phase in phases {
+                    ops.push(kernels::delta_scan(
+                        gpu,
+                        p,
+                        params,
+                        decode_rows,
+                        s,
+                        layout,
+                        commit,
+                        phase,
+                        inputs,
+                        dq,
+                        &b.attn,
+                        state,
+                        ckpt,
+                        &b.batch,
+                    ));
+                }
                 ops.push(kernels::delta_out(gpu, p, params, s, eps, &b.attn, &b.qkv, &dw.norm));
                 residual(&mut ops, p, &l.wo, None, &b.attn, &l.post_attn_norm);
             } else if let (Some(sc), Some(state), Some(taps)) = (&lp.conv, conv_state, &l.conv_taps) {

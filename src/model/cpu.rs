@@ -766,7 +766,7 @@ const L2_NORM_EPS: f32 = 1e-6;
 /// Values a position of the delta rule's inputs a Gated DeltaNet layer keeps: k (every key
 /// head), v, g and beta (each value head).
 fn delta_inputs(s: &DeltaShape) -> usize {
-    s.key_dim() + s.value_dim() + 2 * s.v_heads
+    s.inputs()
 }
 
 /// Qwen3.5's Gated DeltaNet over the rows of `xn` (positions `start..`) into `out`

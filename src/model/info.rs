@@ -64,8 +64,17 @@ impl ModelInfo {
             let s = crate::arch::delta_shape(gguf, &c.architecture)?;
             delta_layers =
                 crate::arch::recurrent_layers(gguf, &c.architecture, c.n_layers)?.iter().filter(|&&r| r).count();
-            let per_position = (s.conv_dim() + s.key_dim() + s.value_dim() + 2 * s.v_heads) as u64 * 4;
-            state_bytes += delta_layers as u64 * (per_position * context as u64 + s.state_values() as u64 * 4);
+            let per_position = (s.conv_dim() + s.inputs()) as u64 * 4;
+            let layers = (per_position.checked_mul(context as u64))
+                .and_then(|b| b.checked_add(s.state_values() as u64 * 4))
+                .and_then(|b| b.checked_mul(delta_layers as u64));
+            state_bytes = layers.and_then(|b| b.checked_add(state_bytes)).ok_or_else(|| {
+                crate::arch::invalid(
+                    &format!("{}.context_length", c.architecture),
+                    context,
+                    "the state's size overflows",
+                )
+            })?;
         }
         // K and V of every attention layer at every position (Gemma 4: each layer that keeps its
         // own, at its size); checked, as the context may come from the caller.
@@ -75,7 +84,7 @@ impl ModelInfo {
                 let own = g.dims.iter().zip(&g.kv_source).filter(|(_, s)| s.is_none());
                 own.map(|(d, _)| d.n_kv_heads * d.head_dim).sum()
             }
-            _ => (c.n_layers - conv_layers - delta_layers) * c.kv_dim(),
+            _ => c.n_layers.saturating_sub(conv_layers + delta_layers) * c.kv_dim(),
         };
         let kv_values = [per_position, context, 2]
             .iter()

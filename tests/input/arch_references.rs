@@ -459,6 +459,23 @@ fn a_hybrid_layer_layout_that_does_not_add_up_is_an_error_naming_it() {
     g.metadata.insert("qwen3.attention.head_count_kv".into(), Value::List(Array::U32(vec![2, 2, 2])));
     let msg = Plan::from_gguf(&g, None).unwrap_err().to_string();
     assert!(msg.contains("qwen3.attention.head_count_kv"), "{msg}");
+    // Qwen3.5: Gated DeltaNet sizes past what the kernels take (or a state past 2^24 values a
+    // layer, which a small file could ask for) are refused naming the key, before anything is
+    // allocated; as are more than one MTP layer and M-RoPE sections that leave a pair out.
+    let r = Reference::load("qwen35");
+    let refused = |key: &str, value: Value, what: &str| {
+        let mut g = r.gguf();
+        g.metadata.insert(key.into(), value);
+        let msg = Plan::from_gguf(&g, None).unwrap_err().to_string();
+        assert!(msg.contains(what) && msg.contains(key), "{key}: {msg}");
+    };
+    refused("qwen35.ssm.state_size", Value::U32(4096), "at most 512");
+    refused("qwen35.ssm.time_step_rank", Value::U32(2048), "at most 1024");
+    refused("qwen35.ssm.inner_size", Value::U32(4 * 512), "at most 256 values");
+    refused("qwen35.ssm.conv_kernel", Value::U32(40), "from 2 to 16");
+    refused("qwen35.nextn_predict_layers", Value::U32(2), "multi-token-prediction layers");
+    refused("qwen35.rope.dimension_sections", Value::List(Array::I32(vec![1, 1, 1, 0])), "M-RoPE sections");
+    assert!(Plan::from_gguf(&r.gguf(), None).is_ok());
 }
 
 /// Which layers slide, and their RoPE base, come from the architecture (as llama.cpp hard-codes

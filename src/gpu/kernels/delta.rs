@@ -19,14 +19,16 @@ fn consts(s: &DeltaShape) -> [(&'static str, u32); 5] {
 }
 
 /// Positions of a chunk of the chunked delta rule: 16, fewer for key heads past 128 values (a
-/// chunk's keys stay within 8 KiB of workgroup memory).
+/// chunk's keys stay within 8 KiB of workgroup memory) or value heads under 16.
 fn chunk(s: &DeltaShape) -> usize {
-    (2048 / s.head_k).clamp(1, 16)
+    // An invocation per state column: the chunk's per-position loads and the forward
+    // substitution need one per position, so no more positions than columns.
+    (2048 / s.head_k).clamp(1, 16).min(s.head_v)
 }
 
 /// Values a position of a Gated DeltaNet layer keeps for its recurrence: k, v, g and beta.
 pub fn delta_inputs(s: &DeltaShape) -> usize {
-    s.key_dim() + s.value_dim() + 2 * s.v_heads
+    s.inputs()
 }
 
 /// Values of a row of the layer's input projection: q|k|v, z, b and alpha.
@@ -82,7 +84,8 @@ pub fn delta_prep(
 
 /// The gated delta rule of every run of the pass's rows (`shaders/delta_scan.wgsl`): each
 /// value head's output into `out`; with `commit`, the state after each final row back to its
-/// sequence's slot. `decode`: the params whose row count is the pass's decode rows.
+/// sequence's slot. `decode`: the params whose row count is the pass's decode rows; `phase`: 0
+/// every run, 1 the prompt chunks' alone, 2 the decode rows' alone (a round: 1 then 2).
 #[allow(clippy::too_many_arguments)]
 pub fn delta_scan(
     gpu: &Gpu,
@@ -92,6 +95,7 @@ pub fn delta_scan(
     s: &DeltaShape,
     layout: BatchLayout,
     commit: bool,
+    phase: u32,
     inputs: &wgpu::Buffer,
     q: &wgpu::Buffer,
     out: &wgpu::Buffer,
@@ -103,7 +107,8 @@ pub fn delta_scan(
     let source = include_str!("../../../shaders/delta_scan.wgsl");
     let mut c = consts(s).to_vec();
     c.extend([("TABLE0", 2 * MAX_ROWS as u32), ("MAX_BLOCKS", layout.max_blocks as u32), ("CHUNK", chunk(s) as u32)]);
-    let pipeline = cache.get(gpu, "delta_scan", source, needs, &c, &[("COMMIT", commit as u32 as f64)]);
+    let overrides = [("COMMIT", commit as u32 as f64), ("PHASE", phase as f64)];
+    let pipeline = cache.get(gpu, "delta_scan", source, needs, &c, &overrides);
     let bind_group = gpu.bind_group("delta_scan", &pipeline, &[params, decode, inputs, q, out, state, ckpt, batch]);
     // A decode row: the state read and written, the row's inputs and q read, its output written.
     let state_bytes = 4 * s.state_values() as u64;
