@@ -336,13 +336,18 @@ impl GpuModel {
         };
         let plan = Plan::from_gguf(gguf, rope_freqs.as_deref())?;
         let c = plan.config.clone();
-        if c.head_dim > 256 || c.head_dim % 8 != 0 || c.d_model % 8 != 0 || c.ffn_dim % 8 != 0 {
-            return Err(Error::InvalidMetadata {
-                key: format!("{}.attention.head_count", c.architecture),
-                value: format!("head_dim {}, d_model {}, ffn {}", c.head_dim, c.d_model, c.ffn_dim),
-                reason: "the GPU kernels need head_dim <= 256 and a multiple of 8, d_model and ffn multiples of 8"
-                    .into(),
-            });
+        // Every layer's sizes (Gemma 4's differ by layer), and Gemma 4's per-layer embeddings'.
+        let ple_width = plan.ple.as_ref().map_or(8, |p| p.width);
+        for d in plan.layers.iter().map(|l| l.dims) {
+            if d.head_dim > 256 || d.head_dim % 8 != 0 || c.d_model % 8 != 0 || d.ffn_dim % 8 != 0 || ple_width % 8 != 0
+            {
+                return Err(Error::InvalidMetadata {
+                    key: format!("{}.attention.head_count", c.architecture),
+                    value: format!("head_dim {}, d_model {}, ffn {}, per-layer embedding {ple_width}", d.head_dim, c.d_model, d.ffn_dim),
+                    reason: "the GPU kernels need head_dim <= 256 and a multiple of 8, d_model, ffn and per-layer embedding widths multiples of 8"
+                        .into(),
+                });
+            }
         }
         // Before the upload: a context (or a pool) whose buffers this GPU cannot bind is the
         // caller's error.
@@ -662,7 +667,13 @@ impl GpuModel {
     /// a RoPE table, decode attention's chunk records) each fit one binding.
     fn max_context(gpu: &Gpu, plan: &Plan) -> usize {
         let c = &plan.config;
-        let per_token = [c.kv_dim() * gpu.kv_bytes() as usize, c.rope_dim * 4, c.d_model * 4];
+        // A Gated DeltaNet layer's per-position buffers (its convolution input, its delta-rule
+        // inputs) are positions of their own, each in one binding too.
+        let delta = plan.layers.iter().find_map(|l| l.delta.as_ref()).map_or(0, |dn| {
+            let s = &dn.shape;
+            s.conv_dim().max(s.inputs()) * 4
+        });
+        let per_token = [c.kv_dim() * gpu.kv_bytes() as usize, c.rope_dim * 4, c.d_model * 4, delta];
         let max = gpu.max_binding() as usize;
         // The cache is whole blocks.
         let fits = per_token.iter().map(|&b| max / b.max(1)).min().unwrap_or(0) / KV_BLOCK * KV_BLOCK;
