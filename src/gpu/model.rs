@@ -791,7 +791,7 @@ impl GpuModel {
                             let positions = pool_tokens as u64;
                             Ok::<_, Error>(DeltaBuffers {
                                 conv_in: gpu.storage("delta_conv_in", positions * s.conv_dim() as u64 * f)?,
-                                inputs: gpu.storage("delta_inputs", positions * kernels::delta_inputs(s) as u64 * f)?,
+                                inputs: gpu.storage("delta_inputs", positions * s.inputs() as u64 * f)?,
                                 state: gpu.storage("delta_state", slots * s.state_values() as u64 * f)?,
                                 ckpt: gpu.storage("delta_ckpt", slots * s.v_heads as u64 * 4)?,
                             })
@@ -1342,7 +1342,7 @@ impl GpuModel {
             .map(|s| {
                 kernels::delta_proj(&s)
                     + (1 + s.kernel) * s.conv_dim()
-                    + 2 * kernels::delta_inputs(&s)
+                    + 2 * s.inputs()
                     + 2 * s.state_values()
                     + s.key_dim()
                     + 2 * s.value_dim()

@@ -352,7 +352,7 @@ impl CpuModel {
             .iter()
             .map(|l| match (&l.conv, &l.delta) {
                 (Some(_), _) => (c.d_model, c.d_model),
-                (_, Some(dn)) => (dn.shape.conv_dim(), delta_inputs(&dn.shape)),
+                (_, Some(dn)) => (dn.shape.conv_dim(), dn.shape.inputs()),
                 _ => (c.with_dims(&l.dims).kv_dim(), c.with_dims(&l.dims).kv_dim()),
             })
             .collect();
@@ -763,11 +763,6 @@ fn short_conv(d: usize, cw: &ConvWeights, xn: &[f32], state: &mut Vec<f32>, star
 /// The transformers eps of the Gated DeltaNet's L2 norm of q and k (`l2norm(x, eps=1e-6)`).
 const L2_NORM_EPS: f32 = 1e-6;
 
-/// Values a position of the delta rule's inputs a Gated DeltaNet layer keeps: k (every key
-/// head), v, g and beta (each value head).
-fn delta_inputs(s: &DeltaShape) -> usize {
-    s.inputs()
-}
 
 /// Qwen3.5's Gated DeltaNet over the rows of `xn` (positions `start..`) into `out`
 /// (`arch::DeltaNet`): each position's q|k|v projection appended to `conv_in` (the
@@ -798,7 +793,7 @@ fn delta_net(
     conv_in.extend_from_slice(&qkv);
     let mut y = vec![0f32; n * vd];
     let mut mixed = vec![0f32; conv];
-    let mut row = vec![0f32; delta_inputs(s)];
+    let mut row = vec![0f32; s.inputs()];
     for t in 0..n {
         let pos = start + t;
         // The causal depthwise convolution over the last `kernel` positions, then SiLU.
@@ -840,7 +835,7 @@ fn delta_net(
 }
 
 /// One position's gated delta rule on `state` (a head_k x head_v matrix per value head,
-/// row-major) from its inputs k|v|g|beta (`delta_inputs`): S = S exp(g), then
+/// row-major) from its inputs k|v|g|beta (`DeltaShape::inputs`): S = S exp(g), then
 /// S += k (v - S^T k)^T beta; with `q`, also each head's output S^T q into `out`. Value head h
 /// reads key head h % k_heads.
 fn delta_rule(s: &DeltaShape, state: &mut [f32], inputs: &[f32], q: Option<(&[f32], &mut [f32])>) {

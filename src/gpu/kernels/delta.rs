@@ -26,10 +26,6 @@ fn chunk(s: &DeltaShape) -> usize {
     (2048 / s.head_k).clamp(1, 16).min(s.head_v)
 }
 
-/// Values a position of a Gated DeltaNet layer keeps for its recurrence: k, v, g and beta.
-pub fn delta_inputs(s: &DeltaShape) -> usize {
-    s.inputs()
-}
 
 /// Values of a row of the layer's input projection: q|k|v, z, b and alpha.
 pub fn delta_proj(s: &DeltaShape) -> usize {
@@ -73,7 +69,7 @@ pub fn delta_prep(
                 Groups::per_token((s.k_heads + s.v_heads) as u32, 1, 1),
                 Traffic {
                     weights: conv * s.kernel as u64 + 8 * s.v_heads as u64,
-                    activations: conv * s.kernel as u64 + 4 * (delta_inputs(s) + s.key_dim()) as u64,
+                    activations: conv * s.kernel as u64 + 4 * (s.inputs() + s.key_dim()) as u64,
                     ..Default::default()
                 },
             ),
@@ -113,7 +109,7 @@ pub fn delta_scan(
     // A decode row: the state read and written, the row's inputs and q read, its output written.
     let state_bytes = 4 * s.state_values() as u64;
     let traffic = Traffic {
-        activations: 2 * state_bytes + 4 * (delta_inputs(s) + s.key_dim() + s.value_dim()) as u64,
+        activations: 2 * state_bytes + 4 * (s.inputs() + s.key_dim() + s.value_dim()) as u64,
         ..Default::default()
     };
     Dispatch { label: "delta_scan", pipeline, bind_group, groups: Groups::per_token(s.v_heads as u32, 1, 1), traffic }

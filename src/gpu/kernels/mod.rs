@@ -20,7 +20,7 @@ mod top_k;
 pub use act_mul::{act_mul, bias_add};
 pub use argmax::argmax;
 pub use attention::{attention_decode, attention_prefill, decode_partials_len, DECODE_CHUNK};
-pub use delta::{delta_inputs, delta_out, delta_prep, delta_proj, delta_scan, gate_mul, sigmoid_add};
+pub use delta::{delta_out, delta_prep, delta_proj, delta_scan, gate_mul, sigmoid_add};
 pub use embed::embed;
 pub use gemma4::{ple_gate, ple_inputs, scale_rows};
 pub use matmul::{gemm, gemv, gemv_rope_kv, Epilogue, GemvBatch};

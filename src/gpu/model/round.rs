@@ -327,7 +327,7 @@ impl GpuModel {
         // A Gated DeltaNet layer's blocks: its convolution input and delta-rule inputs.
         let delta = self.plan.layers.iter().find_map(|l| l.delta.as_ref()).map(|dn| {
             let s = &dn.shape;
-            ((KV_BLOCK * s.conv_dim()) as u64 * 4, (KV_BLOCK * kernels::delta_inputs(s)) as u64 * 4)
+            ((KV_BLOCK * s.conv_dim()) as u64 * 4, (KV_BLOCK * s.inputs()) as u64 * 4)
         });
         if self.block_scratch.is_none() {
             let largest = delta.map_or(0, |(a, b)| a.max(b));
