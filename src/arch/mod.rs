@@ -402,11 +402,7 @@ impl Plan {
         // Gemma 4: the file's per-layer flags, and its sliding layers' RoPE (base and size).
         let pattern: Vec<bool> = match arch.as_str() {
             "gemma4" => {
-                let k = key("attention.sliding_window_pattern");
-                let flags = gguf.get_array(&k)?.ok_or_else(|| Error::MissingMetadata(k.clone()))?;
-                if flags.len() != c.n_layers {
-                    return Err(invalid(&k, format!("{} values", flags.len()), "must have one per layer"));
-                }
+                let flags = gemma4_sliding(gguf, &c)?;
                 let base = gguf.get_f32(&key("rope.freq_base_swa"))?.unwrap_or(10000.0) as f64;
                 let dim = gguf.get_u64(&key("rope.dimension_count_swa"))?.unwrap_or(c.rope_dim as u64) as usize;
                 if dim == 0 || dim % 2 != 0 || dim > c.head_dim {
@@ -417,7 +413,7 @@ impl Plan {
                     ));
                 }
                 ropes.push(Rope { base, dim, style, freq_factors: Vec::new(), mscale: 1.0 });
-                (0..c.n_layers).map(|i| matches!(flags.get(i), Some(crate::gguf::ValueRef::Bool(true)))).collect()
+                flags
             }
             _ => Vec::new(),
         };
@@ -852,11 +848,18 @@ pub(crate) struct Gemma4Layout {
 
 /// `gemma4_layout` from the header alone (`ModelInfo`).
 pub(crate) fn gemma4_header_layout(gguf: &Gguf, c: &ModelConfig) -> Result<Gemma4Layout> {
+    let sliding = gemma4_sliding(gguf, c)?;
+    gemma4_layout(gguf, c, &sliding, config::kv_heads_per_layer(gguf, "gemma4", c.n_layers)?.as_deref())
+}
+
+/// Which of Gemma 4's layers slide: `attention.sliding_window_pattern`, a flag per layer.
+fn gemma4_sliding(gguf: &Gguf, c: &ModelConfig) -> Result<Vec<bool>> {
     let k = "gemma4.attention.sliding_window_pattern";
     let flags = gguf.get_array(k)?.ok_or_else(|| Error::MissingMetadata(k.into()))?;
-    let sliding: Vec<bool> =
-        (0..c.n_layers).map(|i| matches!(flags.get(i), Some(crate::gguf::ValueRef::Bool(true)))).collect();
-    gemma4_layout(gguf, c, &sliding, config::kv_heads_per_layer(gguf, "gemma4", c.n_layers)?.as_deref())
+    if flags.len() != c.n_layers {
+        return Err(invalid(k, format!("{} values", flags.len()), "must have one per layer"));
+    }
+    Ok((0..c.n_layers).map(|i| matches!(flags.get(i), Some(crate::gguf::ValueRef::Bool(true)))).collect())
 }
 
 fn gemma4_layout(gguf: &Gguf, c: &ModelConfig, sliding: &[bool], kv: Option<&[usize]>) -> Result<Gemma4Layout> {
