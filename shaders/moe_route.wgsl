@@ -1,19 +1,17 @@
-// A mixture of experts' router, per token: the USED experts with the largest of its COUNT
-// router logits (the lowest index first among equals; the softmax keeps their order), and
-// their weights: softmax probabilities, divided by their sum with NORMALIZE, times SCALE
-// (src/model/cpu.rs `route`, the CPU reference).
-// With ROUTER_BIAS the router's bias is added to the logits first (gpt-oss); SIGMOID and
-// SELECTION: LFM2-MoE's routing (`route_scores`).
+// A mixture of experts' router, per token (src/model/cpu.rs `route`, the CPU reference): each of
+// its COUNT experts' score — the softmax probability of its router logit, or with SIGMOID the
+// logit's sigmoid (LFM2-MoE) — the USED experts with the largest scores (plus, with SELECTION,
+// a bias that chooses but does not weigh: LFM2-MoE's; the lowest index first among equals), and
+// their weights: their scores, divided by their sum with NORMALIZE, times SCALE.
+// With ROUTER_BIAS the router's bias is added to the logits first (gpt-oss).
 // Bindings: 0 params, 1 logits (rows of COUNT), 2 ids (rows of USED u32), 3 weights (rows of
-// USED f32), 4 bias (COUNT; any buffer without ROUTER_BIAS). Dispatch: (ceil(n_tokens / 64), 1, 1):
-// an invocation per token.
+// USED f32), 4 bias (COUNT; any buffer without ROUTER_BIAS or SELECTION). Dispatch:
+// (ceil(n_tokens / 64), 1, 1): an invocation per token.
 
 override COUNT: u32;
 override NORMALIZE: bool = true;
 override SCALE: f32 = 1.0;
 override ROUTER_BIAS: bool = false;
-// LFM2-MoE: sigmoid scores in place of the softmax; with SELECTION the bias is added to the
-// scores that choose the experts, not to their weights.
 override SIGMOID: bool = false;
 override SELECTION: bool = false;
 
@@ -36,10 +34,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var e = 1u; e < COUNT; e++) { m = max(m, logit(base, e)); }
     var sum = 0.0;
     for (var e = 0u; e < COUNT; e++) { sum += exp(logit(base, e) - m); }
-    if (SIGMOID || SELECTION) {
-        route_scores(t, base);
-        return;
-    }
     // Experts taken so far, a bit each (COUNT <= 1024).
     var taken: array<u32, 32>;
     for (var i = 0u; i < 32u; i++) { taken[i] = 0u; }
@@ -48,42 +42,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var j = 0u; j < USED; j++) {
         var best = 0u;
         var best_v = -3.0e38;
-        var found = false;
-        for (var e = 0u; e < COUNT; e++) {
-            let v = logit(base, e);
-            if ((taken[e / 32u] & (1u << (e % 32u))) == 0u && (!found || v > best_v)) {
-                best = e;
-                best_v = v;
-                found = true;
-            }
-        }
-        taken[best / 32u] |= 1u << (best % 32u);
-        ids[t * USED + j] = best;
-        p[j] = exp(best_v - m) / sum;
-        picked += p[j];
-    }
-    let norm = select(1.0, picked, NORMALIZE);
-    for (var j = 0u; j < USED; j++) { weights[t * USED + j] = p[j] / norm * SCALE; }
-}
-
-// LFM2-MoE's routing: each expert's sigmoid score (or softmax probability), the USED largest
-// of score + selection bias chosen, their scores (unbiased) the weights.
-fn route_scores(t: u32, base: u32) {
-    var taken: array<u32, 32>;
-    for (var i = 0u; i < 32u; i++) { taken[i] = 0u; }
-    var m = logits[base];
-    for (var e = 1u; e < COUNT; e++) { m = max(m, logits[base + e]); }
-    var sum = 0.0;
-    for (var e = 0u; e < COUNT; e++) { sum += exp(logits[base + e] - m); }
-    var p: array<f32, USED>;
-    var picked = 0.0;
-    for (var j = 0u; j < USED; j++) {
-        var best = 0u;
-        var best_v = -3.0e38;
         var best_p = 0.0;
         var found = false;
         for (var e = 0u; e < COUNT; e++) {
-            let x = logits[base + e];
+            let x = logit(base, e);
             let score = select(exp(x - m) / sum, 1.0 / (1.0 + exp(-x)), SIGMOID);
             let v = score + select(0.0, bias[e], SELECTION);
             if ((taken[e / 32u] & (1u << (e % 32u))) == 0u && (!found || v > best_v)) {
