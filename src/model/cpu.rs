@@ -763,7 +763,6 @@ fn short_conv(d: usize, cw: &ConvWeights, xn: &[f32], state: &mut Vec<f32>, star
 /// The transformers eps of the Gated DeltaNet's L2 norm of q and k (`l2norm(x, eps=1e-6)`).
 const L2_NORM_EPS: f32 = 1e-6;
 
-
 /// Qwen3.5's Gated DeltaNet over the rows of `xn` (positions `start..`) into `out`
 /// (`arch::DeltaNet`): each position's q|k|v projection appended to `conv_in` (the
 /// convolution's input, kept per position as a short convolution's), its delta-rule inputs to

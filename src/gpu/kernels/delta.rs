@@ -26,7 +26,6 @@ fn chunk(s: &DeltaShape) -> usize {
     (2048 / s.head_k).clamp(1, 16).min(s.head_v)
 }
 
-
 /// Values of a row of the layer's input projection: q|k|v, z, b and alpha.
 pub fn delta_proj(s: &DeltaShape) -> usize {
     s.conv_dim() + s.value_dim() + 2 * s.v_heads
