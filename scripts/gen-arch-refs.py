@@ -434,6 +434,51 @@ ARCHS = [
                      "tensor F32",
         "config": None,  # gptoss's, set below
     },
+    {
+        "name": "gemma4e",
+        "gguf_name": "Tiny Random Gemma 4 E",
+        "model_type": "gemma4_text",
+        "hf_class": "Gemma4ForCausalLM",
+        "hidden_act": None,
+        "layer_scalar": (0.5, 1.5),
+        # gemma4's scheme with the real Gemma 4 E2B/E4B head sizes (256 sliding, 512 full). The attention score of an
+        # RMS-normed q and k (scale 1) grows like sqrt(head_dim) * w_q * w_k, so 16x gemma4's head sizes want its
+        # U(0.25, 0.75) about halved; U(0.125, 0.375) still left float32 transformers 3.9e-5 from float64 (KV-cached
+        # vs no-cache 2.7e-5), U(0.1, 0.3) gives < 8e-6 with the widest top1-top2 margins of the ranges tried.
+        "qk_norm": (0.1, 0.3),
+        "tied_std_embed": 0.03,
+        "exercises": "Gemma 4 E2B/E4B-sized attention heads: sliding layers with head size 256 and full layers with head "
+                     "size 512 (the real E2B/E4B sizes; 2 query heads over 1 KV head on both, as E2B), everything else "
+                     "tiny (hidden 64): sliding (window 8: the 12- and 40-token prompts cross it) and full layers "
+                     "[S, F, S, F] (attention.sliding_window_pattern), a scalar attention.head_count_kv (1: with "
+                     "attention_k_eq_v off, as in E2B/E4B, the full layers have no KV-head override and the converter "
+                     "writes no per-layer array), separate attn_v on every non-shared layer (no key-equals-value), "
+                     "RoPE: sliding NEOX over all 256 dims, base 10000; full proportional RoPE, 64 of 256 pairs rotated "
+                     "with theta = base^(-2i/512), base 1e6, the other pairs' rope_freqs 1e30; q/k RMS-norms, v "
+                     "RMS-norm without weight, attention scale 1, KV sharing (the last 2 layers keep no K/V: the sliding "
+                     "one reads layer 0's, the full one layer 1's), double-wide FFN (64 instead of 32) on the KV-shared "
+                     "layers, per-layer embeddings (a 512 x (4 layers x 8) token table), GELU (tanh), post-attention / "
+                     "post-FFN norms, embeddings times sqrt(64), layer_output_scale, final-logit soft-capping (cap 3), "
+                     "tied output",
+        # 4 layers [S, F, S, F] with 2 KV-shared: llama.cpp's hard-coded KV reuse (a shared sliding layer reads layer
+        # n_kv - 2, a shared full layer n_kv - 1, n_kv = 4 - 2 = 2) equals transformers' (the last non-shared layer
+        # of each type), as in the real E2B (35 layers, 20 shared: layer 14 full, 13 sliding) and E4B (42, 18: 23
+        # full, 22 sliding). attention_k_eq_v False as E2B/E4B's config.json (only the 26B-A4B / 31B set it), so
+        # num_global_key_value_heads is ignored by transformers (the full layers keep num_key_value_heads = 1) and the
+        # full layers have their own v_proj. Even so the head sizes make this the largest file (~2.4 MB): the
+        # attention matrices alone are 480k floats.
+        "config": dict(hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=256, global_head_dim=512, num_global_key_value_heads=1,
+                       attention_k_eq_v=False, num_kv_shared_layers=2, use_double_wide_mlp=True,
+                       hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB_SIZE,
+                       layer_types=["sliding_attention", "full_attention"] * 2,
+                       sliding_window=8, final_logit_softcapping=3.0, max_position_embeddings=1024,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
+                       enable_moe_block=False,
+                       rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                           "rope_theta": 1000000.0}}),
+    },
 ]
 _by_name = {a["name"]: a for a in ARCHS}
 _by_name["gptossmxfp4"]["config"] = dict(_by_name["gptoss"]["config"])
@@ -781,7 +826,7 @@ if arch == "phi3":
 if arch == "gemma2":
     import conversion.gemma
     conversion.gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
-if arch == "gemma4":
+if arch in ("gemma4", "gemma4e"):
     # Gemma4Model.set_vocab reads a SentencePiece-style vocab (gguf.LlamaHfVocab, tokenizer model "gemma4").
     import conversion.gemma
     conversion.gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
@@ -1556,13 +1601,18 @@ def negative_controls(gguf_path, ref):
         def first_src(m):
             first = {sw: min(i for i in range(m.n_kv_from) if m.swa[i] == sw) for sw in (True, False)}
             m.kv_src = lambda l: first[m.swa[l]]
-        out["kv_shared_layers_read_first_layer_of_their_type"] = run(first_src)
+        first = {sw: min(i for i in range(m0.n_kv_from) if m0.swa[i] == sw) for sw in (True, False)}
+        if any(first[m0.swa[l]] != m0.kv_src(l) for l in range(m0.n_kv_from, m0.n_layer)):
+            # gemma4e: one non-shared layer of each type, the first is the source: nothing to control.
+            out["kv_shared_layers_read_first_layer_of_their_type"] = run(first_src)
         out["full_layers_rope_ignores_rope_freqs"] = run(g4(full_rope="all_pairs"))
         out["full_layers_rope_over_rotated_dims_only"] = run(g4(full_rope="partial_neox"))
         out["full_layers_rope_with_sliding_head_dim"] = run(g4(full_rope="swa_head_dim"))
         out["full_layers_use_sliding_rope_base"] = run(g4(full_base=False))
         out["no_v_norm"] = run(g4(v_norm=False))
-        out["k_eq_v_value_is_normed_roped_key"] = run(g4(v_from="normed_roped_k"))
+        if any(f"blk.{l}.attn_v.weight" not in m0.w for l in range(m0.n_kv_from)):
+            # Only with k = v layers (gemma4e has attn_v everywhere: nothing to control).
+            out["k_eq_v_value_is_normed_roped_key"] = run(g4(v_from="normed_roped_k"))
         out["attention_scale_inv_sqrt_head_dim"] = run(g4(attn_scale=None))
         out["embeddings_not_scaled_by_sqrt_hidden"] = run(g4(embed_scale=False))
         out["no_layer_scalar"] = run(g4(layer_scalar=False))
@@ -1963,7 +2013,7 @@ def generate(args):
                        if spec["name"] == "lfm2moe" else {}),
                     **({"num_local_experts": cfg.num_local_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
                         "experts_mxfp4": True} if spec.get("mxfp4_experts") else {}),
-                    **(gemma4_meta(cfg, summary, model) if spec["name"] == "gemma4" else {}),
+                    **(gemma4_meta(cfg, summary, model) if spec["model_type"] == "gemma4_text" else {}),
                 },
                 "hf_config_json": json.load(open(os.path.join(hf_dir, "config.json"))),
                 "init": {"matrices": f"N(0,{STD_MATRIX})", "embeddings_and_lm_head": f"N(0,{STD_EMBED})",
@@ -2099,6 +2149,7 @@ def check_only(args):
 def gemma4_meta(cfg, summary, model):
     md = summary["metadata"]
     kv = md["gemma4.attention.head_count_kv"]
+    kv = kv if isinstance(kv, list) else [kv]  # gemma4e: one value for all layers (no per-layer array)
     rf = summary["rope_freqs"]
     return {"layer_types": list(cfg.layer_types), "num_kv_shared_layers": cfg.num_kv_shared_layers,
             "full_head_dim": md["gemma4.attention.key_length"], "full_num_key_value_heads": min(kv),
@@ -2285,9 +2336,9 @@ README_TEMPLATE = """# Tiny random-weight reference models per architecture
 
 Generated by `scripts/gen-arch-refs.py --llama-cpp-check` (seed {seed}; setup steps in the script's docstring;
 smollm3, gemma2, qwen3moe, qwen3yarn, gptoss, lfm2 and qwen35 were added later with `--only NAME`, without the
-llama.cpp run; qwen35moe, gemma4, lfm2moe and gptossmxfp4 with `--only NAME --llama-cpp-check`);
-rerun it to regenerate everything (the GGUF bytes, reference values and this README are deterministic for a given
-seed and library versions: two full runs gave byte-identical files).
+llama.cpp run; qwen35moe, gemma4, lfm2moe and gptossmxfp4 with `--only NAME --llama-cpp-check`; gemma4e with
+`--only gemma4e`, without the llama.cpp run); rerun it to regenerate everything (the GGUF bytes, reference values
+and this README are deterministic for a given seed and library versions: two full runs gave byte-identical files).
 Versions: {vers}.
 
 Each `<name>/` holds:
@@ -2321,6 +2372,9 @@ Each `<name>/` holds:
   except q_norm/k_norm U(0.25, 0.75) (with attention scale 1 the usual U(0.5, 1.5) makes the attention nearly one-hot
   and float32 transformers drift 8e-5 from float64); the per-layer token table `embed_tokens_per_layer` N(0, 0.4);
   the per-layer output scalars (`layer_scalar`, buffers, not parameters) U(0.5, 1.5), drawn after the parameters.
+  gemma4e: gemma4's scheme, except q_norm/k_norm U(0.1, 0.3): its 256- and 512-dim heads (16x gemma4's) make the
+  RMS-normed scores ~4x wider (sqrt(head_dim)); with U(0.125, 0.375) float32 transformers was still 3.9e-5 from
+  float64, with U(0.1, 0.3) < 8e-6.
   lfm2moe (tied, LFM2's scheme: convolution taps N(0, 0.5), attention `out_proj`, conv `out_proj` and the dense `w2`
   N(0, 0.08), their names not being o_proj/down_proj): router and expert matrices N(0, 0.08), the stacked experts'
   `down_proj` N(0, 0.3) like the tied models' down_proj; the routers' selection bias `expert_bias` (a buffer, zeros in
@@ -2496,6 +2550,15 @@ Each `<name>/` holds:
   hard-coded, as is GELU. Norm weights are stored as is (no + 1). The KV-shared layers have no attn_k, attn_v,
   attn_k_norm; full layers with k = v have no attn_v.
 
+- Gemma 4 with the E2B/E4B head sizes (`gemma4e`): the same architecture and math, with sliding heads of 256 and full
+  heads of 512 dims (`key_length_swa` 256, `key_length` 512), 2 query heads over 1 KV head on every layer, layers
+  [S, F, S, F] with the last 2 KV-shared (sources: layer 0 for the sliding one, layer 1 for the full one). As in the
+  real E2B/E4B, `attention_k_eq_v` is off: every non-shared layer has its own `attn_v`, and
+  `attention.head_count_kv` is a single number (1), not a per-layer array (the converter writes the array only when
+  the full layers have their own KV-head count). `rope.dimension_count` 512 / `dimension_count_swa` 256;
+  `rope_freqs.weight` has 256 entries, 1 for the first 64 pairs and 1e30 for the other 192 (theta_i = pos *
+  1e6^(-2i/512) for i < 64).
+
 ## reference.json
 - `meta`: names, GGUF architecture, rope style, `gguf_sha256`, `config` (hidden, heads, kv heads, head_dim,
   rope dims, rope parameters, eps, tying, sliding window), the saved HF `config.json`, init scheme, versions and
@@ -2543,9 +2606,11 @@ layer's weights instead of reading its K/V, KV-shared layers reading the first l
 rope ignoring rope_freqs (all 16 pairs rotated: the smallest effect, 0.2), rotating only the 8 rotated dims with
 exponents over 8, with the sliding layers' 16 rope dims, or with the sliding base, no V norm, V = the normed and
 roped K on the k = v layers, attention scale 1/sqrt(head_dim), embeddings not times sqrt(n_embd), no layer scalar,
-no final soft-capping, no sliding window; for lfm2moe: no expert selection bias (experts from the unbiased sigmoid
-scores; `drop_biases` is the same control, exp_probs_b being its only bias), the bias also in the weights (the
-smallest effect, 0.6), softmax instead of sigmoid scores, no renormalisation, one expert fewer or more, the leading
+no final soft-capping, no sliding window (gemma4e: the same, less the two that cannot differ there: its KV-shared
+layers' sources are the first layers of their type, and it has no k = v layers); for lfm2moe: no expert selection
+bias (experts from the unbiased sigmoid scores; `drop_biases` is the same control, exp_probs_b being its only
+bias), the bias also in the weights (the smallest effect, 0.6), softmax instead of sigmoid scores, no
+renormalisation, one expert fewer or more, the leading
 dense blocks' FFN skipped; for gptossmxfp4: MXFP4 codes read in OpenAI's nibble order (elements 2j, 2j + 1 in byte
 j) instead of ggml's, the E8M0 scale applied to ggml's doubled code table (2x every expert weight));
 each moves the logits by O(1), so the references do pin each of these details.

@@ -1,13 +1,14 @@
 // Prefill attention, tiled over query and key blocks (flash attention): a workgroup takes BQ
 // queries of one head and walks the causal key range in blocks of BK, keeping a running max and
-// sum per query (online softmax); invocation d owns output dimension d of the BQ queries.
+// sum per query (online softmax); invocation d of WG = HD / VPI owns output dimensions d, d + WG,
+// ... of the BQ queries.
 // With WINDOW > 0 a query at p sees keys p - WINDOW + 1 .. p (a sliding-window layer).
 // A score (after the scale) goes through softcap (shaders/softcap.wgsl: Gemma 2, else the identity).
 // The dispatch's tokens are rows params.first.. of the pass, consecutive positions of one sequence
 // (the first row's position and block table): a prefill pass's rows, or a chunk of a round's.
 // Bindings: 0 params, 1 qkv (rows of Q_DIM + 2 KV_DIM), 2 k_cache, 3 v_cache, 4 out (rows of Q_DIM),
-// 5 batch. Dispatch: (ceil(n_tokens / BQ), N_HEADS, 1). HD, BQ, BK, `kv_t` and the cache's and
-// batch's accessors come from the host.
+// 5 batch. Dispatch: (ceil(n_tokens / BQ), N_HEADS, 1). HD, VPI, WG, BQ, BK, `kv_t` and the
+// cache's and batch's accessors come from the host.
 
 override Q_DIM: u32;
 override KV_DIM: u32;
@@ -39,7 +40,7 @@ var<workgroup> row_max: array<f32, BQ>;
 var<workgroup> row_sum: array<f32, BQ>;
 var<workgroup> row_scale: array<f32, BQ>;
 
-@compute @workgroup_size(HD)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d: u32) {
     let n = params.n_tokens;
     let row0 = params.first;
@@ -51,14 +52,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
     let row = Q_DIM + 2u * KV_DIM;
     for (var r = 0u; r < BQ; r++) {
         let t = q0 + r;
-        qt[r * HD + d] = select(0.0, qkv[(row0 + min(t, n - 1u)) * row + h * HD + d] * SCALE, t < n);
+        for (var i = d; i < HD; i += WG) {
+            qt[r * HD + i] = select(0.0, qkv[(row0 + min(t, n - 1u)) * row + h * HD + i] * SCALE, t < n);
+        }
     }
     if (d < BQ) {
         row_max[d] = select(-1.0e30, sinks[h], SINKS);
         row_sum[d] = select(0.0, 1.0, SINKS);
     }
-    var o: array<f32, BQ>;
-    for (var r = 0u; r < BQ; r++) { o[r] = 0.0; }
+    // Output dimension d + v WG of query r at o[r * VPI + v].
+    var o: array<f32, BQ * VPI>;
+    for (var r = 0u; r < BQ * VPI; r++) { o[r] = 0.0; }
     let n_keys = start + min(q0 + BQ, n);
     // Keys before the first query's window are masked for every query of the block.
     var k_first = 0u;
@@ -69,12 +73,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
         for (var j = 0u; j < BK; j++) {
             let s = k0 + j;
             // A key past the last is read at the last (and masked): its block may not exist.
-            let c = kv_slot(table, min(s, n_keys - 1u)) * KV_DIM + kv + d;
-            kt[j * KS + d] = select(0.0, k_at(c), s < n_keys);
-            vt[j * HD + d] = select(0.0, v_at(c), s < n_keys);
+            let c = kv_slot(table, min(s, n_keys - 1u)) * KV_DIM + kv;
+            for (var i = d; i < HD; i += WG) {
+                kt[j * KS + i] = select(0.0, k_at(c + i), s < n_keys);
+                vt[j * HD + i] = select(0.0, v_at(c + i), s < n_keys);
+            }
         }
         workgroupBarrier();
-        for (var e = d; e < BQ * BK; e += HD) {
+        for (var e = d; e < BQ * BK; e += WG) {
             let r = e / BK;
             let j = e % BK;
             var acc = 0.0;
@@ -101,14 +107,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
         }
         workgroupBarrier();
         for (var r = 0u; r < BQ; r++) {
-            var acc = o[r] * row_scale[r];
-            for (var j = 0u; j < BK; j++) { acc += st[r * SS + j] * vt[j * HD + d]; }
-            o[r] = acc;
+            for (var v = 0u; v < VPI; v++) {
+                var acc = o[r * VPI + v] * row_scale[r];
+                for (var j = 0u; j < BK; j++) { acc += st[r * SS + j] * vt[j * HD + d + v * WG]; }
+                o[r * VPI + v] = acc;
+            }
         }
         workgroupBarrier();
     }
     for (var r = 0u; r < BQ; r++) {
         let t = q0 + r;
-        if (t < n) { out[(row0 + t) * Q_DIM + h * HD + d] = o[r] / row_sum[r]; }
+        if (t < n) {
+            for (var v = 0u; v < VPI; v++) { out[(row0 + t) * Q_DIM + h * HD + d + v * WG] = o[r * VPI + v] / row_sum[r]; }
+        }
     }
 }

@@ -6,10 +6,11 @@
 // the cache at row t's position, in its sequence's block. V_NORM: each V head RMS-normed without
 // weights (Gemma 4). A layer that reads another's K and V (Gemma 4's KV sharing) dispatches its
 // q heads alone.
-// One workgroup per (head of q, k or v; token); invocation i owns value i of the head.
+// One workgroup per (head of q, k or v; token) of WG = HD / VPI invocations (the host keeps WG
+// within WebGPU's 256 and even); invocation i owns values i, i + WG, ... of the head.
 // Bindings: 0 params, 1 qkv, 2 rope (vec2 cos,sin per [pos][pair]), 3 k_cache, 4 v_cache,
 // 5 bias (Q_DIM + 2 KV_DIM), 6 qk_norm (2 HD) — 5 and 6 any buffer when unused, 7 batch.
-// Dispatch: (N_Q_HEADS + 2 N_KV_HEADS, n_tokens, 1). HD, HD_POW2, `kv_t`, the cache's accessors
+// Dispatch: (N_Q_HEADS + 2 N_KV_HEADS, n_tokens, 1). HD, VPI, WG, WG_POW2, `kv_t`, the cache's accessors
 // the batch's accessors and `rope_rotate` (shaders/rope.wgsl) come from the host. Decode folds this pass into the qkv
 // projection where it can (gemv_rope_kv.wgsl).
 
@@ -33,65 +34,83 @@ override EPS: f32 = 0.0;
 @group(0) @binding(7) var<storage, read> batch: array<u32>;
 
 var<workgroup> vals: array<f32, HD>;
-var<workgroup> red: array<f32, HD>;
+var<workgroup> red: array<f32, WG>;
 
-@compute @workgroup_size(HD)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) i: u32) {
     let head = wg.x;
     let t = wg.y;
     if (t >= params.n_tokens) { return; }
     let q_dim = N_Q_HEADS * HD;
     let kv_dim = N_KV_HEADS * HD;
-    let e = head * HD + i;
-    let src = t * (q_dim + 2u * kv_dim) + e;
+    let row = t * (q_dim + 2u * kv_dim);
     let is_v = head >= N_Q_HEADS + N_KV_HEADS;
-    var v = qkv[src];
-    if (BIAS) { v += bias[e]; }
+    // This invocation's values: i, i + WG, ... of the head.
+    var v: array<f32, VPI>;
+    var squares = 0.0;
+    for (var r = 0u; r < VPI; r++) {
+        let e = head * HD + i + r * WG;
+        var x = qkv[row + e];
+        if (BIAS) { x += bias[e]; }
+        v[r] = x;
+        squares += x * x;
+    }
     if ((QK_NORM && !is_v) || (V_NORM && is_v)) {
-        red[i] = v * v;
+        red[i] = squares;
         workgroupBarrier();
-        for (var s = HD_POW2 / 2u; s > 0u; s >>= 1u) {
-            if (i < s && i + s < HD) { red[i] += red[i + s]; }
+        for (var s = WG_POW2 / 2u; s > 0u; s >>= 1u) {
+            if (i < s && i + s < WG) { red[i] += red[i + s]; }
             workgroupBarrier();
         }
         let inv = inverseSqrt(red[0] / f32(HD) + EPS);
-        if (is_v) {
-            v *= inv;
-        } else {
-            v = qk_norm[select(HD, 0u, head < N_Q_HEADS) + i] * (v * inv);
+        for (var r = 0u; r < VPI; r++) {
+            if (is_v) {
+                v[r] *= inv;
+            } else {
+                v[r] = qk_norm[select(HD, 0u, head < N_Q_HEADS) + i + r * WG] * (v[r] * inv);
+            }
         }
     }
-    vals[i] = v;
+    for (var r = 0u; r < VPI; r++) { vals[i + r * WG] = v[r]; }
     workgroupBarrier();
     let pos = row_pos(t);
-    if (!is_v && i < ROPE_DIM) {
-        // At least 1: a layer without RoPE (ROPE_DIM 0) never gets here, but the modulo below must
-        // not be by a constant 0.
-        let half = max(ROPE_DIM / 2u, 1u);
-        var pair = i / 2u;
-        var first = i % 2u == 0u;
-        var other = i ^ 1u;
-        if (NEOX) {
-            pair = i % half;
-            first = i < half;
-            other = select(i - half, i + half, first);
+    // At least 1: a layer without RoPE (ROPE_DIM 0) never rotates, but the modulo below must not
+    // be by a constant 0.
+    let half = max(ROPE_DIM / 2u, 1u);
+    for (var r = 0u; r < VPI; r++) {
+        let j = i + r * WG;
+        if (!is_v && j < ROPE_DIM) {
+            var pair = j / 2u;
+            var first = j % 2u == 0u;
+            var other = j ^ 1u;
+            if (NEOX) {
+                pair = j % half;
+                first = j < half;
+                other = select(j - half, j + half, first);
+            }
+            let x = v[r];
+            let rot = rope_rotate(select(vals[other], x, first), select(x, vals[other], first), rope[pos * half + pair]);
+            v[r] = select(rot.y, rot.x, first);
         }
-        let r = rope_rotate(select(vals[other], v, first), select(v, vals[other], first), rope[pos * half + pair]);
-        v = select(r.y, r.x, first);
+        if (head < N_Q_HEADS) {
+            qkv[row + head * HD + j] = v[r];
+        }
     }
-    if (head < N_Q_HEADS) {
-        qkv[src] = v;
-    }
-    // k and v go to the cache a pair of values per even invocation (a packed f16 word holds two).
+    // k and v go to the cache a pair of values per even index (a packed f16 word holds two; WG is
+    // even, so an invocation's indices are all even or all odd).
     workgroupBarrier();
-    vals[i] = v;
+    for (var r = 0u; r < VPI; r++) { vals[i + r * WG] = v[r]; }
     workgroupBarrier();
     if (head >= N_Q_HEADS && i % 2u == 0u) {
-        let row = kv_slot(row_table(t), pos) * kv_dim;
-        if (!is_v) {
-            store_k(row + e - q_dim, vals[i], vals[i + 1u]);
-        } else {
-            store_v(row + e - q_dim - kv_dim, vals[i], vals[i + 1u]);
+        let cache_row = kv_slot(row_table(t), pos) * kv_dim;
+        for (var r = 0u; r < VPI; r++) {
+            let j = i + r * WG;
+            let e = head * HD + j;
+            if (!is_v) {
+                store_k(cache_row + e - q_dim, vals[j], vals[j + 1u]);
+            } else {
+                store_v(cache_row + e - q_dim - kv_dim, vals[j], vals[j + 1u]);
+            }
         }
     }
 }

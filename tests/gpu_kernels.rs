@@ -552,80 +552,87 @@ fn rope_f64(x: &mut [f32], pos: usize, head_dim: usize, rope: &Rope) {
 gpu_test! {
     async fn rope_kv_adds_bias_norms_heads_rotates_q_and_k_and_writes_the_kv_cache() {
         let mut rng = Rng::new(7);
-        let c = small_config();
-        let (n, start, ctx, eps) = (7, 100, 128, 1e-6);
-        let (q, kv, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
-        let row = q + 2 * kv;
-        // llama (adjacent pairs, whole head), Qwen 2 (NeoX, biases), Qwen 3 / Gemma (NeoX, q/k
-        // norms), Phi-3 (NeoX over half the head) with llama 3 style frequency factors.
-        // (style, rotated dims, bias, q/k norm, frequency factors, Gemma 4's V norm, q alone).
-        let cases = [
-            (RopeStyle::Adjacent, hd, false, false, Vec::new(), false, false),
-            (RopeStyle::NeoX, hd, true, false, Vec::new(), false, false),
-            (RopeStyle::NeoX, hd, false, true, Vec::new(), false, false),
-            (RopeStyle::NeoX, hd / 2, false, false, (0..hd / 4).map(|i| 1.0 + i as f32).collect(), false, false),
-            (RopeStyle::NeoX, hd, false, true, Vec::new(), true, false),
-            (RopeStyle::NeoX, hd, false, true, Vec::new(), false, true),
-        ];
-        for mut h in Harness::kv_paths().await {
-            let paging = h.set(n, start, ctx);
-            for (style, dim, with_bias, with_norm, freq_factors, v_norm, q_only) in cases.clone() {
-                let rope = Rope { base: 10000.0, dim, style, freq_factors, mscale: 1.0 };
-                let qkv = random(&mut rng, n * row, 2.0);
-                let bias = random(&mut rng, row, 0.5);
-                let norm = random(&mut rng, 2 * hd, 1.5);
-                let table = h.buf(&kernels::rope_table(&rope, ctx));
-                let (kc, _) = h.kv_buf(&vec![0.0; paging.rows() * kv]);
-                let (vc, _) = h.kv_buf(&vec![0.0; paging.rows() * kv]);
-                let (qb, bb, nb) = (h.buf(&qkv), h.buf(&bias), h.buf(&norm));
-                let extras = QkvExtras {
-                    bias: with_bias.then_some(&bb),
-                    qk_norm: with_norm.then_some((&nb, eps)),
-                    v_norm: v_norm.then_some(eps),
-                    q_only,
-                };
-                let op =
-                    kernels::rope_kv(&h.gpu, &mut h.cache, &h.params, &c, &rope, extras, &qb, &table, &kc, &vc, &h.batch);
-                h.run(&[op], n);
-                let got_q = h.read(&qb, n * row).await;
-                let rows = paging.rows() * kv;
-                let (got_k, got_v) = (h.read_kv(&kc, rows).await, h.read_kv(&vc, rows).await);
-                // f16 storage keeps 11 significant bits.
-                let kv_tol = if h.gpu.kv_bytes() == 2 { 1e-3 } else { 1e-6 };
-                let what = format!(
-                    "{style:?} dim {dim} bias {with_bias} norm {with_norm} v norm {v_norm} q alone {q_only}, {}",
-                    h.path()
-                );
-                for t in 0..n {
-                    let mut r = qkv[t * row..(t + 1) * row].to_vec();
-                    if with_bias {
-                        r.iter_mut().zip(&bias).for_each(|(v, b)| *v += b);
-                    }
-                    let (mut wq, mut wk, mut wv) = (r[..q].to_vec(), r[q..q + kv].to_vec(), r[q + kv..].to_vec());
-                    if with_norm {
-                        reference::rms_norm_in_place(&mut wq, &norm[..hd], eps);
-                        reference::rms_norm_in_place(&mut wk, &norm[hd..], eps);
-                    }
-                    if v_norm {
-                        reference::rms_norm_in_place(&mut wv, &vec![1.0; hd], eps);
-                    }
-                    if q_only {
-                        // The layer reads another's keys and values: its cache is not written.
-                        (wk, wv) = (vec![0.0; kv], vec![0.0; kv]);
-                    }
-                    rope_f64(&mut wq, start + t, hd, &rope);
-                    if !q_only {
-                        rope_f64(&mut wk, start + t, hd, &rope);
-                    }
-                    for i in 0..q {
-                        assert!((got_q[t * row + i] - wq[i]).abs() < 1e-5, "q[{t}][{i}], {what}");
-                    }
-                    // The position's row of its block.
-                    let p = paging.row(0, start + t) * kv;
-                    for i in 0..kv {
-                        assert!((got_k[p + i] - wk[i]).abs() <= kv_tol * wk[i].abs().max(1.0), "k cache[{t}][{i}], {what}");
-                        assert!((got_v[p + i] - wv[i]).abs() <= kv_tol * wv[i].abs().max(1.0), "v cache[{t}][{i}], {what}");
-                    }
+        // Heads of 32, and of 512 (Gemma 4's full layers: two values an invocation).
+        for c in [small_config(), ModelConfig { n_heads: 2, n_kv_heads: 1, head_dim: 512, d_model: 1024, ..small_config() }] {
+            rope_kv_case(&c, &mut rng).await;
+        }
+    }
+}
+
+/// rope_kv on heads of `c`'s size against RoPE's formula and the CPU reference's norms.
+async fn rope_kv_case(c: &ModelConfig, rng: &mut Rng) {
+    let (n, start, ctx, eps) = (7, 100, 128, 1e-6);
+    let (q, kv, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+    let row = q + 2 * kv;
+    // llama (adjacent pairs, whole head), Qwen 2 (NeoX, biases), Qwen 3 / Gemma (NeoX, q/k
+    // norms), Phi-3 (NeoX over half the head) with llama 3 style frequency factors.
+    // (style, rotated dims, bias, q/k norm, frequency factors, Gemma 4's V norm, q alone).
+    let cases = [
+        (RopeStyle::Adjacent, hd, false, false, Vec::new(), false, false),
+        (RopeStyle::NeoX, hd, true, false, Vec::new(), false, false),
+        (RopeStyle::NeoX, hd, false, true, Vec::new(), false, false),
+        (RopeStyle::NeoX, hd / 2, false, false, (0..hd / 4).map(|i| 1.0 + i as f32).collect(), false, false),
+        (RopeStyle::NeoX, hd, false, true, Vec::new(), true, false),
+        (RopeStyle::NeoX, hd, false, true, Vec::new(), false, true),
+    ];
+    for mut h in Harness::kv_paths().await {
+        let paging = h.set(n, start, ctx);
+        for (style, dim, with_bias, with_norm, freq_factors, v_norm, q_only) in cases.clone() {
+            let rope = Rope { base: 10000.0, dim, style, freq_factors, mscale: 1.0 };
+            let qkv = random(rng, n * row, 2.0);
+            let bias = random(rng, row, 0.5);
+            let norm = random(rng, 2 * hd, 1.5);
+            let table = h.buf(&kernels::rope_table(&rope, ctx));
+            let (kc, _) = h.kv_buf(&vec![0.0; paging.rows() * kv]);
+            let (vc, _) = h.kv_buf(&vec![0.0; paging.rows() * kv]);
+            let (qb, bb, nb) = (h.buf(&qkv), h.buf(&bias), h.buf(&norm));
+            let extras = QkvExtras {
+                bias: with_bias.then_some(&bb),
+                qk_norm: with_norm.then_some((&nb, eps)),
+                v_norm: v_norm.then_some(eps),
+                q_only,
+            };
+            let op =
+                kernels::rope_kv(&h.gpu, &mut h.cache, &h.params, c, &rope, extras, &qb, &table, &kc, &vc, &h.batch);
+            h.run(&[op], n);
+            let got_q = h.read(&qb, n * row).await;
+            let rows = paging.rows() * kv;
+            let (got_k, got_v) = (h.read_kv(&kc, rows).await, h.read_kv(&vc, rows).await);
+            // f16 storage keeps 11 significant bits.
+            let kv_tol = if h.gpu.kv_bytes() == 2 { 1e-3 } else { 1e-6 };
+            let what = format!(
+                "{style:?} dim {dim} bias {with_bias} norm {with_norm} v norm {v_norm} q alone {q_only}, {}",
+                h.path()
+            );
+            for t in 0..n {
+                let mut r = qkv[t * row..(t + 1) * row].to_vec();
+                if with_bias {
+                    r.iter_mut().zip(&bias).for_each(|(v, b)| *v += b);
+                }
+                let (mut wq, mut wk, mut wv) = (r[..q].to_vec(), r[q..q + kv].to_vec(), r[q + kv..].to_vec());
+                if with_norm {
+                    reference::rms_norm_in_place(&mut wq, &norm[..hd], eps);
+                    reference::rms_norm_in_place(&mut wk, &norm[hd..], eps);
+                }
+                if v_norm {
+                    reference::rms_norm_in_place(&mut wv, &vec![1.0; hd], eps);
+                }
+                if q_only {
+                    // The layer reads another's keys and values: its cache is not written.
+                    (wk, wv) = (vec![0.0; kv], vec![0.0; kv]);
+                }
+                rope_f64(&mut wq, start + t, hd, &rope);
+                if !q_only {
+                    rope_f64(&mut wk, start + t, hd, &rope);
+                }
+                for i in 0..q {
+                    assert!((got_q[t * row + i] - wq[i]).abs() < 1e-5, "q[{t}][{i}], {what}");
+                }
+                // The position's row of its block.
+                let p = paging.row(0, start + t) * kv;
+                for i in 0..kv {
+                    assert!((got_k[p + i] - wk[i]).abs() <= kv_tol * wk[i].abs().max(1.0), "k cache[{t}][{i}], {what}");
+                    assert!((got_v[p + i] - wv[i]).abs() <= kv_tol * wv[i].abs().max(1.0), "v cache[{t}][{i}], {what}");
                 }
             }
         }
@@ -822,13 +829,23 @@ gpu_test! {
             // The browser twin (SwiftShader, where each shape is pipelines of its own compiled in
             // about a second each) takes two opposite corners, the smallest head size without
             // grouping and the largest with 8 query heads a KV head; natively, every combination.
+            // Heads of 512 (Gemma 4's full layers) take two values an invocation in the tiled
+            // prefill, and fewer query heads a decode workgroup where its memory is short: also
+            // at WebGPU's minimum 16 KiB (the adapters here have 32), which shrinks the prefill's
+            // query tile too.
             let (shapes, lengths): (Vec<(usize, usize)>, &[usize]) = if cfg!(target_arch = "wasm32") {
-                (vec![(64, 1), (256, 8)], &[1, 257, 4096])
+                (vec![(64, 1), (256, 8), (512, 4)], &[1, 257, 4096])
             } else {
                 let all = [64, 128, 256].into_iter().flat_map(|d| [1, 3, 4, 8].map(|g| (d, g)));
-                (all.collect(), &[1, 255, 256, 257, 1000, 4096, 16384])
+                (all.chain([(512, 2), (512, 8)]).collect(), &[1, 255, 256, 257, 1000, 4096, 16384])
             };
-            for &(head_dim, group) in &shapes {
+            let adapter_bytes = h.gpu.limits.max_compute_workgroup_storage_size;
+            let memories = |head_dim: usize| if head_dim == 512 { vec![adapter_bytes, 16384] } else { vec![adapter_bytes] };
+            for (head_dim, group, bytes) in shapes.iter().flat_map(|&(d, g)| memories(d).into_iter().map(move |b| (d, g, b))) {
+                h.gpu.limits.max_compute_workgroup_storage_size = bytes;
+                // Heads of 512 at lengths within and past a few chunks (the longest are the
+                // narrower heads' business: chunking does not depend on the head size).
+                let lengths = if head_dim == 512 { &lengths[..lengths.len().min(6)] } else { lengths };
                     let n_kv_heads = 2;
                     let c = ModelConfig {
                         n_heads: group * n_kv_heads,
@@ -851,7 +868,8 @@ gpu_test! {
                             check_attention_with(&mut h, &c, keys, kind, false, 1, keys - 1, &mut rng).await;
                         }
                         // Sliding windows that start inside a chunk, far from the first key.
-                        for (keys, window) in [(1000, 300), (16384, 4096)].iter().filter(|(k, _)| short(&k)) {
+                        let windows = if head_dim == 512 { &[(1000, 300)][..] } else { &[(1000, 300), (16384, 4096)][..] };
+                        for (keys, window) in windows.iter().filter(|(k, _)| short(&k)) {
                             let kind = AttentionKind { scale, window: Some(*window), softcap: None };
                             check_attention_with(&mut h, &c, *keys, kind, false, 1, keys - 1, &mut rng).await;
                         }
@@ -867,6 +885,7 @@ gpu_test! {
                         check_attention_with(&mut h, &c, 256, kind, false, 40, 200, &mut rng).await;
                     }
                     h.gpu.style = own;
+                    h.gpu.limits.max_compute_workgroup_storage_size = adapter_bytes;
                 }
         }
     }

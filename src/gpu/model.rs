@@ -339,13 +339,19 @@ impl GpuModel {
         // Every layer's sizes (Gemma 4's differ by layer), and Gemma 4's per-layer embeddings'.
         let ple_width = plan.ple.as_ref().map_or(8, |p| p.width);
         for d in plan.layers.iter().map(|l| l.dims) {
-            if d.head_dim > 256 || d.head_dim % 8 != 0 || c.d_model % 8 != 0 || d.ffn_dim % 8 != 0 || ple_width % 8 != 0
+            if d.head_dim > kernels::MAX_HEAD_DIM
+                || d.head_dim % 8 != 0
+                || c.d_model % 8 != 0
+                || d.ffn_dim % 8 != 0
+                || ple_width % 8 != 0
             {
                 return Err(Error::InvalidMetadata {
                     key: format!("{}.attention.head_count", c.architecture),
                     value: format!("head_dim {}, d_model {}, ffn {}, per-layer embedding {ple_width}", d.head_dim, c.d_model, d.ffn_dim),
-                    reason: "the GPU kernels need head_dim <= 256 and a multiple of 8, d_model, ffn and per-layer embedding widths multiples of 8"
-                        .into(),
+                    reason: format!(
+                        "the GPU kernels need head_dim <= {} and a multiple of 8, d_model, ffn and per-layer embedding widths multiples of 8",
+                        kernels::MAX_HEAD_DIM
+                    ),
                 });
             }
         }

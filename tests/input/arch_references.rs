@@ -1,7 +1,9 @@
 //! The other architectures' layer plans — qwen2 (q/k/v biases), qwen3 (q/k norms, head_dim
 //! apart from d_model), phi3 (fused qkv and gate|up, partial rotary), llama 3 RoPE scaling
 //! (rope_freqs.weight), mistral, smollm3 (NoPE layers) and gemma2 (soft-capping of scores and
-//! logits, alternating sliding layers) — on the CPU reference and on the GPU, against transformers.
+//! logits, alternating sliding layers), the mixtures of experts (qwen3moe, qwen35moe, gpt-oss, its
+//! MXFP4 experts, lfm2moe), the hybrids (lfm2, qwen35) and Gemma 4 (gemma4, and gemma4e with the
+//! real E2B/E4B head sizes, 256 and 512) — on the CPU reference and on the GPU, against transformers.
 //! The models are small random-weight ones converted by llama.cpp's own converter; the data and
 //! the script that made it are in tests/data/arch/ (see its README).
 
@@ -11,7 +13,7 @@ use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, Readback};
 use webgpu_llm::model::{CpuModel, Logits};
 use webgpu_llm::sampling::argmax;
 
-const MODELS: [&str; 16] = [
+const MODELS: [&str; 17] = [
     "qwen2",
     "qwen3",
     "phi3",
@@ -28,6 +30,7 @@ const MODELS: [&str; 16] = [
     "gemma4",
     "lfm2moe",
     "gptossmxfp4",
+    "gemma4e",
 ];
 
 struct Reference {

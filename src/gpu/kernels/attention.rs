@@ -6,13 +6,24 @@ use crate::gpu::{Gpu, KernelStyle};
 use crate::model::reference::AttentionKind;
 use crate::model::ModelConfig;
 
-/// Queries per prefill workgroup.
+/// Queries per prefill workgroup (fewer where the workgroup memory is short: `prefill_tiles`).
 const BQ: u32 = 8;
 
 /// Keys per decode-attention workgroup.
 pub const DECODE_CHUNK: usize = 64;
 /// Query heads one decode-attention workgroup scores at a time (its registers per invocation).
 const DECODE_HEAD_BATCH: usize = 8;
+
+/// Query heads a decode-attention workgroup scores at a time: all of a group up to
+/// DECODE_HEAD_BATCH, fewer where their q rows, scores and partial sums would overflow the
+/// device's workgroup memory (shaders/attention_decode.wgsl: per head HEAD_DIM + CHUNK + 1 +
+/// THREADS floats, and a row index per key).
+fn decode_head_batch(gpu: &Gpu, head_dim: usize, group: usize) -> u32 {
+    let (chunk, threads) = (DECODE_CHUNK as u32, decode_threads(gpu));
+    let words = gpu.limits.max_compute_workgroup_storage_size / 4 - chunk;
+    let fits = words / (head_dim as u32 + chunk + 1 + threads);
+    (group.min(DECODE_HEAD_BATCH) as u32).min(fits).max(1)
+}
 
 /// Invocations of a decode-attention workgroup (both passes): one per key on CPU adapters; on GPUs
 /// four, so that each walks a quarter of a key's dimensions (a fraction of the keys for the
@@ -54,7 +65,7 @@ pub fn attention_decode(
     let consts = [
         ("HEAD_DIM", c.head_dim as u32),
         ("CHUNK", DECODE_CHUNK as u32),
-        ("HB", group.min(DECODE_HEAD_BATCH) as u32),
+        ("HB", decode_head_batch(gpu, c.head_dim, group)),
         ("THREADS", decode_threads(gpu)),
     ];
     let window = ("WINDOW", kind.window.unwrap_or(0) as f64);
@@ -117,13 +128,19 @@ fn softcapped(kind: AttentionKind, overrides: &mut Vec<(&str, f64)>) -> Needs {
     Needs { kv: true, softcap: true, ..Default::default() }
 }
 
-/// Key-block length that keeps the tiles within the device's workgroup memory.
-fn key_block(head_dim: u32, workgroup_bytes: u32) -> u32 {
+/// The tiled prefill kernel's (queries, keys) per block within the device's workgroup memory:
+/// BQ queries where that leaves room for 2 keys a block or more (fewer for wide heads on small
+/// limits: Gemma 4's 512-dim heads in WebGPU's minimum 16 KiB), and as many keys as fit, up to 32.
+fn prefill_tiles(head_dim: u32, workgroup_bytes: u32) -> (u32, u32) {
     // q tile, the row max/sum/scale and the score rows' padding; per key: its padded K row,
     // its V row and a score per query (shaders/attention_prefill.wgsl).
-    let fixed = (BQ * head_dim + 4 * BQ) * 4;
-    let per_key = (2 * head_dim + 1 + BQ) * 4;
-    (workgroup_bytes.saturating_sub(fixed) / per_key).clamp(1, 32)
+    let keys = |bq: u32| {
+        let fixed = (bq * head_dim + 4 * bq) * 4;
+        let per_key = (2 * head_dim + 1 + bq) * 4;
+        workgroup_bytes.saturating_sub(fixed) / per_key
+    };
+    let bq = [BQ, BQ / 2, BQ / 4].into_iter().find(|&bq| keys(bq) >= 2).unwrap_or(1);
+    (bq, keys(bq).clamp(1, 32))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -141,8 +158,9 @@ pub fn attention_prefill(
     sinks: Option<&wgpu::Buffer>,
 ) -> Dispatch {
     let hd = c.head_dim as u32;
-    let bk = key_block(hd, gpu.limits.max_compute_workgroup_storage_size);
-    let consts = [("HD", hd), ("BQ", BQ), ("BK", bk)];
+    let (bq, bk) = prefill_tiles(hd, gpu.limits.max_compute_workgroup_storage_size);
+    let (per, wg) = super::head_invocations(hd);
+    let consts = [("HD", hd), ("VPI", per), ("WG", wg), ("BQ", bq), ("BK", bk)];
     let mut overrides = vec![
         ("Q_DIM", c.q_dim() as f64),
         ("KV_DIM", c.kv_dim() as f64),
@@ -154,7 +172,7 @@ pub fn attention_prefill(
     let needs = softcapped(kind, &mut overrides);
     // CPU adapters: one query per invocation, no tiles (shaders/attention_prefill_direct.wgsl).
     let (source, queries_per_group) = match gpu.style {
-        KernelStyle::Gpu => (include_str!("../../../shaders/attention_prefill.wgsl"), BQ),
+        KernelStyle::Gpu => (include_str!("../../../shaders/attention_prefill.wgsl"), bq),
         KernelStyle::Cpu => (include_str!("../../../shaders/attention_prefill_direct.wgsl"), 64),
     };
     let pipeline = cache.get(gpu, "attention_prefill", source, needs, &consts, &overrides);

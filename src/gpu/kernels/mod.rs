@@ -72,6 +72,18 @@ pub const WIDE_ROWS: usize = 32;
 /// Rows a pass holds at most: a prefill chunk or a decode batch.
 pub const MAX_ROWS: usize = 256;
 
+/// The widest attention head the kernels take (Gemma 4's full-attention layers: 512).
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// How a kernel with an invocation per value of a head (rope_kv, the tiled prefill attention)
+/// spreads a head of `hd` values (a multiple of 8, at most MAX_HEAD_DIM) over WebGPU's default
+/// 256 invocations: (values per invocation, invocations). The invocations are even, so that an
+/// invocation's values are all even or all odd indices (f16 K/V are stored a pair per word).
+pub fn head_invocations(hd: u32) -> (u32, u32) {
+    let per = hd.div_ceil(256);
+    (per, hd / per)
+}
+
 /// Invocations of a kernel that reduces a row in one workgroup (argmax, rms_norm). GPUs: 256,
 /// a tree of barriers. CPU adapters run a workgroup's SIMD groups as coroutines and switch
 /// between all of them at each barrier (lavapipe 32 of 8 lanes, SwiftShader 64 of 4): there 8

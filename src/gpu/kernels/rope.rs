@@ -105,7 +105,8 @@ pub fn rope_kv(
     batch: &wgpu::Buffer,
 ) -> Dispatch {
     let hd = c.head_dim as u32;
-    let consts = [("HD", hd), ("HD_POW2", hd.next_power_of_two())];
+    let (per, wg) = super::head_invocations(hd);
+    let consts = [("HD", hd), ("VPI", per), ("WG", wg), ("WG_POW2", wg.next_power_of_two())];
     let overrides = [
         ("ROPE_DIM", rope.dim as f64),
         ("N_Q_HEADS", c.n_heads as f64),
