@@ -79,6 +79,9 @@ impl Prepared {
         options.sampling.seed = seed;
         let mut sampler = Sampler::new(options.sampling.clone(), self.vocab_size)?;
         self.tokens.iter().for_each(|&id| sampler.accept(id));
+        if let Some(c) = self.sampler.constraint() {
+            sampler.constrain(c.clone());
+        }
         Ok(Prepared { tokens: self.tokens.clone(), sampler, options, vocab_size: self.vocab_size, beams: None })
     }
 
@@ -353,6 +356,9 @@ impl Batcher {
         let tokens = engine.checked_prompt(prompt, options.max_tokens)?;
         let mut sampler = Sampler::new(options.sampling.clone(), engine.config.vocab_size)?;
         tokens.iter().for_each(|&id| sampler.accept(id));
+        if let Some(spec) = &options.constraint {
+            sampler.constrain(engine.compile_constraint(spec)?);
+        }
         Ok(Prepared { tokens, sampler, options: options.clone(), vocab_size: engine.config.vocab_size, beams: None })
     }
 
@@ -951,6 +957,10 @@ impl Batcher {
                 };
             if next as usize >= vocab {
                 return Err(Error::TokenOutOfRange { id: next, vocab_size: vocab });
+            }
+            if let Some(e) = r.seq.sampler.take_error() {
+                r.seq.failed = Some(e);
+                continue;
             }
             r.seq.next = Some(next);
             if row.first {

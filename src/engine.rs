@@ -5,6 +5,7 @@
 //! Async, so the same code serves native callers and the browser.
 
 use crate::chat::{ChatTemplate, Message};
+use crate::constraint::{Constraint, ConstraintSpec, Grammars};
 use crate::error::{Error, Result};
 use crate::gguf::ByteSource;
 use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, KvStore};
@@ -61,6 +62,8 @@ pub struct GenerateOptions {
     /// Speculative decoding: draft tokens cheaply, check them in one pass (greedy output and the
     /// sampling distribution unchanged).
     pub speculate: Option<Speculation>,
+    /// Structured output: only tokens this constraint allows are drawn (`crate::constraint`).
+    pub constraint: Option<ConstraintSpec>,
 }
 
 impl GenerateOptions {
@@ -71,6 +74,16 @@ impl GenerateOptions {
                 name: "max_tokens",
                 value: "0".into(),
                 expected: "must be at least 1",
+            });
+        }
+        if let (Some(spec), Some(c)) = (&self.speculate, &self.constraint) {
+            return Err(Error::InvalidOption {
+                name: "speculate",
+                value: format!("{:?}", spec.drafter),
+                expected: format!(
+                    "no speculation with {} (not supported yet: drafts are not checked against the grammar)",
+                    c.field()
+                ),
             });
         }
         if let Some(spec) = &self.speculate {
@@ -103,6 +116,7 @@ impl Default for GenerateOptions {
             ignore_eos: false,
             top_candidates: 0,
             speculate: None,
+            constraint: None,
         }
     }
 }
@@ -197,6 +211,9 @@ pub struct Engine {
     /// A separate draft model for speculative decoding (`Drafter::Model`): each request that
     /// drafts with it has a sequence of its own in its pool (the batcher's `ModelDraft`).
     pub(crate) draft: Option<Box<Engine>>,
+    /// Structured output's compiler over this model's vocabulary, built by the first
+    /// constrained request (`grammars`).
+    grammars: std::sync::OnceLock<Grammars>,
 }
 
 impl Engine {
@@ -245,6 +262,7 @@ impl Engine {
         Ok(Self {
             config,
             tokenizer: Arc::new(tokenizer),
+            grammars: std::sync::OnceLock::new(),
             chat_template: chat_template.map(Arc::new),
             context_length,
             backend,
@@ -338,6 +356,15 @@ impl Engine {
             template: self.chat_template.clone(),
             context_length: self.context_length,
         }
+    }
+
+    /// `spec` compiled over this model's vocabulary (the vocabulary's trie built the first time).
+    pub fn compile_constraint(&self, spec: &ConstraintSpec) -> Result<Constraint> {
+        if self.grammars.get().is_none() {
+            let grammars = Grammars::new(&self.tokenizer, self.config.vocab_size)?;
+            let _ = self.grammars.set(grammars);
+        }
+        self.grammars.get().expect("set above").compile(spec)
     }
 
     /// The prompt's tokens, refused when empty, outside the vocabulary, or when they and

@@ -38,6 +38,10 @@ pub enum Error {
     TooManySequences { max: usize },
     #[error("invalid {name} = {value}: {expected}")]
     InvalidOption { name: &'static str, value: String, expected: String },
+    /// A constraint (`response_format`, `regex`, `grammar`) that does not compile, or whose
+    /// grammar the output can no longer follow.
+    #[error("invalid {field}: {reason}")]
+    InvalidConstraint { field: &'static str, reason: String },
     #[error("the model produced non-finite values (NaN or infinity) in its logits after {position} tokens: its weights or metadata are corrupt, or it overflows in this precision; nothing was sampled from them")]
     NonFiniteLogits { position: usize },
     #[error("the prompt is empty: give at least one token")]
@@ -79,6 +83,7 @@ impl Error {
             Error::Tokenizer(_) => "tokenizer",
             Error::ChatTemplate(_) | Error::NoChatTemplate => "chat-template",
             Error::InvalidSamplingParameter { .. } | Error::InvalidOption { .. } => "invalid-option",
+            Error::InvalidConstraint { .. } => "invalid-constraint",
             Error::ContextOverflow { .. } => "context-overflow",
             Error::KvPoolFull { .. } => "kv-pool-full",
             Error::TooManySequences { .. } => "too-many-sequences",

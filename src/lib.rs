@@ -6,6 +6,7 @@ pub mod arch;
 pub mod batcher;
 pub mod beam;
 pub mod chat;
+pub mod constraint;
 pub mod deadline;
 pub mod engine;
 pub mod error;

@@ -63,7 +63,6 @@ pub struct Request {
 
 /// Fields OpenAI defines that the engine does not honour yet, with why: refused by name.
 const NOT_YET: &[(&str, &str)] = &[
-    ("response_format", "structured output is not supported yet"),
     ("tools", "tool calls are not supported yet"),
     ("tool_choice", "tool calls are not supported yet"),
     ("functions", "function calls are not supported yet"),
@@ -624,9 +623,41 @@ mod tests {
     }
 
     #[test]
+    fn response_format_regex_and_grammar_become_the_one_constraint() {
+        use crate::constraint::ConstraintSpec;
+        let m = json!([{"role": "user", "content": "x"}]);
+        let request = |extra: Value| {
+            let mut body = json!({"messages": m});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            chat(body)
+        };
+        let constraint = |extra: Value| request(extra).map(|r| r.generate.constraint);
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let format = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}});
+        assert_eq!(constraint(json!({"response_format": format})).unwrap(), Some(ConstraintSpec::JsonSchema(schema)));
+        let object = json!({"response_format": {"type": "json_object"}});
+        assert_eq!(constraint(object).unwrap(), Some(ConstraintSpec::JsonObject));
+        assert_eq!(constraint(json!({"response_format": {"type": "text"}})).unwrap(), None);
+        assert_eq!(constraint(json!({"regex": "a+"})).unwrap(), Some(ConstraintSpec::Regex("a+".into())));
+        assert_eq!(
+            constraint(json!({"grammar": "start: \"a\""})).unwrap(),
+            Some(ConstraintSpec::Lark("start: \"a\"".into()))
+        );
+        // Two at once, an unknown type, a field OpenAI's shape does not have: refused.
+        assert_eq!(param(request(json!({"regex": "a", "grammar": "start: \"a\""}))), "response_format");
+        assert!(matches!(constraint(json!({"response_format": {"type": "xml"}})), Err(RequestError::Shape(_))));
+        let extra =
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "frob": 1}}});
+        assert_eq!(param(request(extra)), "frob");
+        // Not with beams or speculation (not yet).
+        assert_eq!(param(request(json!({"regex": "a", "beams": 2}))), "regex");
+        assert_eq!(param(request(json!({"regex": "a", "speculate": "lookup"}))), "speculate");
+    }
+
+    #[test]
     fn fields_the_engine_does_not_take_are_refused_by_name() {
         let m = json!([{"role": "user", "content": "x"}]);
-        for field in ["tools", "response_format", "tool_choice", "echo", "suffix", "best_of", "frobnicate"] {
+        for field in ["tools", "tool_choice", "echo", "suffix", "best_of", "frobnicate"] {
             let mut body = json!({"messages": m, field: 1});
             assert_eq!(param(chat(body.clone())), field);
             body["messages"] = json!([{"role": "user", "content": "x", "tool_calls": []}]);

@@ -4,6 +4,7 @@
 //! the engine's options, naming the field of whatever is wrong.
 
 use crate::beam::{BeamOptions, EarlyStopping};
+use crate::constraint::ConstraintSpec;
 use crate::engine::GenerateOptions;
 use crate::error::{Error, Result};
 use crate::sampling::SamplingParams;
@@ -74,7 +75,45 @@ pub struct RequestOptions {
     /// true, false or "never" (transformers' `early_stopping`).
     #[serde(alias = "earlyStopping")]
     pub early_stopping: Option<serde_json::Value>,
+    /// OpenAI's structured output: `{"type": "text"}` (none), `{"type": "json_object"}` or
+    /// `{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}`.
+    #[serde(alias = "responseFormat")]
+    pub response_format: Option<ResponseFormat>,
+    /// Engine extension: the output is text the whole regex matches.
+    pub regex: Option<String>,
+    /// Engine extension: the output follows this Lark grammar (llguidance's dialect).
+    pub grammar: Option<String>,
 }
+
+/// OpenAI's `response_format`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema {
+        #[serde(alias = "jsonSchema")]
+        json_schema: JsonSchemaFormat,
+    },
+}
+
+/// `response_format.json_schema`. `strict` is accepted either way: the output always follows
+/// the schema (llguidance's default options; OpenAI's strict mode refuses some schemas the
+/// constraint takes).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaFormat {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    pub schema: Option<serde_json::Value>,
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+/// Bytes a regex or a grammar may have (a JSON schema is bounded by the body's size and
+/// llguidance's grammar-size limit).
+pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;
 
 /// A checked request: the engine's options, the choices to sample and, for beam search, its
 /// options.
@@ -90,6 +129,35 @@ fn invalid(name: &'static str, value: impl std::fmt::Display, expected: impl Int
 }
 
 impl RequestOptions {
+    /// The one constraint `response_format`, `regex` or `grammar` asks for, if any.
+    fn constraint(&self) -> Result<Option<ConstraintSpec>> {
+        let format = match &self.response_format {
+            None | Some(ResponseFormat::Text) => None,
+            Some(ResponseFormat::JsonObject) => Some(ConstraintSpec::JsonObject),
+            Some(ResponseFormat::JsonSchema { json_schema }) => match &json_schema.schema {
+                // No schema: any JSON object.
+                None => Some(ConstraintSpec::JsonObject),
+                Some(schema) => Some(ConstraintSpec::JsonSchema(schema.clone())),
+            },
+        };
+        let given = [format.is_some(), self.regex.is_some(), self.grammar.is_some()];
+        if given.iter().filter(|&&g| g).count() > 1 {
+            return Err(invalid(
+                "response_format",
+                "with regex or grammar",
+                "one of response_format, regex and grammar",
+            ));
+        }
+        for (name, text) in [("regex", &self.regex), ("grammar", &self.grammar)] {
+            if let Some(t) = text.as_ref().filter(|t| t.len() > MAX_GRAMMAR_BYTES) {
+                return Err(invalid(name, format!("{} bytes", t.len()), format!("at most {MAX_GRAMMAR_BYTES} bytes")));
+            }
+        }
+        Ok(format
+            .or_else(|| self.regex.clone().map(ConstraintSpec::Regex))
+            .or_else(|| self.grammar.clone().map(ConstraintSpec::Lark)))
+    }
+
     /// The request's options with their defaults (`SamplingParams::default()`'s sampler, 256
     /// tokens, `seed` when none is given), checked: an error names the field.
     pub fn resolve(&self, seed: u64) -> Result<Resolved> {
@@ -151,8 +219,16 @@ impl RequestOptions {
         if n == 0 || n > MAX_CHOICES {
             return Err(invalid("n", n, format!("from 1 to {MAX_CHOICES} choices")));
         }
-        let generate =
-            GenerateOptions { max_tokens, sampling, stop, ignore_eos: self.ignore_eos, top_candidates: 0, speculate };
+        let constraint = self.constraint()?;
+        let generate = GenerateOptions {
+            max_tokens,
+            sampling,
+            stop,
+            ignore_eos: self.ignore_eos,
+            top_candidates: 0,
+            speculate,
+            constraint,
+        };
         generate.validate()?;
         if generate.speculate.is_some() && n > 1 {
             return Err(invalid("n", n, "speculate runs one choice"));
@@ -170,6 +246,9 @@ impl RequestOptions {
                         beams,
                         "no n or speculate with beams: they return the N best choices themselves",
                     ));
+                }
+                if let Some(c) = &generate.constraint {
+                    return Err(invalid(c.field(), "given", "no constraint with beams (not supported yet)"));
                 }
                 if self.logit_bias.is_some() {
                     return Err(invalid(

@@ -3,6 +3,7 @@
 //! The RNG and the exp are portable (xoshiro256**, libm), so one seed gives the same tokens
 //! natively and in wasm.
 
+use crate::constraint::Constraint;
 use crate::error::{Error, Result};
 
 /// The repetition penalty divides or multiplies logits: past these bounds a logit of a few
@@ -156,6 +157,11 @@ pub struct Sampler {
     counts: Vec<u32>,
     seen: Vec<u32>,
     candidates: Vec<(u32, f32)>,
+    /// The request's structured-output constraint, its last mask, and the error that ended it
+    /// (`take_error`).
+    constraint: Option<Constraint>,
+    mask: Vec<u32>,
+    failed: Option<Error>,
 }
 
 impl Sampler {
@@ -174,7 +180,43 @@ impl Sampler {
             counts: vec![0; vocab_size],
             seen: Vec::new(),
             candidates: Vec::new(),
+            constraint: None,
+            mask: Vec::new(),
+            failed: None,
         })
+    }
+
+    /// Draws only tokens `constraint` allows from here on (the prompt already accepted).
+    pub fn constrain(&mut self, constraint: Constraint) {
+        self.constraint = Some(constraint);
+    }
+
+    pub fn constraint(&self) -> Option<&Constraint> {
+        self.constraint.as_ref()
+    }
+
+    /// The error that ended the constraint (a state no token can continue, a grammar past
+    /// its limits), once: the request fails with it.
+    pub fn take_error(&mut self) -> Option<Error> {
+        self.failed.take()
+    }
+
+    /// Penalties, a logit bias or a constraint change the logits before a token is drawn: the
+    /// whole row is needed.
+    fn changes_logits(&self) -> bool {
+        self.params.has_penalties() || self.constraint.is_some()
+    }
+
+    /// Sets the logits the constraint does not allow to -inf (on failure, all but the first:
+    /// the request ends with `take_error`'s error, never on a token the grammar refused).
+    fn apply_constraint(&mut self, logits: &mut [f32]) {
+        let Some(c) = &mut self.constraint else { return };
+        if let Err(e) = c.fill_mask(&mut self.mask) {
+            self.failed.get_or_insert(e);
+            self.mask.clear();
+            self.mask.push(1);
+        }
+        crate::constraint::apply_mask(&self.mask, logits);
     }
 
     /// The vocabulary it draws from.
@@ -194,18 +236,21 @@ impl Sampler {
             }
             *c += 1;
         }
+        if let Some(Err(e)) = self.constraint.as_mut().map(|c| c.accept(id)) {
+            self.failed.get_or_insert(e);
+        }
     }
 
     /// Whether this sampler needs all logits (false: the argmax is enough).
     pub fn needs_logits(&self) -> bool {
-        !self.params.is_greedy() || self.params.has_penalties()
+        !self.params.is_greedy() || self.changes_logits()
     }
 
     /// Whether `sample_top_k` can stand in for `sample`: Some(k) when this sampler draws from the
     /// k largest logits alone (top-k set, no penalties), so those are all it needs to see.
     pub fn top_k_only(&self) -> Option<usize> {
         let p = &self.params;
-        (!p.is_greedy() && !p.has_penalties() && p.top_k > 0).then_some(p.top_k)
+        (!p.is_greedy() && !self.changes_logits() && p.top_k > 0).then_some(p.top_k)
     }
 
     /// `sample` given only the `top_k_only()` largest logits as (id, logit) pairs, in any order:
@@ -222,7 +267,7 @@ impl Sampler {
     /// min-p cut, which usually keeps a few of the largest logits (OpenAI-style requests).
     pub fn nucleus_only(&self) -> bool {
         let p = &self.params;
-        !p.is_greedy() && !p.has_penalties() && p.top_k == 0 && (p.top_p < 1.0 || p.min_p > 0.0)
+        !p.is_greedy() && !self.changes_logits() && p.top_k == 0 && (p.top_p < 1.0 || p.min_p > 0.0)
     }
 
     /// `sample` given the `top.len()` largest logits (any order) of a vocabulary of `vocab` and
@@ -266,6 +311,7 @@ impl Sampler {
 
     /// Picks the next token from `logits` (modified in place by the penalties).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.apply_constraint(logits);
         self.apply_penalties(logits);
         if self.params.is_greedy() {
             return argmax(logits);
@@ -386,7 +432,8 @@ impl Sampler {
         let p = &self.params;
         let cands = &mut self.candidates;
         cands.clear();
-        cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        // A token the constraint refuses (-inf) is no candidate (the logits are otherwise finite).
+        cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).filter(|c| c.1 != f32::NEG_INFINITY));
         if p.top_k > 0 && p.top_k < cands.len() {
             cands.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             cands.truncate(p.top_k);

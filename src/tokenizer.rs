@@ -59,6 +59,11 @@ pub struct Tokenizer {
     /// of them that the template spells (taken as text in `plain` too).
     user_defined: Vec<(u32, String)>,
     markup: Vec<String>,
+    /// Tokens matched as written, as the file declares them: id -> true for a control or
+    /// unknown token (special), false for a user-defined one (text spelled as it is stored).
+    added: HashMap<u32, bool>,
+    /// Byte-level BPE ("gpt2"): a token's characters stand for bytes; else SentencePiece.
+    byte_level: bool,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
     /// Tokens that end a generation: EOS, EOT and EOM as declared, plus the end-of-turn tokens
@@ -118,7 +123,10 @@ impl Tokenizer {
             }
         }
         let add_bos = flag(gguf, "tokenizer.ggml.add_bos_token", false)?;
+        let added = specials.iter().filter_map(|t| Some((inner.token_to_id(&t.content)?, t.special))).collect();
         Ok(Self {
+            added,
+            byte_level: model == "gpt2",
             inner,
             plain: std::sync::OnceLock::new(),
             special,
@@ -236,6 +244,22 @@ impl Tokenizer {
     /// Text of `ids`, special tokens kept.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner.decode(ids, false).map_err(|e| Error::Tokenizer(e.to_string()))
+    }
+
+    /// What token `id` stands for: a special token (its name), or the bytes it adds to a text
+    /// (a byte-level token's characters mapped back to bytes, SentencePiece's `▁` a space and
+    /// `<0xAB>` one byte). None past the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<TokenBytes> {
+        let piece = self.inner.id_to_token(id)?;
+        Some(match self.added.get(&id) {
+            Some(true) => TokenBytes::Special(piece),
+            Some(false) => TokenBytes::Text(piece.into_bytes()),
+            None if self.byte_level => TokenBytes::Text(piece.chars().filter_map(byte_of_char).collect()),
+            None => match piece.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
+                Some(hex) if hex.len() == 2 => TokenBytes::Text(vec![u8::from_str_radix(hex, 16).ok()?]),
+                _ => TokenBytes::Text(piece.replace(SPACE, " ").into_bytes()),
+            },
+        })
     }
 
     /// The token's string as stored in the vocabulary (byte-level or SentencePiece form).
@@ -437,6 +461,25 @@ fn check_len(key: &str, len: usize, n_tokens: usize) -> Result<()> {
 /// A token id from the metadata; ids outside the vocabulary count as absent, as llama.cpp treats them.
 fn token_id(gguf: &Gguf, key: &str, n_tokens: usize) -> Result<Option<u32>> {
     Ok(gguf.get_u64(key)?.filter(|&v| (v as usize) < n_tokens).map(|v| v as u32))
+}
+
+/// A token as a text's bytes (`Tokenizer::token_bytes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenBytes {
+    Special(String),
+    Text(Vec<u8>),
+}
+
+/// The byte a byte-level BPE character stands for (GPT-2's table: the printable bytes
+/// 33-126, 161-172 and 174-255 are their own character, the others 256 + their rank among
+/// them).
+fn byte_of_char(c: char) -> Option<u8> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let c = c as u32;
+    if c < 256 {
+        return printable(c).then_some(c as u8);
+    }
+    (0..256u32).filter(|&b| !printable(b)).nth((c - 256) as usize).map(|b| b as u8)
 }
 
 fn flag(gguf: &Gguf, key: &str, default: bool) -> Result<bool> {

@@ -10,6 +10,7 @@ mod common;
 mod beams;
 mod chat;
 mod chat_builtin;
+mod constrained;
 mod cpu_gemma3;
 mod cpu_smollm2;
 mod engine;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use webgpu_llm::chat::Message;
 use webgpu_llm::engine::{Engine, GenerateOptions, Prompt, Stats};
 use webgpu_llm::gguf::ByteSource;
-use webgpu_llm::options::{RequestOptions, Resolved, Stop};
+use webgpu_llm::options::{JsonSchemaFormat, RequestOptions, Resolved, ResponseFormat, Stop};
 use webgpu_llm::sampling::SamplingParams;
 use webgpu_llm::speculate::{Drafter, Speculation, SpeculationStats};
 use webgpu_llm::Error;
@@ -196,13 +196,57 @@ struct GenerateArgs {
     /// [default: false]
     #[arg(long, value_parser = ["false", "true", "never"], requires = "beams")]
     early_stopping: Option<String>,
+    /// Structured output: the text follows this JSON schema (a file; "-": standard input).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["regex", "grammar"])]
+    json_schema: Option<PathBuf>,
+    /// Structured output: the text is one the whole regex matches.
+    #[arg(long, conflicts_with = "grammar")]
+    regex: Option<String>,
+    /// Structured output: the text follows this Lark grammar (llguidance's dialect; a file).
+    #[arg(long, value_name = "FILE")]
+    grammar: Option<PathBuf>,
+}
+
+/// A file's text ("-": standard input).
+fn read_text(path: &std::path::Path) -> Result<String, Error> {
+    let io = |source| Error::Io { path: path.display().to_string(), source };
+    if path == std::path::Path::new("-") {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(io)?;
+        Ok(text)
+    } else {
+        std::fs::read_to_string(path).map_err(io)
+    }
 }
 
 impl GenerateArgs {
     /// The flags as a request's options (`RequestOptions`: the defaults and bounds every entry
-    /// point shares).
-    fn request(&self) -> RequestOptions {
-        RequestOptions {
+    /// point shares), the constraint's files read.
+    fn request(&self) -> Result<RequestOptions, Error> {
+        let response_format = match &self.json_schema {
+            None => None,
+            Some(path) => {
+                let schema: serde_json::Value =
+                    serde_json::from_str(&read_text(path)?).map_err(|e| Error::InvalidOption {
+                        name: "json-schema",
+                        value: path.display().to_string(),
+                        expected: format!("a JSON schema: {e}"),
+                    })?;
+                Some(ResponseFormat::JsonSchema {
+                    json_schema: JsonSchemaFormat {
+                        name: "cli".into(),
+                        description: None,
+                        schema: Some(schema),
+                        strict: None,
+                    },
+                })
+            }
+        };
+        let grammar = self.grammar.as_deref().map(read_text).transpose()?;
+        Ok(RequestOptions {
+            response_format,
+            regex: self.regex.clone(),
+            grammar,
             max_tokens: self.max_tokens,
             stop: (!self.stop.is_empty()).then(|| Stop::Many(self.stop.clone())),
             ignore_eos: self.ignore_eos,
@@ -220,7 +264,7 @@ impl GenerateArgs {
                 other => serde_json::Value::String(other.into()),
             }),
             ..self.sampling.request()
-        }
+        })
     }
 }
 
@@ -229,7 +273,13 @@ const EXIT_USAGE: u8 = 2;
 
 /// Whether an error is about the flags given rather than the model or the machine.
 fn is_usage(e: &Error) -> bool {
-    matches!(e, Error::InvalidSamplingParameter { .. } | Error::InvalidOption { .. } | Error::ContextOverflow { .. })
+    matches!(
+        e,
+        Error::InvalidSamplingParameter { .. }
+            | Error::InvalidOption { .. }
+            | Error::InvalidConstraint { .. }
+            | Error::ContextOverflow { .. }
+    )
 }
 
 /// Set by Ctrl-C: the generation stops at the next token and prints its stats.
@@ -331,7 +381,7 @@ fn read_prompt_file(path: &std::path::Path) -> Result<String, Error> {
 async fn generate(mut args: GenerateArgs) -> Result<(), Error> {
     let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     // Flags first: a typo should not cost a model load.
-    let Resolved { generate: options, beams: beam_options, .. } = args.request().resolve(clock)?;
+    let Resolved { generate: options, beams: beam_options, .. } = args.request()?.resolve(clock)?;
     let seed = options.sampling.seed;
     if let Some(context) = args.model.context_length {
         if options.max_tokens >= context {

@@ -804,9 +804,9 @@ impl ApiError {
     fn from_engine(e: &Error, param: &str) -> Self {
         let message = e.to_string();
         match e {
-            Error::InvalidSamplingParameter { name, .. } | Error::InvalidOption { name, .. } => {
-                Self::invalid(name, message)
-            }
+            Error::InvalidSamplingParameter { name, .. }
+            | Error::InvalidOption { name, .. }
+            | Error::InvalidConstraint { field: name, .. } => Self::invalid(name, message),
             Error::ContextOverflow { .. } => Self {
                 param: Some(param.into()),
                 code: Some("context_length_exceeded".into()),
