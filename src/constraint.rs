@@ -97,8 +97,7 @@ impl Grammars {
     pub fn compile(&self, spec: &ConstraintSpec) -> Result<Constraint> {
         let bad = |e: String| Error::InvalidConstraint { field: spec.field(), reason: e };
         check_size(spec).map_err(bad)?;
-        let parser = self.factory.create_parser(spec.grammar());
-        let matcher = Matcher::new(parser);
+        let matcher = Matcher::new(Ok(self.create_parser(spec.grammar()).map_err(bad)?));
         if let Some(e) = matcher.get_error() {
             return Err(bad(e));
         }
@@ -164,6 +163,38 @@ fn check_size(spec: &ConstraintSpec) -> std::result::Result<(), String> {
         }
     }
 }
+
+impl Grammars {
+    /// llguidance's parser for `grammar`. Its compiler recurses along chains of JSON-schema
+    /// references and of Lark rules, which `check_size` cannot bound by nesting alone: natively
+    /// it runs on a thread of its own with a large stack (reserved, committed only as used), so
+    /// that no request can overflow the caller's. (In wasm, which has no threads, `check_size`'s
+    /// bounds are the guard.)
+    fn create_parser(&self, grammar: TopLevelGrammar) -> std::result::Result<llguidance::TokenParser, String> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            std::thread::scope(|scope| {
+                let compile = || self.factory.create_parser(grammar).map_err(|e| e.to_string());
+                std::thread::Builder::new()
+                    .name("grammar-compiler".into())
+                    .stack_size(COMPILER_STACK)
+                    .spawn_scoped(scope, compile)
+                    .map_err(|e| format!("no thread to compile it on: {e}"))?
+                    .join()
+                    .map_err(|_| "the grammar compiler failed".to_string())?
+            })
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            self.factory.create_parser(grammar).map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// The grammar compiler's stack natively (`Grammars::create_parser`): chains of 10^5 references
+/// or rules fit.
+#[cfg(not(target_arch = "wasm32"))]
+const COMPILER_STACK: usize = 512 << 20;
 
 /// A special token's trie entry: llguidance's marker byte, then its name.
 fn special(name: &str) -> Vec<u8> {

@@ -76,6 +76,16 @@ impl GenerateOptions {
                 expected: "must be at least 1",
             });
         }
+        if let (true, Some(c)) = (self.ignore_eos, &self.constraint) {
+            return Err(Error::InvalidOption {
+                name: "ignore_eos",
+                value: "true".into(),
+                expected: format!(
+                    "no ignore_eos with {}: once its grammar is complete only the end of sequence may follow",
+                    c.field()
+                ),
+            });
+        }
         if let (Some(spec), Some(c)) = (&self.speculate, &self.constraint) {
             return Err(Error::InvalidOption {
                 name: "speculate",

@@ -652,6 +652,8 @@ mod tests {
         // Not with beams or speculation (not yet).
         assert_eq!(param(request(json!({"regex": "a", "beams": 2}))), "regex");
         assert_eq!(param(request(json!({"regex": "a", "speculate": "lookup"}))), "speculate");
+        // Past a complete grammar only the end of sequence may follow.
+        assert_eq!(param(request(json!({"regex": "a", "ignore_eos": true}))), "ignore_eos");
     }
 
     #[test]

@@ -154,7 +154,8 @@ fn constrained_greedy_decoding_gives_the_reference_tokens_in_one_batch() {
 /// llguidance refuses, an unsatisfiable one, a broken regex and grammar, what would exhaust the
 /// stack (a schema of 10^4 properties, nesting past 64 in a schema, a regex or a grammar);
 /// a regex with catastrophic backtracking in a backtracking engine (llguidance's is
-/// derivative-based) and references nested 60 deep compile and give a mask at once.
+/// derivative-based) and references nested 60 deep compile and give a mask at once; chains of
+/// 20000 references or rules do not crash.
 #[test]
 fn hostile_constraints_end_in_clear_errors_in_bounded_time() {
     let e = engine(BackendKind::Cpu);
@@ -202,5 +203,22 @@ fn hostile_constraints_end_in_clear_errors_in_bounded_time() {
     for id in allowed {
         let text = e.tokenizer.decode(&[id]).unwrap();
         assert!(text.starts_with('[') && text.chars().all(|c| c == '['), "{id}: {text:?}");
+    }
+    // Chains that are long but shallow: 20000 references each to the next, 20000 Lark rules
+    // each naming the next. llguidance compiles them recursively (past this thread's stack);
+    // they compile on the compiler's own thread, or fail with an error, never a crash.
+    let mut defs = serde_json::Map::new();
+    for i in 0..20_000 {
+        defs.insert(format!("d{i}"), serde_json::json!({"$ref": format!("#/$defs/d{}", i + 1)}));
+    }
+    defs.insert("d20000".into(), serde_json::json!({"type": "integer"}));
+    let chain = serde_json::json!({"$ref": "#/$defs/d0", "$defs": defs});
+    let rules: String = (0..20_000).map(|i| format!("r{i}: r{}\n", i + 1)).collect();
+    let lark = format!("start: r0\n{rules}r20000: \"a\"\n");
+    for spec in [ConstraintSpec::JsonSchema(chain), ConstraintSpec::Lark(lark)] {
+        match e.compile_constraint(&spec) {
+            Ok(mut c) => c.fill_mask(&mut mask).unwrap(),
+            Err(err) => assert_eq!(err.code(), "invalid-constraint", "{err}"),
+        }
     }
 }
