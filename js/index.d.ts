@@ -52,7 +52,19 @@ export interface GenerateOptions {
   speculate?: string;
   /** Tokens drafted per checking pass with `speculate` (1 to 31). Default 4. */
   draftTokens?: number;
+  /** Structured output (one of responseFormat, regex, grammar; not with speculate, beams or ignoreEos). */
+  responseFormat?: ResponseFormat;
+  /** Structured output: the text is one the whole regex matches. */
+  regex?: string;
+  /** Structured output: the text follows this Lark grammar (llguidance's dialect). */
+  grammar?: string;
 }
+
+/** OpenAI's `response_format`: any JSON object, or JSON a schema validates. */
+export type ResponseFormat =
+  | { type: "text" }
+  | { type: "json_object" }
+  | { type: "json_schema"; json_schema: { name: string; description?: string; schema?: object; strict?: boolean } };
 
 /** OpenAI's chat completion request (the fields this engine takes; others are ignored). */
 export interface ChatCompletionRequest {
@@ -82,6 +94,12 @@ export interface ChatCompletionRequest {
   /** Speculative decoding ("lookup" or "layers:L"); such a call runs alone, not in the batch. */
   speculate?: string;
   draft_tokens?: number;
+  /** Structured output: any JSON object, or JSON the schema validates. */
+  response_format?: ResponseFormat;
+  /** Structured output (the engine's): the text is one the whole regex matches. */
+  regex?: string;
+  /** Structured output (the engine's): the text follows this Lark grammar (llguidance's dialect). */
+  grammar?: string;
 }
 
 export interface ChatCompletionUsage {

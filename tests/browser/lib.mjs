@@ -34,12 +34,13 @@ const cli = process.env.WEBGPU_LLM_CLI ?? path.join(root, "target/release/webgpu
  * default; `beams: N` runs beam search. Returns {ids, text, stats} (stats as the CLI's JSON:
  * prompt_tokens, generated_tokens, stop_reason...) or, with beams, the CLI's [{ids, text, score}].
  */
-export function cpu(model, prompt, { maxTokens = 64, ignoreEos = false, beams = null } = {}) {
+export function cpu(model, prompt, { maxTokens = 64, ignoreEos = false, beams = null, regex = null } = {}) {
   const args = ["generate", "--backend", "cpu", "--model", model, "--json", "--max-tokens", String(maxTokens), "--temperature", "0"];
   if (typeof prompt === "string") args.push("--prompt", prompt);
   else args.push("--chat", "--prompt", prompt.chat);
   if (ignoreEos) args.push("--ignore-eos");
   if (beams) args.push("--beams", String(beams));
+  if (regex) args.push("--regex", regex);
   const lines = execFileSync(cli, args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }).trim().split("\n").map((l) => JSON.parse(l));
   if (beams) return lines[0].beams;
   const tokens = lines.filter((l) => "id" in l);

@@ -191,6 +191,25 @@ window.finished = true;`;
       assert.equal(refused[i][1], "invalid-option", refused[i][0]);
       assert.ok(refused[i][0].includes(field), refused[i][0]);
     }
+    // Structured output through the package (llguidance in wasm): a regex-constrained greedy
+    // generation and a chat completion with the same regex give the CPU reference's tokens (its
+    // masks are Python llguidance's: tests/golden/constrained.rs), the text matches the regex,
+    // and a broken regex is an error with its code.
+    const regex = "(yes|no), [a-z ]{2,12}\\.";
+    const wantRegex = cpu(modelPath, RAW_A, { maxTokens: 24, regex });
+    const constrained = await tab.evaluate(async ([prompt, regex]) => {
+      const ids = [];
+      let text = "";
+      for await (const ev of window.engine.generate(prompt, { temperature: 0, maxTokens: 24, regex })) {
+        ids.push(ev.id);
+        text += ev.text;
+      }
+      const bad = await window.engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], regex: "(a" }).then(() => null, (e) => [e.message, e.code]);
+      return { ids, text, bad };
+    }, [RAW_A, regex]);
+    assert.deepEqual(constrained.ids, wantRegex.ids);
+    assert.match(constrained.text, new RegExp(`^${regex}$`));
+    assert.equal(constrained.bad?.[1], "invalid-constraint", String(constrained.bad));
   } finally {
     await browser.close();
     server.close();
