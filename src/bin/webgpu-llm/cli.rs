@@ -207,31 +207,31 @@ struct GenerateArgs {
     grammar: Option<PathBuf>,
 }
 
-/// A file's text ("-": standard input).
-fn read_text(path: &std::path::Path) -> Result<String, Error> {
-    let io = |source| Error::Io { path: path.display().to_string(), source };
-    if path == std::path::Path::new("-") {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(io)?;
-        Ok(text)
-    } else {
-        std::fs::read_to_string(path).map_err(io)
-    }
-}
-
 impl GenerateArgs {
     /// The flags as a request's options (`RequestOptions`: the defaults and bounds every entry
     /// point shares), the constraint's files read.
     fn request(&self) -> Result<RequestOptions, Error> {
+        // One flag may read standard input.
+        let stdin = std::path::Path::new("-");
+        let readers = [("--json-schema", self.json_schema.as_deref()), ("--grammar", self.grammar.as_deref())];
+        let mut takers = readers.into_iter().filter(|(_, p)| *p == Some(stdin)).map(|(flag, _)| flag);
+        let prompts = self.prompt_file.iter().filter(|p| p.as_path() == stdin).count();
+        if let Some(flag) = takers.nth(1 - prompts.min(1)) {
+            return Err(Error::InvalidOption {
+                name: flag,
+                value: "-".into(),
+                expected: "a file: standard input is already another flag's (only one may read it)".into(),
+            });
+        }
         let response_format = match &self.json_schema {
             None => None,
             Some(path) => {
-                let schema: serde_json::Value =
-                    serde_json::from_str(&read_text(path)?).map_err(|e| Error::InvalidOption {
-                        name: "json-schema",
-                        value: path.display().to_string(),
-                        expected: format!("a JSON schema: {e}"),
-                    })?;
+                let text = read_text_file(path, "--json-schema")?;
+                let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::InvalidOption {
+                    name: "--json-schema",
+                    value: path.display().to_string(),
+                    expected: format!("a JSON schema: {e}"),
+                })?;
                 Some(ResponseFormat::JsonSchema {
                     json_schema: JsonSchemaFormat {
                         name: "cli".into(),
@@ -242,7 +242,7 @@ impl GenerateArgs {
                 })
             }
         };
-        let grammar = self.grammar.as_deref().map(read_text).transpose()?;
+        let grammar = self.grammar.as_deref().map(|p| read_text_file(p, "--grammar")).transpose()?;
         Ok(RequestOptions {
             response_format,
             regex: self.regex.clone(),
@@ -361,8 +361,8 @@ fn write_synthetic(args: &SyntheticArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// A prompt file's text ("-": standard input), refused when it is not UTF-8.
-fn read_prompt_file(path: &std::path::Path) -> Result<String, Error> {
+/// A text file given to `flag` ("-": standard input), refused when it is not UTF-8.
+fn read_text_file(path: &std::path::Path, flag: &'static str) -> Result<String, Error> {
     let io = |source| Error::Io { path: path.display().to_string(), source };
     let bytes = if path.as_os_str() == "-" {
         let mut bytes = Vec::new();
@@ -372,7 +372,7 @@ fn read_prompt_file(path: &std::path::Path) -> Result<String, Error> {
         std::fs::read(path).map_err(io)?
     };
     String::from_utf8(bytes).map_err(|e| Error::InvalidOption {
-        name: "--prompt-file",
+        name: flag,
         value: path.display().to_string(),
         expected: format!("a UTF-8 text file (byte {} is not UTF-8)", e.utf8_error().valid_up_to()),
     })
@@ -395,7 +395,7 @@ async fn generate(mut args: GenerateArgs) -> Result<(), Error> {
     // Prompt files before the model loads: a missing file costs no load.
     let mut texts = std::mem::take(&mut args.prompt);
     for path in &args.prompt_file {
-        texts.push(read_prompt_file(path)?);
+        texts.push(read_text_file(path, "--prompt-file")?);
     }
     if texts.len() > 1 && beam_options.is_some() {
         return Err(Error::InvalidOption {
