@@ -9,6 +9,7 @@ mod abort_cycles;
 mod batch;
 mod beams_gpu;
 mod cli;
+mod constrained;
 mod counters;
 mod engine;
 mod ledger;

@@ -1,0 +1,99 @@
+//! Structured output when sampling, on the tiny random-weight chat model (every byte a token):
+//! 50 seeds at temperature 0.8 in one batch on the GPU, each output checked by hand against its
+//! constraint (parsed as JSON and every field checked against the schema; the regex's shape
+//! checked character by character). A random model's choices are far from what the text should
+//! be, so it tries the constraint everywhere. (Greedy outputs against Python llguidance:
+//! tests/golden/constrained.rs.)
+
+use crate::common::tiny;
+
+use std::collections::HashMap;
+use webgpu_llm::batcher::{BatchEvent, Batcher, RequestId};
+use webgpu_llm::constraint::ConstraintSpec;
+use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt, StopReason};
+use webgpu_llm::gpu::GpuOptions;
+use webgpu_llm::sampling::SamplingParams;
+
+/// Runs `spec` sampled with seeds 0..50 in one batch; the texts, each ended by the end of
+/// sequence (a complete output: only stop tokens may follow).
+fn sampled(engine: &mut Engine, spec: &ConstraintSpec) -> Vec<String> {
+    let mut b = Batcher::new(engine, 256);
+    let prompt = Prompt::Tokens(tiny::chat_prompt(&[("user", "Describe a person as JSON.")]));
+    let mut texts: HashMap<RequestId, (String, Option<StopReason>)> = HashMap::new();
+    for seed in 0..50 {
+        let sampling =
+            SamplingParams { temperature: 0.8, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..Default::default() };
+        let opts = GenerateOptions { max_tokens: 200, sampling, constraint: Some(spec.clone()), ..Default::default() };
+        texts.insert(b.enqueue(Batcher::prepare(engine, &prompt, &opts).unwrap()), Default::default());
+    }
+    while !b.is_empty() {
+        pollster::block_on(b.step(engine, &mut |_| true, &mut |id, ev| {
+            let t = texts.get_mut(&id).unwrap();
+            match ev {
+                BatchEvent::Token(tok) => t.0.push_str(&tok.text),
+                BatchEvent::Done(s) => t.1 = Some(s.stop_reason),
+                BatchEvent::Failed(e) => panic!("request {id} failed: {e}"),
+                BatchEvent::Beams(_) => unreachable!(),
+            }
+            true
+        }))
+        .unwrap();
+    }
+    texts
+        .into_values()
+        .map(|(text, stop)| {
+            assert_eq!(stop, Some(StopReason::Eos), "{text:?} did not end with its grammar");
+            text
+        })
+        .collect()
+}
+
+#[test]
+fn sampled_constrained_outputs_always_follow_the_constraint() {
+    let opts = LoadOptions { backend: BackendKind::Gpu, context_length: Some(512), gpu: GpuOptions::default() };
+    let mut engine = pollster::block_on(Engine::load(tiny::chat(), opts, &mut |_, _| {})).unwrap();
+    // Compact JSON (no free whitespace: a random model would spend its tokens on it) with
+    // bounded strings and numbers, so that every output completes within its tokens.
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 8},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "color": {"enum": ["red", "green", "blue"]},
+            "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3}
+        },
+        "required": ["name", "age", "color"],
+        "additionalProperties": false,
+        "x-guidance": {"whitespace_flexible": false}
+    });
+    let mut distinct = std::collections::HashSet::new();
+    for text in sampled(&mut engine, &ConstraintSpec::JsonSchema(schema)) {
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let o = v.as_object().unwrap_or_else(|| panic!("{text:?} is no object"));
+        for key in o.keys() {
+            assert!(["name", "age", "color", "tags"].contains(&key.as_str()), "{text:?}: {key}");
+        }
+        let name = o["name"].as_str().unwrap_or_else(|| panic!("{text:?}: name"));
+        assert!((1..=8).contains(&name.chars().count()), "{text:?}: name length");
+        let age = o["age"].as_i64().unwrap_or_else(|| panic!("{text:?}: age"));
+        assert!((0..=150).contains(&age), "{text:?}: age");
+        assert!(["red", "green", "blue"].contains(&o["color"].as_str().unwrap_or_default()), "{text:?}: color");
+        if let Some(tags) = o.get("tags") {
+            let tags = tags.as_array().unwrap_or_else(|| panic!("{text:?}: tags"));
+            assert!(tags.len() <= 3 && tags.iter().all(|t| t.is_boolean()), "{text:?}: tags");
+        }
+        distinct.insert(text);
+    }
+    // Sampling, not one answer 50 times.
+    assert!(distinct.len() > 10, "{} distinct outputs", distinct.len());
+
+    // A regex: "(yes|no): " then 1 to 3 digits, a space and 2 to 6 lowercase letters.
+    let regex = ConstraintSpec::Regex("(yes|no): [0-9]{1,3} [a-z]{2,6}".into());
+    for text in sampled(&mut engine, &regex) {
+        let rest =
+            text.strip_prefix("yes: ").or_else(|| text.strip_prefix("no: ")).unwrap_or_else(|| panic!("{text:?}"));
+        let (digits, word) = rest.split_once(' ').unwrap_or_else(|| panic!("{text:?}"));
+        assert!((1..=3).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
+        assert!((2..=6).contains(&word.len()) && word.bytes().all(|b| b.is_ascii_lowercase()), "{text:?}");
+    }
+}
