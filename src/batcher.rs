@@ -1625,11 +1625,14 @@ impl BatchSeq {
         if n == 0 {
             return self.sampler.sample(logits);
         }
+        // The distribution reported is the one drawn from: the constraint's mask applied.
+        self.sampler.mask_logits(logits);
         let original = logits.to_vec();
         self.candidates = token_candidates(tok, &mut self.sampler, &original, n);
         let id = self.sampler.sample(logits);
         self.logprob = Some(TokenLogprob {
-            logprob: self.sampler.probability_of(&original, id).ln(),
+            // A token whose probability underflows (one a grammar forces) reports -9999, as OpenAI does, not -inf (null in JSON).
+            logprob: self.sampler.probability_of(&original, id).ln().max(-9999.0),
             token: tok.decode(&[id]).unwrap_or_default(),
         });
         id

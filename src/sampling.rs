@@ -162,6 +162,8 @@ pub struct Sampler {
     constraint: Option<Constraint>,
     mask: Vec<u32>,
     failed: Option<Error>,
+    /// This step's logits have had the constraint's mask (`mask_logits`).
+    masked: bool,
 }
 
 impl Sampler {
@@ -183,6 +185,7 @@ impl Sampler {
             constraint: None,
             mask: Vec::new(),
             failed: None,
+            masked: false,
         })
     }
 
@@ -208,8 +211,13 @@ impl Sampler {
     }
 
     /// Sets the logits the constraint does not allow to -inf (on failure, all but the first:
-    /// the request ends with `take_error`'s error, never on a token the grammar refused).
-    fn apply_constraint(&mut self, logits: &mut [f32]) {
+    /// the request ends with `take_error`'s error, never on a token the grammar refused), once a
+    /// step: before `sample`, for what is reported of the distribution it draws from
+    /// (candidates, log-probabilities), or in it.
+    pub fn mask_logits(&mut self, logits: &mut [f32]) {
+        if std::mem::replace(&mut self.masked, true) {
+            return;
+        }
         let Some(c) = &mut self.constraint else { return };
         if let Err(e) = c.fill_mask(&mut self.mask) {
             self.failed.get_or_insert(e);
@@ -311,7 +319,8 @@ impl Sampler {
 
     /// Picks the next token from `logits` (modified in place by the penalties).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
-        self.apply_constraint(logits);
+        self.mask_logits(logits);
+        self.masked = false;
         self.apply_penalties(logits);
         if self.params.is_greedy() {
             return argmax(logits);

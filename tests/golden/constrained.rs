@@ -104,10 +104,14 @@ fn constrained_greedy_decoding_gives_the_reference_tokens_in_one_batch() {
         for case in r["cases"].as_array().unwrap().iter().filter(mine) {
             let prompt = Prompt::Tokens(common::ids(&case["prompt_ids"]));
             let greedy = common::ids(&case["greedy_ids"]);
+            // One case also reports its log-probabilities: in the distribution drawn from, where
+            // the grammar allows one token it has probability 1.
+            let top_candidates = if case["name"] == "lark_answer" { 2 } else { 0 };
             let opts = GenerateOptions {
                 max_tokens: greedy.len() + 4,
                 sampling: SamplingParams::greedy(),
                 constraint: Some(spec(case)),
+                top_candidates,
                 ..Default::default()
             };
             let id = b.enqueue(Batcher::prepare(&e, &prompt, &opts).unwrap());
@@ -124,11 +128,17 @@ fn constrained_greedy_decoding_gives_the_reference_tokens_in_one_batch() {
             }
         }
         let mut got: HashMap<RequestId, (Vec<u32>, Option<StopReason>)> = HashMap::new();
+        let mut logprobs: HashMap<RequestId, Vec<f32>> = HashMap::new();
         while !b.is_empty() {
             pollster::block_on(b.step(&mut e, &mut |_| true, &mut |id, ev| {
                 let g = got.entry(id).or_default();
                 match ev {
-                    BatchEvent::Token(t) => g.0.push(t.id),
+                    BatchEvent::Token(t) => {
+                        g.0.push(t.id);
+                        if let Some(lp) = &t.logprob {
+                            logprobs.entry(id).or_default().push(lp.logprob);
+                        }
+                    }
                     BatchEvent::Done(s) => g.1 = Some(s.stop_reason),
                     BatchEvent::Failed(err) => panic!("{backend:?}: {} failed: {err}", want[&id].0),
                     BatchEvent::Beams(_) => unreachable!(),
@@ -141,6 +151,19 @@ fn constrained_greedy_decoding_gives_the_reference_tokens_in_one_batch() {
         let constrained = want.values().filter(|w| w.2).count();
         assert_eq!(constrained, if backend == BackendKind::Gpu { on_gpu.len() } else { 7 - on_gpu.len() });
         assert!(want.len() > constrained);
+        if backend == BackendKind::Gpu {
+            let case = r["cases"].as_array().unwrap().iter().find(|c| c["name"] == "lark_answer").unwrap();
+            let (id, _) = want.iter().find(|(_, w)| w.0 == "lark_answer").unwrap();
+            let counts = case["allowed_counts"].as_array().unwrap();
+            let lps = &logprobs[id];
+            assert_eq!(lps.len(), counts.len(), "a log-probability for each token");
+            for (step, (lp, n)) in lps.iter().zip(counts).enumerate() {
+                assert!(lp.is_finite() && *lp <= 0.0, "step {step}: {lp}");
+                if n.as_u64() == Some(1) {
+                    assert_eq!(*lp, 0.0, "step {step}: the one token allowed");
+                }
+            }
+        }
         for (id, (name, ids, constrained)) in &want {
             let (got_ids, stop) = &got[id];
             assert_eq!(got_ids, ids, "{backend:?}: {name}");
