@@ -436,6 +436,37 @@ class ServerTest(unittest.TestCase):
             self.assertLessEqual(sum(math.exp(t) for t in tops), 1 + 1e-4)
             self.assertLess(abs(e.logprob - r2.choices[0].logprobs.token_logprobs[step]), LOGPROB_TOL, step)
 
+    def test_2c_structured_output_validates(self):
+        # response_format json_schema through the openai client: greedy and sampled answers of the
+        # random-weight model are JSON the schema validates (Python's jsonschema); a regex (the
+        # engine's extension, in extra_body) streams text the regex matches; a schema llguidance
+        # refuses is a 400 naming response_format.
+        import jsonschema
+        sync = openai.OpenAI(base_url=self.server.url + "/v1", api_key="none", max_retries=0, timeout=600)
+        schema = {"type": "object",
+                  "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 8},
+                                 "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                                 "color": {"enum": ["red", "green", "blue"]}},
+                  "required": ["name", "age", "color"], "additionalProperties": False,
+                  "x-guidance": {"whitespace_flexible": False}}
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
+        hi = [{"role": "user", "content": CASES["chat_sky"][1]}]
+        for temperature, seed in [(0, 0), (0.8, 1), (0.8, 2)]:
+            r = sync.chat.completions.create(model=MODEL, messages=hi, temperature=temperature, seed=seed,
+                                             max_tokens=120, response_format=fmt)
+            self.assertEqual(r.choices[0].finish_reason, "stop")
+            jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+        text = ""
+        for chunk in sync.chat.completions.create(model=MODEL, messages=hi, temperature=0.8, seed=3, max_tokens=60,
+                                                  stream=True, extra_body={"regex": "(yes|no): [0-9]{1,3}"}):
+            for c in chunk.choices:
+                text += c.delta.content or ""
+        self.assertRegex(text, r"^(yes|no): [0-9]{1,3}$")
+        status, _, body = post(self.server.url + "/v1/chat/completions",
+                               {"messages": hi, "response_format": {"type": "json_schema", "json_schema": {
+                                   "name": "x", "schema": {"type": "strin"}}}})
+        self.assertEqual((status, body["error"]["param"]), (400, "response_format"), body)
+
     def test_3_curl_shows_the_events(self):
         want = self.expected["raw_haiku", WHOLE_TOKENS]
         body = json.dumps({"prompt": CASES["raw_haiku"][1], "temperature": 0, "max_tokens": WHOLE_TOKENS,
@@ -633,7 +664,7 @@ class ServerTest(unittest.TestCase):
         # server does not honour is a 400 naming it (src/openai.rs, which the package shares),
         # and null is "not given", as OpenAI's clients send it.
         hi = [{"role": "user", "content": "hi"}]
-        for field, value in [("response_format", {"type": "json_object"}), ("tools", []), ("tool_choice", "auto"),
+        for field, value in [("tools", []), ("tool_choice", "auto"),
                              ("echo", True), ("suffix", "x"), ("best_of", 2), ("frobnicate", 1)]:
             status, _, body = post(url + "/v1/chat/completions", {"messages": hi, "max_tokens": 1, field: value})
             self.assertEqual((status, body["error"]["param"]), (400, field), body)
