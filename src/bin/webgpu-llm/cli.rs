@@ -230,12 +230,7 @@ impl GenerateArgs {
         let response_format = match &self.json_schema {
             None => None,
             Some(path) => {
-                let text = read_text_file(path, "--json-schema")?;
-                let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::InvalidOption {
-                    name: "--json-schema",
-                    value: path.display().to_string(),
-                    expected: format!("a JSON schema: {e}"),
-                })?;
+                let schema = read_schema(path)?;
                 Some(ResponseFormat::JsonSchema {
                     json_schema: JsonSchemaFormat {
                         name: "cli".into(),
@@ -363,6 +358,31 @@ fn write_synthetic(args: &SyntheticArgs) -> Result<(), Error> {
     file.flush().map_err(io)?;
     eprintln!("wrote {} ({} bytes)", args.out.display(), source.len());
     Ok(())
+}
+
+/// The JSON schema file given to `--json-schema`.
+fn read_schema(path: &std::path::Path) -> Result<serde_json::Value, Error> {
+    serde_json::from_str(&read_text_file(path, "--json-schema")?).map_err(|e| Error::InvalidOption {
+        name: "--json-schema",
+        value: path.display().to_string(),
+        expected: format!("a JSON schema: {e}"),
+    })
+}
+
+/// Generates from `prompt`: the tokens, and the stats.
+async fn generate_ids(
+    engine: &mut Engine,
+    prompt: &Prompt,
+    options: &GenerateOptions,
+) -> Result<(Vec<u32>, Stats), Error> {
+    let mut ids = Vec::new();
+    let stats = engine
+        .generate(prompt, options, &mut |ev| {
+            ids.push(ev.id);
+            true
+        })
+        .await?;
+    Ok((ids, stats))
 }
 
 /// A text file given to `flag` ("-": standard input), refused when it is not UTF-8.
@@ -657,13 +677,7 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
 /// again along the constrained answer's tokens, timed alone (the CPU work a constrained row adds
 /// to a step: the GPU does not overlap it yet, it waits for it).
 async fn bench_constrained(engine: &mut Engine, args: &BenchArgs, path: &std::path::Path) -> Result<(), Error> {
-    let schema: serde_json::Value =
-        serde_json::from_str(&read_text_file(path, "--json-schema")?).map_err(|e| Error::InvalidOption {
-            name: "--json-schema",
-            value: path.display().to_string(),
-            expected: format!("a JSON schema: {e}"),
-        })?;
-    let spec = webgpu_llm::constraint::ConstraintSpec::JsonSchema(schema);
+    let spec = webgpu_llm::constraint::ConstraintSpec::JsonSchema(read_schema(path)?);
     let prompt = Prompt::Chat(vec![Message::new("user", "Describe a fictional person as JSON.")]);
     let start = std::time::Instant::now();
     let mut constraint = engine.compile_constraint(&spec)?;
@@ -676,14 +690,7 @@ async fn bench_constrained(engine: &mut Engine, args: &BenchArgs, path: &std::pa
             constraint: constrained.then(|| spec.clone()),
             ..GenerateOptions::default()
         };
-        let mut ids = Vec::new();
-        let s = engine
-            .generate(&prompt, &options, &mut |ev| {
-                ids.push(ev.id);
-                true
-            })
-            .await?;
-        runs.push((ids, s));
+        runs.push(generate_ids(engine, &prompt, &options).await?);
     }
     let (ids, with) = &runs[1];
     let (mut mask, mut times, mut allowed) = (Vec::new(), Vec::new(), 0usize);
@@ -782,14 +789,7 @@ async fn bench_speculation(engine: &mut Engine, args: &BenchArgs, spec: Speculat
                     &mut |_| true,
                 )
                 .await?;
-            let mut ids = Vec::new();
-            let s = engine
-                .generate(&prompt, &options, &mut |ev| {
-                    ids.push(ev.id);
-                    true
-                })
-                .await?;
-            runs.push((ids, s));
+            runs.push(generate_ids(engine, &prompt, &options).await?);
         }
         let [(plain_ids, plain), (spec_ids, with)] = &runs[..] else { unreachable!("two runs") };
         if plain_ids != spec_ids {
