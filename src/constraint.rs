@@ -3,10 +3,11 @@
 //! each step. One `Grammars` per loaded model (the vocabulary's token trie, built once);
 //! one `Constraint` per constrained sequence, which follows its tokens.
 //!
-//! llguidance's default JSON-schema options are used (compact separators `,` and `:` with no
-//! whitespace between JSON tokens, additional properties allowed unless the schema says
-//! `additionalProperties: false`), and its default parser limits bound what a hostile grammar
-//! can cost: lexer fuel and Earley items per mask, lexer states, grammar size.
+//! llguidance's default JSON-schema options are used (separators `,` and `:`, any whitespace
+//! between JSON tokens unless the schema's `x-guidance` says `whitespace_flexible: false`,
+//! additional properties allowed unless the schema says `additionalProperties: false`), and its
+//! default parser limits bound what a hostile grammar can cost: lexer fuel and Earley items per
+//! mask, lexer states, grammar size.
 
 use crate::error::{Error, Result};
 use crate::tokenizer::{TokenBytes, Tokenizer};
@@ -106,9 +107,9 @@ impl Grammars {
 }
 
 /// Nesting a schema, regex or grammar may have, and properties a schema's object may list:
-/// llguidance compiles them recursively, and past a few thousand properties (native threads'
-/// 2 MiB stacks; wasm has 1 MiB) its recursion overflows the stack. Real schemas stay far
-/// below both.
+/// llguidance compiles them recursively, and past a few thousand properties its recursion
+/// overflows a 2 MiB stack (wasm has 1 MiB and no thread to move it to; natively the compiler
+/// has a large stack of its own, `Grammars::create_parser`). Real schemas stay far below both.
 pub const MAX_NESTING: usize = 64;
 pub const MAX_PROPERTIES: usize = 1024;
 /// Values (objects, arrays, strings, numbers...) in a schema.
