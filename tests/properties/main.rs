@@ -13,6 +13,7 @@ mod constrained;
 mod counters;
 mod engine;
 mod ledger;
+mod long_context;
 mod non_finite;
 mod speculate;
 mod streaming;
