@@ -353,7 +353,7 @@ impl Batcher {
             }
             _ => {}
         }
-        let tokens = engine.checked_prompt(prompt, options.max_tokens)?;
+        let tokens = engine.checked_prompt(prompt, options.tools.as_deref(), options.max_tokens)?;
         let mut sampler = Sampler::new(options.sampling.clone(), engine.config.vocab_size)?;
         tokens.iter().for_each(|&id| sampler.accept(id));
         if let Some(spec) = &options.constraint {
@@ -375,7 +375,7 @@ impl Batcher {
                 expected: format!("at most {rows} at this context on this GPU (a decode step's rows)"),
             });
         }
-        let tokens = engine.checked_prompt(prompt, options.max_tokens)?;
+        let tokens = engine.checked_prompt(prompt, None, options.max_tokens)?;
         let greedy = GenerateOptions {
             max_tokens: options.max_tokens,
             sampling: crate::sampling::SamplingParams::greedy(),
@@ -1659,6 +1659,7 @@ impl BatchSeq {
                     candidates: Vec::new(),
                     logprob: None,
                     speculation: None,
+                    allowed: None,
                 });
             }
             self.stop = Some(StopReason::Eos);
@@ -1674,7 +1675,8 @@ impl BatchSeq {
         let candidates = std::mem::take(&mut self.candidates);
         let logprob = self.logprob.take();
         let speculation = self.origin.take();
-        if !on_token(&TokenEvent { id: next, text, position, candidates, logprob, speculation }) {
+        let allowed = self.sampler.constraint().map(|c| c.allowed() as u32);
+        if !on_token(&TokenEvent { id: next, text, position, candidates, logprob, speculation, allowed }) {
             self.stop = Some(StopReason::Aborted);
         } else if hit {
             self.stop = Some(StopReason::StopString);

@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
+use crate::tools::Tools;
 use minijinja::value::Object;
 use minijinja::ErrorKind;
 use serde::{Deserialize, Serialize};
@@ -41,11 +42,18 @@ const OUTPUT_LIMIT_DETAIL: &str = "the chat template's output limit was reached"
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// An assistant's calls as templates take them (Hugging Face's shape): `[{"id", "type":
+    /// "function", "function": {"name", "arguments": {...}}}]`, the arguments an object.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
+    /// A tool message's answer to this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self { role: role.into(), content: content.into(), tool_calls: Vec::new(), tool_call_id: None }
     }
 }
 
@@ -137,6 +145,8 @@ pub struct ChatTemplate {
     /// The roles a message may have: system, user, assistant, and any other the template's
     /// source names in quotes (tool, developer, ipython, ...).
     roles: Vec<String>,
+    /// Whether the template renders `tools` and messages' `tool_calls` itself.
+    renders_tools: bool,
     source: String,
 }
 
@@ -193,7 +203,8 @@ impl ChatTemplate {
         let named = |r: &str| source.contains(&format!("'{r}'")) || source.contains(&format!("\"{r}\""));
         let others = OTHER_ROLES.into_iter().filter(|r| named(r));
         let roles = BASE_ROLES.into_iter().chain(others).map(String::from).collect();
-        Ok(Self { env, bos_token, eos_token, family: None, roles, source: source.to_string() })
+        let renders_tools = source.contains("tools") && source.contains("tool_call");
+        Ok(Self { env, bos_token, eos_token, family: None, roles, renders_tools, source: source.to_string() })
     }
 
     /// The template's Jinja source (its markup tokens are spelled in it).
@@ -204,13 +215,36 @@ impl ChatTemplate {
     /// The prompt text for `messages` (`render`) with the byte ranges that came from the
     /// messages' text and hold a special token's spelling (`special_spans(text)` finds them):
     /// those are to be tokenized as text, never as control tokens, so a message cannot open a
-    /// turn of its own. A role the template does not take is refused.
+    /// turn of its own. A role the template does not take is refused. `tools` and the messages'
+    /// calls go to a template that renders them (then they may hold no special token's
+    /// spelling); for one that does not, they become text (`crate::tools`'s module comment).
     pub fn render_guarded(
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
+        tools: Option<&Tools>,
         special_spans: &dyn Fn(&str) -> Result<Vec<std::ops::Range<usize>>>,
     ) -> Result<(String, Vec<std::ops::Range<usize>>)> {
+        let has_calls = messages.iter().any(|m| !m.tool_calls.is_empty() || m.role == "tool");
+        let converted;
+        let (messages, tools) = if self.renders_tools {
+            let calls = messages.iter().flat_map(|m| &m.tool_calls).map(|c| c.to_string());
+            for text in tools.map(|t| t.template_value().to_string()).into_iter().chain(calls) {
+                if !special_spans(&text)?.is_empty() {
+                    return Err(Error::InvalidOption {
+                        name: "tools",
+                        value: text.chars().take(64).collect(),
+                        expected: "tools and tool calls without the spelling of a special token of the model".into(),
+                    });
+                }
+            }
+            (messages, tools)
+        } else if tools.is_some() || has_calls {
+            converted = crate::tools::as_text(messages, tools);
+            (&converted[..], None)
+        } else {
+            (messages, None)
+        };
         if let Some(m) = messages.iter().find(|m| !self.roles.contains(&m.role)) {
             return Err(Error::InvalidOption {
                 name: "role",
@@ -221,7 +255,7 @@ impl ChatTemplate {
         let spans: Vec<Vec<std::ops::Range<usize>>> =
             messages.iter().map(|m| special_spans(&m.content)).collect::<Result<_>>()?;
         if spans.iter().all(Vec::is_empty) {
-            return Ok((self.render(messages, add_generation_prompt)?, Vec::new()));
+            return Ok((self.render_with(messages, add_generation_prompt, tools)?, Vec::new()));
         }
         // Each such spelling is wrapped in markers no message holds, found again in the
         // rendered text and taken out, their places kept.
@@ -247,10 +281,10 @@ impl ChatTemplate {
                     at = r.end;
                 }
                 content.push_str(&m.content[at..]);
-                Message::new(m.role.clone(), content)
+                Message { content, ..m.clone() }
             })
             .collect();
-        let marked = self.render(&wrapped, add_generation_prompt)?;
+        let marked = self.render_with(&wrapped, add_generation_prompt, tools)?;
         let (mut text, mut plain) = (String::with_capacity(marked.len()), Vec::new());
         let mut rest = marked.as_str();
         while let Some(i) = rest.find(&open) {
@@ -276,12 +310,18 @@ impl ChatTemplate {
     /// reply begins. A template past one of the limits above is an error naming it; the template
     /// can be rendered again after it.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with(messages, add_generation_prompt, None)
+    }
+
+    /// `render` with `tools` (for a template that renders them).
+    fn render_with(&self, messages: &[Message], add_generation_prompt: bool, tools: Option<&Tools>) -> Result<String> {
         let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(template_error)?;
         let mut out = LimitedWriter { text: Vec::new(), exceeded: false };
         let rendered = tmpl.render_captured_to(
             minijinja::context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
+                tools => tools.map(Tools::template_value),
                 bos_token => self.bos_token,
                 eos_token => self.eos_token,
             },

@@ -11,6 +11,7 @@
 
 use crate::error::{Error, Result};
 use crate::tokenizer::{TokenBytes, Tokenizer};
+use crate::tools::{ToolFormat, Tools};
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use std::sync::Arc;
@@ -27,11 +28,15 @@ pub enum ConstraintSpec {
     Regex(String),
     /// Text of a Lark grammar (llguidance's dialect).
     Lark(String),
+    /// Calls of the request's functions in the model's call format, each with arguments its
+    /// parameter schema validates (`tools` with `tool_choice` "required" or a function).
+    Tools(Arc<Tools>),
 }
 
 impl ConstraintSpec {
-    fn grammar(&self) -> TopLevelGrammar {
+    fn grammar(&self, format: ToolFormat) -> TopLevelGrammar {
         match self {
+            Self::Tools(tools) => TopLevelGrammar::from_lark(tools.grammar(format)),
             Self::JsonSchema(schema) => TopLevelGrammar::from_json_schema(schema.clone()),
             Self::JsonObject => TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"})),
             Self::Regex(rx) => TopLevelGrammar::from_regex(rx),
@@ -45,6 +50,7 @@ impl ConstraintSpec {
             Self::JsonSchema(_) | Self::JsonObject => "response_format",
             Self::Regex(_) => "regex",
             Self::Lark(_) => "grammar",
+            Self::Tools(_) => "tool_choice",
         }
     }
 }
@@ -71,12 +77,15 @@ impl TokenizerEnv for Vocabulary {
 pub struct Grammars {
     factory: ParserFactory,
     vocab: usize,
+    /// How the model writes a tool call (its chat template's format).
+    tool_format: ToolFormat,
 }
 
 impl Grammars {
     /// For a model of `vocab` output rows whose tokens `tokenizer` spells (rows past the
-    /// tokenizer's tokens are never allowed; tokens past the rows are dropped).
-    pub fn new(tokenizer: &Tokenizer, vocab: usize) -> Result<Self> {
+    /// tokenizer's tokens are never allowed; tokens past the rows are dropped), that writes tool
+    /// calls in `tool_format`.
+    pub fn new(tokenizer: &Tokenizer, vocab: usize, tool_format: ToolFormat) -> Result<Self> {
         let words: Vec<Vec<u8>> = (0..vocab as u32)
             .map(|id| match tokenizer.token_bytes(id) {
                 Some(TokenBytes::Text(bytes)) => bytes,
@@ -90,7 +99,7 @@ impl Grammars {
         let env: TokEnv = Arc::new(Vocabulary { trie });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Tokenizer(e.to_string()))?;
         factory.quiet();
-        Ok(Self { factory, vocab })
+        Ok(Self { factory, vocab, tool_format })
     }
 
     /// The constraint's matcher at the start of the output, or the error naming what is wrong
@@ -98,7 +107,7 @@ impl Grammars {
     pub fn compile(&self, spec: &ConstraintSpec) -> Result<Constraint> {
         let bad = |e: String| Error::InvalidConstraint { field: spec.field(), reason: e };
         check_size(spec).map_err(bad)?;
-        let matcher = Matcher::new(Ok(self.create_parser(spec.grammar()).map_err(bad)?));
+        let matcher = Matcher::new(Ok(self.create_parser(spec.grammar(self.tool_format)).map_err(bad)?));
         if let Some(e) = matcher.get_error() {
             return Err(bad(e));
         }
@@ -120,6 +129,9 @@ pub const MAX_SCHEMA_VALUES: usize = 100_000;
 fn check_size(spec: &ConstraintSpec) -> std::result::Result<(), String> {
     match spec {
         ConstraintSpec::JsonObject => Ok(()),
+        ConstraintSpec::Tools(tools) => tools.functions.iter().try_for_each(|f| {
+            check_size(&ConstraintSpec::JsonSchema(f.parameters.clone())).map_err(|e| format!("{}: {e}", f.name))
+        }),
         ConstraintSpec::Regex(text) | ConstraintSpec::Lark(text) => {
             // Brackets of every kind, quoted or not: a conservative bound on the parsers' depth.
             let mut depth = 0usize;

@@ -13,6 +13,7 @@ use crate::model::{CpuModel, ModelConfig};
 use crate::sampling::{Candidate, Sampler, SamplingParams};
 use crate::speculate::{Speculation, SpeculationStats};
 use crate::tokenizer::Tokenizer;
+use crate::tools::{ToolFormat, Tools};
 use std::sync::Arc;
 
 pub use crate::arch::DEFAULT_CONTEXT;
@@ -64,6 +65,9 @@ pub struct GenerateOptions {
     pub speculate: Option<Speculation>,
     /// Structured output: only tokens this constraint allows are drawn (`crate::constraint`).
     pub constraint: Option<ConstraintSpec>,
+    /// Functions the chat template shows the model (`crate::tools`); a forced call is the
+    /// constraint above.
+    pub tools: Option<Arc<Tools>>,
 }
 
 impl GenerateOptions {
@@ -127,6 +131,7 @@ impl Default for GenerateOptions {
             top_candidates: 0,
             speculate: None,
             constraint: None,
+            tools: None,
         }
     }
 }
@@ -149,6 +154,9 @@ pub struct TokenEvent {
     /// With speculative decoding: whether the token was drafted, and the drafts it replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculation: Option<TokenSpeculation>,
+    /// With a constraint: tokens its mask allowed at this step (the page's count).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<u32>,
 }
 
 /// Where a token of a speculative generation came from.
@@ -354,8 +362,8 @@ impl Engine {
     }
 
     /// Tokens of a prompt as the model will see them.
-    pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
-        self.prompt_encoder().tokens(prompt)
+    pub fn prompt_tokens(&self, prompt: &Prompt, tools: Option<&Tools>) -> Result<Vec<u32>> {
+        self.prompt_encoder().tokens(prompt, tools)
     }
 
     /// What turns prompts into tokens, to use on another thread (the server tokenizes in its
@@ -371,7 +379,9 @@ impl Engine {
     /// `spec` compiled over this model's vocabulary (the vocabulary's trie built the first time).
     pub fn compile_constraint(&self, spec: &ConstraintSpec) -> Result<Constraint> {
         if self.grammars.get().is_none() {
-            let grammars = Grammars::new(&self.tokenizer, self.config.vocab_size)?;
+            let format =
+                self.chat_template.as_ref().map_or(ToolFormat::Hermes, |t| ToolFormat::of_template(t.source()));
+            let grammars = Grammars::new(&self.tokenizer, self.config.vocab_size, format)?;
             let _ = self.grammars.set(grammars);
         }
         self.grammars.get().expect("set above").compile(spec)
@@ -379,8 +389,8 @@ impl Engine {
 
     /// The prompt's tokens, refused when empty, outside the vocabulary, or when they and
     /// `max_tokens` more do not fit the context.
-    pub(crate) fn checked_prompt(&self, prompt: &Prompt, max_tokens: usize) -> Result<Vec<u32>> {
-        let tokens = self.prompt_tokens(prompt)?;
+    pub(crate) fn checked_prompt(&self, prompt: &Prompt, tools: Option<&Tools>, max_tokens: usize) -> Result<Vec<u32>> {
+        let tokens = self.prompt_tokens(prompt, tools)?;
         if tokens.is_empty() {
             return Err(Error::EmptyPrompt);
         }
@@ -416,8 +426,8 @@ pub struct PromptEncoder {
 }
 
 impl PromptEncoder {
-    /// Tokens of a prompt as the model will see them.
-    pub fn tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+    /// Tokens of a prompt as the model will see them (a chat's with `tools` shown to the model).
+    pub fn tokens(&self, prompt: &Prompt, tools: Option<&Tools>) -> Result<Vec<u32>> {
         let (text, plain) = match prompt {
             Prompt::Tokens(ids) => return Ok(ids.clone()),
             Prompt::Text(text) => (text.clone(), Vec::new()),
@@ -427,7 +437,7 @@ impl PromptEncoder {
                 self.template
                     .as_ref()
                     .ok_or(Error::NoChatTemplate)?
-                    .render_guarded(messages, true, &|t| self.tokenizer.special_spans(t))?
+                    .render_guarded(messages, true, tools, &|t| self.tokenizer.special_spans(t))?
             }
         };
         let mut ids = Vec::new();

@@ -21,6 +21,7 @@ pub mod sampling;
 pub mod speculate;
 pub mod synthetic;
 pub mod tokenizer;
+pub mod tools;
 #[cfg(target_arch = "wasm32")]
 pub mod wasm;
 

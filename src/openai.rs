@@ -8,8 +8,10 @@ use crate::beam::BeamOptions;
 use crate::chat::Message;
 use crate::engine::{GenerateOptions, Prompt, Stats, StopReason, TokenEvent, TokenSpeculation};
 use crate::options::{RequestOptions, Resolved, MAX_TOP_LOGPROBS};
+use crate::tools::{parse_calls, ToolCall, ToolChoice, Tools, CALL_MARKERS};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -63,11 +65,8 @@ pub struct Request {
 
 /// Fields OpenAI defines that the engine does not honour yet, with why: refused by name.
 const NOT_YET: &[(&str, &str)] = &[
-    ("tools", "tool calls are not supported yet"),
-    ("tool_choice", "tool calls are not supported yet"),
-    ("functions", "function calls are not supported yet"),
-    ("function_call", "function calls are not supported yet"),
-    ("parallel_tool_calls", "tool calls are not supported yet"),
+    ("functions", "functions is OpenAI's deprecated form: give tools"),
+    ("function_call", "function_call is OpenAI's deprecated form: give tool_choice"),
     ("echo", "echo is not supported (the prompt is not repeated in the answer)"),
     ("suffix", "suffix (fill in the middle) is not supported"),
     ("best_of", "best_of is not supported (use n, or beams for the most likely continuations)"),
@@ -192,6 +191,13 @@ pub fn parse(endpoint: Endpoint, body: Value, seed: u64) -> Result<Request, Requ
     if let Some((name, why)) = NOT_YET.iter().find(|(name, _)| fields.contains_key(*name)) {
         return Err(RequestError::invalid(*name, format!("{why}; leave {name} out")));
     }
+    if endpoint == Endpoint::Completions {
+        if let Some(name) =
+            ["tools", "tool_choice", "parallel_tool_calls"].into_iter().find(|n| fields.contains_key(*n))
+        {
+            return Err(RequestError::invalid(name, "tools are for chat completions (/v1/chat/completions)"));
+        }
+    }
     // What is left is the options; a field they do not name is refused by name.
     let options: RequestOptions = serde_json::from_value(Value::Object(fields.clone())).map_err(|e| {
         let message = e.to_string();
@@ -286,17 +292,62 @@ fn messages_of(messages: Value) -> Result<Vec<Message>, RequestError> {
                 }
             },
         };
-        // `name` is OpenAI's participant name; anything else (tool_calls, ...) is not taken.
+        // `name` is OpenAI's participant name.
         m.remove("name");
+        let mut message = Message::new(role, content);
+        if let Some(calls) = m.remove("tool_calls") {
+            message.tool_calls =
+                template_calls(calls).map_err(|e| RequestError::invalid(format!("messages[{i}].tool_calls"), e))?;
+        }
+        match m.remove("tool_call_id") {
+            None => {}
+            Some(Value::String(id)) => message.tool_call_id = Some(id),
+            Some(v) => return Err(RequestError::Shape(format!("messages[{i}].tool_call_id: a string, not {v}"))),
+        }
         if let Some(field) = m.keys().next() {
             return Err(RequestError::invalid(
                 format!("messages[{i}].{field}"),
-                "not supported (a message is {role, content})",
+                "not supported (a message is {role, content, name, tool_calls, tool_call_id})",
             ));
         }
-        out.push(Message::new(role, content));
+        out.push(message);
     }
     Ok(out)
+}
+
+/// An assistant message's `tool_calls` (OpenAI's, arguments as JSON text) as templates take
+/// them: the arguments an object (Hugging Face's shape).
+fn template_calls(calls: Value) -> Result<Vec<Value>, String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Call {
+        id: Option<String>,
+        #[serde(rename = "type")]
+        kind: Option<String>,
+        function: CallFunction,
+    }
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct CallFunction {
+        name: String,
+        arguments: Value,
+    }
+    let calls: Vec<Call> = serde_json::from_value(calls)
+        .map_err(|e| format!("a list of {{id, type, function: {{name, arguments}}}}: {e}"))?;
+    calls
+        .into_iter()
+        .map(|c| {
+            if c.kind.as_deref().is_some_and(|k| k != "function") {
+                return Err("calls of type \"function\"".to_string());
+            }
+            let arguments = match c.function.arguments {
+                Value::String(text) => serde_json::from_str(&text)
+                    .map_err(|e| format!("{}'s arguments are not JSON ({e})", c.function.name))?,
+                v => v,
+            };
+            Ok(json!({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": arguments}}))
+        })
+        .collect()
 }
 
 /// A token's log-probability and the most likely alternatives (`logprobs` requests).
@@ -323,6 +374,21 @@ pub fn worth_a_chunk(ev: &TokenEvent) -> bool {
     !ev.text.is_empty() || ev.logprob.is_some() || ev.speculation.is_some()
 }
 
+/// Bytes of `text` a stream may send while the answer may be calls: up to where a call may
+/// begin (the text opening with `{` or `[`, a call marker, or a tail that may be the start of
+/// one).
+fn streamable(text: &str) -> usize {
+    let t = text.trim_start();
+    if t.is_empty() || t.starts_with('{') || t.starts_with('[') {
+        return 0;
+    }
+    if let Some(i) = CALL_MARKERS.iter().filter_map(|m| text.find(m)).min() {
+        return i;
+    }
+    let partial = |m: &str| (1..m.len()).rev().find(|&k| text.ends_with(&m[..k])).unwrap_or(0);
+    text.len() - CALL_MARKERS.iter().map(|m| partial(m)).max().unwrap_or(0)
+}
+
 /// OpenAI's `finish_reason`.
 pub fn finish_reason(stats: &Stats) -> &'static str {
     match stats.stop_reason {
@@ -343,12 +409,18 @@ pub struct Answer {
     top_logprobs: usize,
     choices: Vec<Choice>,
     completion_tokens: usize,
+    /// The request's tools when the answer may be calls (a chat with `tool_choice` not "none"):
+    /// streamed text that may be a call is held back until the choice ends.
+    tools: Option<Arc<Tools>>,
 }
 
 #[derive(Default, Clone)]
 struct Choice {
     started: bool,
+    /// The whole text (a stream's too, when the answer may be calls).
     text: String,
+    /// Bytes of `text` a stream has sent as content (the answer may be calls).
+    streamed: usize,
     /// Bytes of its text so far (completions' `text_offset`).
     offset: usize,
     logprobs: Vec<Logprobs>,
@@ -374,7 +446,16 @@ impl Answer {
             top_logprobs: request.top_logprobs.unwrap_or(0),
             choices: vec![choice; request.n],
             completion_tokens: 0,
+            tools: request.generate.tools.clone().filter(|t| t.choice != ToolChoice::None),
         }
+    }
+
+    /// Choice `index`'s calls, when its text (from byte `from`) holds calls of the request's
+    /// functions: the text outside them, and the calls.
+    fn calls(&self, index: usize, from: usize) -> Option<(String, Vec<ToolCall>)> {
+        let tools = self.tools.as_ref()?;
+        let prefix = format!("call_{}_{index}_", self.id.rsplit('-').next().unwrap_or_default());
+        parse_calls(&self.choices[index].text[from..], tools, &prefix)
     }
 
     fn object(&self, stream: bool) -> &'static str {
@@ -471,7 +552,9 @@ impl Answer {
 
     /// The stream chunk of a token of choice `index` (its text, its log-probabilities when
     /// asked for, and the engine's extensions: `position`, tokens in the KV cache once it is
-    /// fed back, and `speculation` with speculative decoding).
+    /// fed back, `speculation` with speculative decoding, `allowed` with a constraint: tokens
+    /// its mask allowed at this step). None when it sends nothing: text held back while it may
+    /// be a tool call.
     pub fn token_chunk(
         &mut self,
         index: usize,
@@ -479,21 +562,38 @@ impl Answer {
         logprobs: Option<&Logprobs>,
         position: usize,
         speculation: Option<&TokenSpeculation>,
-    ) -> Value {
+        allowed: Option<u32>,
+    ) -> Option<Value> {
+        let holding = self.tools.is_some();
         let c = &mut self.choices[index];
+        // Text that may be a call waits for the end of the choice (`finish_chunks`).
+        let text = if holding {
+            c.text.push_str(text);
+            let end = streamable(&c.text).max(c.streamed);
+            let sent = &c.text[std::mem::replace(&mut c.streamed, end)..end];
+            if sent.is_empty() && logprobs.is_none() {
+                return None;
+            }
+            sent.to_string()
+        } else {
+            text.to_string()
+        };
         let first = !std::mem::replace(&mut c.started, true);
         let offset = c.offset;
         if let Some(lp) = logprobs {
             c.offset += lp.token.len();
         }
         let lp = logprobs.map_or(Value::Null, |lp| self.logprobs(std::slice::from_ref(lp), offset));
-        let choice = self.chunk_choice(index, Some(text), first, None, lp);
+        let choice = self.chunk_choice(index, Some(&text), first, None, lp);
         let mut chunk = self.envelope(true, vec![choice]);
         chunk["position"] = json!(position);
         if let Some(s) = speculation {
             chunk["speculation"] = json!(s);
         }
-        chunk
+        if let Some(n) = allowed {
+            chunk["allowed"] = json!(n);
+        }
+        Some(chunk)
     }
 
     /// The stream chunks when choice `index` ends (`finish_reason`, tokens generated): its
@@ -501,11 +601,41 @@ impl Answer {
     /// asked for it, the usage chunk.
     pub fn finish_chunks(&mut self, index: usize, reason: &str, generated: usize) -> Vec<Value> {
         self.completion_tokens += generated;
+        let mut out = Vec::new();
+        let mut reason = reason;
+        if self.tools.is_some() {
+            // What was held back: calls (their text apart), or text after all.
+            let from = self.choices[index].streamed;
+            let (rest, calls) = match self.calls(index, from) {
+                Some((content, calls)) => (content, calls),
+                None => (self.choices[index].text[from..].to_string(), Vec::new()),
+            };
+            let c = &mut self.choices[index];
+            c.streamed = c.text.len();
+            let first = !std::mem::replace(&mut c.started, true);
+            if !rest.is_empty() || first {
+                out.push(self.envelope(true, vec![self.chunk_choice(index, Some(&rest), first, None, Value::Null)]));
+            }
+            if !calls.is_empty() {
+                let deltas: Vec<Value> = calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, call)| {
+                        let mut d = call.openai();
+                        d["index"] = json!(i);
+                        d
+                    })
+                    .collect();
+                let choice = json!({ "index": index, "delta": { "tool_calls": deltas }, "logprobs": null, "finish_reason": null });
+                out.push(self.envelope(true, vec![choice]));
+                reason = "tool_calls";
+            }
+        }
         let c = &mut self.choices[index];
         c.finish = Some(reason.to_string());
         let first = !std::mem::replace(&mut c.started, true);
         let text = (first && self.endpoint == Endpoint::Chat).then_some("");
-        let mut out = vec![self.envelope(true, vec![self.chunk_choice(index, text, first, Some(reason), Value::Null)])];
+        out.push(self.envelope(true, vec![self.chunk_choice(index, text, first, Some(reason), Value::Null)]));
         if self.include_usage && self.choices.iter().all(|c| c.finish.is_some()) {
             let mut usage = self.envelope(true, Vec::new());
             usage["usage"] = self.usage();
@@ -540,14 +670,24 @@ impl Answer {
             .enumerate()
             .map(|(index, c)| {
                 let lp = if c.logprobs_asked { self.logprobs(&c.logprobs, 0) } else { Value::Null };
-                match self.endpoint {
-                    Endpoint::Chat => json!({
+                match (self.endpoint, self.calls(index, 0)) {
+                    (Endpoint::Chat, Some((content, calls))) => json!({
+                        "index": index,
+                        "message": {
+                            "role": "assistant",
+                            "content": (!content.is_empty()).then_some(content),
+                            "tool_calls": calls.iter().map(ToolCall::openai).collect::<Vec<_>>(),
+                        },
+                        "logprobs": lp,
+                        "finish_reason": "tool_calls",
+                    }),
+                    (Endpoint::Chat, None) => json!({
                         "index": index,
                         "message": { "role": "assistant", "content": c.text },
                         "logprobs": lp,
                         "finish_reason": c.finish,
                     }),
-                    Endpoint::Completions => {
+                    (Endpoint::Completions, _) => {
                         json!({ "index": index, "text": c.text, "logprobs": lp, "finish_reason": c.finish })
                     }
                 }
@@ -657,14 +797,82 @@ mod tests {
     }
 
     #[test]
+    fn tools_become_the_prompts_functions_and_a_forced_call_the_constraint() {
+        use crate::constraint::ConstraintSpec;
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+        let history = json!([
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "2"}]);
+        let r = chat(json!({"messages": history, "tools": tools, "tool_choice": "required"})).unwrap();
+        let t = r.generate.tools.clone().unwrap();
+        assert_eq!((t.functions[0].name.as_str(), &t.choice, t.parallel), ("f", &ToolChoice::Required, true));
+        assert_eq!(r.generate.constraint, Some(ConstraintSpec::Tools(t)));
+        let Prompt::Chat(m) = &r.prompt else { panic!() };
+        // The arguments as an object, as templates take them.
+        assert_eq!(m[1].tool_calls[0]["function"]["arguments"], json!({"a": 1}));
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("c1"));
+        let auto = chat(json!({"messages": history, "tools": tools})).unwrap();
+        assert_eq!((auto.generate.constraint, auto.generate.tools.unwrap().choice.clone()), (None, ToolChoice::Auto));
+        let with = |extra: Value| {
+            let mut body = json!({"messages": [{"role": "user", "content": "x"}], "tools": tools});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            param(chat(body))
+        };
+        assert_eq!(with(json!({"tool_choice": "required", "regex": "a"})), "tool_choice");
+        assert_eq!(with(json!({"tool_choice": "required", "ignore_eos": true})), "ignore_eos");
+        let bad_args = json!([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}]);
+        assert_eq!(with(json!({"messages": bad_args})), "messages[0].tool_calls");
+        let c = parse(Endpoint::Completions, json!({"prompt": "x", "tools": tools}), 0);
+        assert_eq!(param(c), "tools");
+    }
+
+    #[test]
+    fn a_stream_holds_back_what_may_be_a_call_and_sends_it_as_tool_calls() {
+        let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+        let body = |choice: &str| json!({"messages": [{"role": "user", "content": "x"}], "tools": tools, "tool_choice": choice});
+        let request = chat(body("auto")).unwrap();
+        let mut a = Answer::new(&request, "m", 1, 0, 3);
+        let mut sent = String::new();
+        for piece in
+            ["Let me", " check. <", "tool_", "call>\n{\"name\": \"f\",", " \"arguments\": {\"q\": 2}}\n</tool_call>"]
+        {
+            if let Some(c) = a.token_chunk(0, piece, None, 0, None, None) {
+                sent += c["choices"][0]["delta"]["content"].as_str().unwrap();
+            }
+        }
+        assert_eq!(sent, "Let me check. ", "text up to where a call may begin");
+        let end = a.finish_chunks(0, "stop", 9);
+        let calls = &end[0]["choices"][0]["delta"]["tool_calls"];
+        assert_eq!(calls[0]["function"], json!({"name": "f", "arguments": "{\"q\":2}"}));
+        assert_eq!((calls[0]["index"].clone(), calls[0]["type"].clone()), (json!(0), json!("function")));
+        assert_eq!(end.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+        // Text that only looked like a call comes out at the end; a whole answer has no calls.
+        let mut b = Answer::new(&request, "m", 2, 0, 3);
+        assert!(b.token_chunk(0, "{not a call", None, 0, None, None).is_none());
+        let end = b.finish_chunks(0, "length", 3);
+        assert_eq!(end[0]["choices"][0]["delta"]["content"], "{not a call");
+        assert_eq!(end.last().unwrap()["choices"][0]["finish_reason"], "length");
+        let mut w = Answer::new(&request, "m", 4, 0, 3);
+        w.push(0, "{not a call", None);
+        w.finish(0, "length", 3);
+        assert_eq!(w.completion()["choices"][0]["message"]["content"], "{not a call");
+        assert_eq!(w.completion()["choices"][0]["finish_reason"], "length");
+        // tool_choice none: text streams as it comes.
+        let mut n = Answer::new(&chat(body("none")).unwrap(), "m", 3, 0, 3);
+        assert!(n.token_chunk(0, "{", None, 0, None, None).is_some());
+    }
+
+    #[test]
     fn fields_the_engine_does_not_take_are_refused_by_name() {
         let m = json!([{"role": "user", "content": "x"}]);
         for field in ["tools", "tool_choice", "echo", "suffix", "best_of", "frobnicate"] {
             let mut body = json!({"messages": m, field: 1});
             assert_eq!(param(chat(body.clone())), field);
-            body["messages"] = json!([{"role": "user", "content": "x", "tool_calls": []}]);
+            body["messages"] = json!([{"role": "user", "content": "x", "audio": {}}]);
             body.as_object_mut().unwrap().remove(field);
-            assert_eq!(param(chat(body)), "messages[0].tool_calls");
+            assert_eq!(param(chat(body)), "messages[0].audio");
         }
         assert_eq!(param(chat(json!({"messages": m, "top_logprobs": 2}))), "top_logprobs");
         assert_eq!(param(chat(json!({"messages": m, "logprobs": true, "top_logprobs": 21}))), "top_logprobs");

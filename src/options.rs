@@ -9,7 +9,9 @@ use crate::engine::GenerateOptions;
 use crate::error::{Error, Result};
 use crate::sampling::SamplingParams;
 use crate::speculate::Speculation;
+use crate::tools::Tools;
 use serde::Deserialize;
+use std::sync::Arc;
 
 /// Tokens generated when a request does not say.
 pub const DEFAULT_MAX_TOKENS: usize = 256;
@@ -83,6 +85,16 @@ pub struct RequestOptions {
     pub regex: Option<String>,
     /// Engine extension: the output follows this Lark grammar (llguidance's dialect).
     pub grammar: Option<String>,
+    /// OpenAI's function tools (chat): `[{"type": "function", "function": {"name",
+    /// "description", "parameters"}}]`, rendered by the chat template (`crate::tools`).
+    pub tools: Option<serde_json::Value>,
+    /// "auto" (the default with tools), "none", "required" or `{"type": "function", "function":
+    /// {"name"}}`: the last two hold the answer to calls (a constraint).
+    #[serde(alias = "toolChoice")]
+    pub tool_choice: Option<serde_json::Value>,
+    /// Several calls in one answer (true unless told).
+    #[serde(alias = "parallelToolCalls")]
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// OpenAI's `response_format`.
@@ -129,8 +141,12 @@ fn invalid(name: &'static str, value: impl std::fmt::Display, expected: impl Int
 }
 
 impl RequestOptions {
-    /// The one constraint `response_format`, `regex` or `grammar` asks for, if any.
-    fn constraint(&self) -> Result<Option<ConstraintSpec>> {
+    /// The request's tools, and the one constraint `response_format`, `regex`, `grammar` or a
+    /// forced `tool_choice` asks for, if any.
+    fn constraint(&self) -> Result<(Option<Arc<Tools>>, Option<ConstraintSpec>)> {
+        let tools = Tools::from_request(self.tools.as_ref(), self.tool_choice.as_ref(), self.parallel_tool_calls)?
+            .map(Arc::new);
+        let forced = tools.clone().filter(|t| t.forced()).map(ConstraintSpec::Tools);
         let format = match &self.response_format {
             None | Some(ResponseFormat::Text) => None,
             Some(ResponseFormat::JsonObject) => Some(ConstraintSpec::JsonObject),
@@ -140,12 +156,13 @@ impl RequestOptions {
                 Some(schema) => Some(ConstraintSpec::JsonSchema(schema.clone())),
             },
         };
-        let given = [format.is_some(), self.regex.is_some(), self.grammar.is_some()];
+        let given = [format.is_some(), self.regex.is_some(), self.grammar.is_some(), forced.is_some()];
         if given.iter().filter(|&&g| g).count() > 1 {
+            let name = if forced.is_some() { "tool_choice" } else { "response_format" };
             return Err(invalid(
-                "response_format",
-                "with regex or grammar",
-                "one of response_format, regex and grammar",
+                name,
+                "with another constraint",
+                "one of response_format, regex, grammar and a required tool_choice",
             ));
         }
         for (name, text) in [("regex", &self.regex), ("grammar", &self.grammar)] {
@@ -153,9 +170,11 @@ impl RequestOptions {
                 return Err(invalid(name, format!("{} bytes", t.len()), format!("at most {MAX_GRAMMAR_BYTES} bytes")));
             }
         }
-        Ok(format
+        let constraint = format
+            .or(forced)
             .or_else(|| self.regex.clone().map(ConstraintSpec::Regex))
-            .or_else(|| self.grammar.clone().map(ConstraintSpec::Lark)))
+            .or_else(|| self.grammar.clone().map(ConstraintSpec::Lark));
+        Ok((tools, constraint))
     }
 
     /// The request's options with their defaults (`SamplingParams::default()`'s sampler, 256
@@ -219,7 +238,7 @@ impl RequestOptions {
         if n == 0 || n > MAX_CHOICES {
             return Err(invalid("n", n, format!("from 1 to {MAX_CHOICES} choices")));
         }
-        let constraint = self.constraint()?;
+        let (tools, constraint) = self.constraint()?;
         let generate = GenerateOptions {
             max_tokens,
             sampling,
@@ -228,6 +247,7 @@ impl RequestOptions {
             top_candidates: 0,
             speculate,
             constraint,
+            tools,
         };
         generate.validate()?;
         if generate.speculate.is_some() && n > 1 {

@@ -664,8 +664,11 @@ impl OpenAiCall {
             return Ok(JsValue::NULL);
         }
         let lp = crate::openai::Logprobs::of(&ev);
-        let chunk = self.answer.token_chunk(0, &ev.text, lp.as_ref(), ev.position, ev.speculation.as_ref());
-        js_json(&chunk)
+        // None: text held back (it may be a tool call).
+        match self.answer.token_chunk(0, &ev.text, lp.as_ref(), ev.position, ev.speculation.as_ref(), ev.allowed) {
+            Some(chunk) => js_json(&chunk),
+            None => Ok(JsValue::NULL),
+        }
     }
 
     /// The last stream chunks, from the generation's stats: `finish_reason`, then the usage

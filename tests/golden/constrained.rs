@@ -16,6 +16,7 @@ use webgpu_llm::gpu::GpuOptions;
 use webgpu_llm::model::ModelConfig;
 use webgpu_llm::sampling::SamplingParams;
 use webgpu_llm::tokenizer::Tokenizer;
+use webgpu_llm::tools::ToolFormat;
 
 fn reference() -> serde_json::Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/constrained/smollm2.json");
@@ -54,7 +55,8 @@ impl Vocab {
 fn vocab() -> Vocab {
     let gguf = Gguf::parse(common::model_bytes()).unwrap();
     let tokenizer = Tokenizer::from_gguf(&gguf).unwrap();
-    let grammars = Grammars::new(&tokenizer, ModelConfig::from_gguf(&gguf).unwrap().vocab_size).unwrap();
+    let grammars =
+        Grammars::new(&tokenizer, ModelConfig::from_gguf(&gguf).unwrap().vocab_size, ToolFormat::Hermes).unwrap();
     Vocab { tokenizer, grammars }
 }
 

@@ -40,7 +40,7 @@ fn chat_generation_stops_at_eos_with_the_golden_text() {
     for backend in [BackendKind::Gpu, BackendKind::Cpu] {
         let _t = Timer::new(&format!("chat_capital_france to EOS on {backend:?}"));
         let mut e = engine(backend);
-        assert_eq!(e.prompt_tokens(&Prompt::Chat(messages.clone())).unwrap(), common::ids(&case["prompt_ids"]));
+        assert_eq!(e.prompt_tokens(&Prompt::Chat(messages.clone()), None).unwrap(), common::ids(&case["prompt_ids"]));
         let (mut ids, mut text) = (Vec::new(), String::new());
         let opts = GenerateOptions { max_tokens: 64, sampling: SamplingParams::greedy(), ..Default::default() };
         let stats = pollster::block_on(e.generate(&Prompt::Chat(messages.clone()), &opts, &mut |ev| {

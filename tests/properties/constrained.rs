@@ -14,13 +14,13 @@ use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prom
 use webgpu_llm::gpu::GpuOptions;
 use webgpu_llm::sampling::SamplingParams;
 
-/// Runs `spec` sampled with seeds 0..50 in one batch; the texts, each ended by the end of
+/// Runs `spec` sampled with seeds 0..`seeds` in one batch; the texts, each ended by the end of
 /// sequence (a complete output: only stop tokens may follow).
-fn sampled(engine: &mut Engine, spec: &ConstraintSpec) -> Vec<String> {
+fn sampled(engine: &mut Engine, spec: &ConstraintSpec, seeds: u64) -> Vec<String> {
     let mut b = Batcher::new(engine, 256);
     let prompt = Prompt::Tokens(tiny::chat_prompt(&[("user", "Describe a person as JSON.")]));
     let mut texts: HashMap<RequestId, (String, Option<StopReason>)> = HashMap::new();
-    for seed in 0..50 {
+    for seed in 0..seeds {
         let sampling =
             SamplingParams { temperature: 0.8, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..Default::default() };
         let opts = GenerateOptions { max_tokens: 200, sampling, constraint: Some(spec.clone()), ..Default::default() };
@@ -67,7 +67,7 @@ fn sampled_constrained_outputs_always_follow_the_constraint() {
         "x-guidance": {"whitespace_flexible": false}
     });
     let mut distinct = std::collections::HashSet::new();
-    for text in sampled(&mut engine, &ConstraintSpec::JsonSchema(schema)) {
+    for text in sampled(&mut engine, &ConstraintSpec::JsonSchema(schema), 50) {
         let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
         let o = v.as_object().unwrap_or_else(|| panic!("{text:?} is no object"));
         for key in o.keys() {
@@ -89,11 +89,79 @@ fn sampled_constrained_outputs_always_follow_the_constraint() {
 
     // A regex: "(yes|no): " then 1 to 3 digits, a space and 2 to 6 lowercase letters.
     let regex = ConstraintSpec::Regex("(yes|no): [0-9]{1,3} [a-z]{2,6}".into());
-    for text in sampled(&mut engine, &regex) {
+    for text in sampled(&mut engine, &regex, 50) {
         let rest =
             text.strip_prefix("yes: ").or_else(|| text.strip_prefix("no: ")).unwrap_or_else(|| panic!("{text:?}"));
         let (digits, word) = rest.split_once(' ').unwrap_or_else(|| panic!("{text:?}"));
         assert!((1..=3).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
         assert!((2..=6).contains(&word.len()) && word.bytes().all(|b| b.is_ascii_lowercase()), "{text:?}");
+    }
+}
+
+/// A required tool call, sampled (20 seeds) in each call format the template may ask for:
+/// every output is calls of the request's functions only (`parse_calls` finds them, with no text
+/// beside them), each with arguments its schema holds, checked by hand; Llama 3's format one call.
+#[test]
+fn sampled_required_tool_calls_are_calls_in_the_models_format() {
+    use webgpu_llm::tools::{parse_calls, ToolFormat, Tools};
+    let tools = serde_json::json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 12},
+                           "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "days"], "additionalProperties": false,
+            "x-guidance": {"whitespace_flexible": false}}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": false,
+            "x-guidance": {"whitespace_flexible": false}}}}
+    ]);
+    let tools = std::sync::Arc::new(
+        Tools::from_request(Some(&tools), Some(&serde_json::json!("required")), None).unwrap().unwrap(),
+    );
+    // Templates that only name their format (the prompt is given as tokens).
+    let templates = [
+        (None, ToolFormat::Hermes),
+        (Some("{{ tools }}[TOOL_CALLS]"), ToolFormat::Mistral),
+        (Some("<|start_header_id|>{{ tools }}"), ToolFormat::Llama3Json),
+    ];
+    for (template, format) in templates {
+        let bytes = match template {
+            None => tiny::chat().to_vec(),
+            Some(t) => {
+                tiny::with_metadata(tiny::chat(), "tokenizer.chat_template", webgpu_llm::gguf::Value::String(t.into()))
+            }
+        };
+        let opts = LoadOptions { backend: BackendKind::Gpu, context_length: Some(512), gpu: GpuOptions::default() };
+        let mut engine = pollster::block_on(Engine::load(&bytes[..], opts, &mut |_, _| {})).unwrap();
+        let mut counts = Vec::new();
+        for text in sampled(&mut engine, &ConstraintSpec::Tools(tools.clone()), 20) {
+            let (content, calls) = parse_calls(&text, &tools, "c").unwrap_or_else(|| panic!("{format:?}: {text:?}"));
+            assert_eq!(content, "", "{format:?}: {text:?}");
+            match format {
+                ToolFormat::Hermes => assert!(text.starts_with("<tool_call>\n{\"name\": "), "{text:?}"),
+                ToolFormat::Mistral => assert!(text.starts_with("[TOOL_CALLS][{\"name\": "), "{text:?}"),
+                ToolFormat::Llama3Json => {
+                    assert!(text.starts_with("{\"name\": ") && text.contains("\"parameters\": "), "{text:?}");
+                    assert_eq!(calls.len(), 1, "{text:?}");
+                }
+            }
+            for call in &calls {
+                let args: serde_json::Value = serde_json::from_str(&call.arguments).unwrap();
+                let o = args.as_object().unwrap();
+                match call.name.as_str() {
+                    "get_weather" => {
+                        assert_eq!(o.len(), 2, "{text:?}");
+                        assert!((1..=12).contains(&o["city"].as_str().unwrap().chars().count()), "{text:?}");
+                        assert!((1..=7).contains(&o["days"].as_i64().unwrap()), "{text:?}");
+                    }
+                    "get_time" => {
+                        assert_eq!(o.len(), 1, "{text:?}");
+                        assert!(["UTC", "CET"].contains(&o["zone"].as_str().unwrap()), "{text:?}");
+                    }
+                    other => panic!("{other}"),
+                }
+            }
+            counts.push(calls.len());
+        }
+        eprintln!("{format:?}: calls per answer {counts:?}");
     }
 }

@@ -390,7 +390,7 @@ fn a_small_synthetic_model_runs_on_the_gpu_with_the_cpu_references_logits() {
     assert!((0.999..1.001).contains(&ratio), "weights read {} vs the file's {}", ledger.weights, least.weights);
 
     // The prompt's logits: the GPU's those of the CPU reference on the same bytes.
-    let prompt = engine.prompt_tokens(&Prompt::Text("Hello".into())).unwrap();
+    let prompt = engine.prompt_tokens(&Prompt::Text("Hello".into()), None).unwrap();
     let cpu = CpuModel::load(&gguf, &file).unwrap();
     let want = cpu.forward(&mut cpu.new_cache(), &prompt, Logits::Last).unwrap();
     let largest = want.iter().fold(0f32, |a, &l| a.max(l.abs()));

@@ -467,6 +467,84 @@ class ServerTest(unittest.TestCase):
                                    "name": "x", "schema": {"type": "strin"}}}})
         self.assertEqual((status, body["error"]["param"]), (400, "response_format"), body)
 
+    def test_2d_tool_calls(self):
+        # tools through the openai client. tool_choice "required" (whole and streamed) and a named
+        # function return calls whose arguments the function's schema validates (jsonschema),
+        # finish_reason "tool_calls". The call and a role "tool" result go back: the model's
+        # answer (tool_choice "auto", streamed, so text held back while it might be a call comes
+        # out) is the CPU reference's on the prompt written by hand as the engine renders tools
+        # for a template without them (this model's built-in ChatML): the functions in a system
+        # turn, the call as a <tool_call> block, the result as a <tool_response> block.
+        import jsonschema
+        sync = openai.OpenAI(base_url=self.server.url + "/v1", api_key="none", max_retries=0, timeout=600)
+        params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                   "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                  "required": ["city", "days"], "additionalProperties": False,
+                  "x-guidance": {"whitespace_flexible": False}}
+        tools = [{"type": "function", "function": {"name": "get_weather", "description": "Forecast for a city",
+                                                   "parameters": params}},
+                 {"type": "function", "function": {"name": "get_time", "parameters": {
+                     "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+                     "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}}}]
+        question = [{"role": "user", "content": "What is the weather in Paris?"}]
+        r = sync.chat.completions.create(model=MODEL, messages=question, tools=tools, tool_choice="required",
+                                         parallel_tool_calls=False, temperature=0, max_tokens=120)
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        calls = r.choices[0].message.tool_calls
+        self.assertEqual(len(calls), 1)
+        schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+        jsonschema.validate(json.loads(calls[0].function.arguments), schemas[calls[0].function.name])
+        self.assertTrue(calls[0].id)
+        # Streamed, sampled, a named function: the call comes as delta.tool_calls.
+        streamed, finish = {}, None
+        for chunk in sync.chat.completions.create(
+                model=MODEL, messages=question, tools=tools, temperature=0.8, seed=5, max_tokens=120, stream=True,
+                tool_choice={"type": "function", "function": {"name": "get_time"}}):
+            for c in chunk.choices:
+                for d in c.delta.tool_calls or []:
+                    s = streamed.setdefault(d.index, {"name": "", "arguments": ""})
+                    s["name"] += d.function.name or ""
+                    s["arguments"] += d.function.arguments or ""
+                finish = c.finish_reason or finish
+        self.assertEqual(finish, "tool_calls")
+        self.assertEqual([s["name"] for s in streamed.values()], ["get_time"])
+        jsonschema.validate(json.loads(streamed[0]["arguments"]), schemas["get_time"])
+
+        # The call and its result go back.
+        call = calls[0]
+        result = '{"forecast": "sunny", "celsius": 21}'
+        history = question + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": result}]
+        text, finish = "", None
+        for chunk in sync.chat.completions.create(model=MODEL, messages=history, tools=tools, temperature=0,
+                                                  max_tokens=MAX_TOKENS, stream=True):
+            for c in chunk.choices:
+                text += c.delta.content or ""
+                self.assertFalse(c.delta.tool_calls)
+                finish = c.finish_reason or finish
+        compact = lambda v: json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+        system = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                  "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+                  + "".join("\n" + compact(t) for t in tools)
+                  + "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+                  "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+                  "\"arguments\": <args-json-object>}\n</tool_call>")
+        call_text = compact({"name": call.function.name, "arguments": json.loads(call.function.arguments)})
+        prompt = (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{question[0]['content']}<|im_end|>\n"
+                  f"<|im_start|>assistant\n<tool_call>\n{call_text}\n</tool_call><|im_end|>\n"
+                  f"<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        want = reference_result(cpu_reference(prompt, MAX_TOKENS))
+        self.assertEqual((text, finish), (want["text"], want["finish"]))
+        # Refused by name: an unknown named function, tools on /v1/completions.
+        status, _, body = post(self.server.url + "/v1/chat/completions", {
+            "messages": question, "tools": tools, "tool_choice": {"type": "function", "function": {"name": "rm"}}})
+        self.assertEqual((status, body["error"]["param"]), (400, "tool_choice"), body)
+        status, _, body = post(self.server.url + "/v1/completions", {"prompt": "x", "tools": tools})
+        self.assertEqual((status, body["error"]["param"]), (400, "tools"), body)
+
     def test_3_curl_shows_the_events(self):
         want = self.expected["raw_haiku", WHOLE_TOKENS]
         body = json.dumps({"prompt": CASES["raw_haiku"][1], "temperature": 0, "max_tokens": WHOLE_TOKENS,

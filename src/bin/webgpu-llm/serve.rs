@@ -405,6 +405,7 @@ enum Out {
         logprobs: Option<Logprobs>,
         position: usize,
         speculation: Option<TokenSpeculation>,
+        allowed: Option<u32>,
     },
     Done {
         index: usize,
@@ -574,9 +575,9 @@ fn engine_loop(mut engine: Engine, mut commands: mpsc::Receiver<Command>, config
                             return !s.events.is_closed();
                         }
                         let logprobs = Logprobs::of(ev);
-                        let (index, text, position, speculation) =
-                            (s.index, ev.text.clone(), ev.position, ev.speculation.clone());
-                        s.push(Out::Token { index, text, logprobs, position, speculation })
+                        let (index, text, position, speculation, allowed) =
+                            (s.index, ev.text.clone(), ev.position, ev.speculation.clone(), ev.allowed);
+                        s.push(Out::Token { index, text, logprobs, position, speculation, allowed })
                     }
                     BatchEvent::Done(stats) => {
                         metrics.prompt_tokens.fetch_add(stats.prompt_tokens as u64, Ordering::Relaxed);
@@ -933,8 +934,8 @@ async fn run(state: &Shared, request: Request) -> Result<Response, ApiError> {
     }
     // Tokenized here, on a blocking thread, not on the engine's (which only runs the batch).
     let encoder = state.encoder.clone();
-    let prompt = request.prompt.clone();
-    let tokens = match tokio::task::spawn_blocking(move || encoder.tokens(&prompt)).await {
+    let (prompt, tools) = (request.prompt.clone(), request.generate.tools.clone());
+    let tokens = match tokio::task::spawn_blocking(move || encoder.tokens(&prompt, tools.as_deref())).await {
         Ok(Ok(tokens)) => tokens,
         Ok(Err(e)) => return Err(ApiError::from_engine(&e, param)),
         Err(_) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "tokenizing failed")),
@@ -988,9 +989,11 @@ fn stream_response(answer: Answer, rx: mpsc::Receiver<Out>) -> Response {
             }
             let data = |v: Value| Event::default().data(v.to_string());
             match st.rx.recv().await {
-                Some(Out::Token { index, text, logprobs, position, speculation }) => {
-                    let chunk = st.answer.token_chunk(index, &text, logprobs.as_ref(), position, speculation.as_ref());
-                    st.queue.push_back(data(chunk));
+                Some(Out::Token { index, text, logprobs, position, speculation, allowed }) => {
+                    // None: text held back (it may be a tool call).
+                    let chunk =
+                        st.answer.token_chunk(index, &text, logprobs.as_ref(), position, speculation.as_ref(), allowed);
+                    st.queue.extend(chunk.map(data));
                 }
                 Some(Out::Done { index, stats }) => {
                     let reason = openai::finish_reason(&stats);
