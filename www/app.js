@@ -15,7 +15,7 @@ const ui = {
   messages: $("messages"), composer: $("composer"), prompt: $("prompt"), send: $("send"), stop: $("stop"),
   clear: $("clear"), stats: $("stats"), system: $("system"), temperature: $("temperature"),
   temperatureValue: $("temperature-value"), topP: $("top-p"), topPValue: $("top-p-value"), topK: $("top-k"),
-  maxTokens: $("max-tokens"), inside: $("inside"), phase: $("phase"), kvText: $("kv-text"), kvMeter: $("kv-meter"),
+  maxTokens: $("max-tokens"), jsonSchema: $("json-schema"), allowedText: $("allowed-text"), inside: $("inside"), phase: $("phase"), kvText: $("kv-text"), kvMeter: $("kv-meter"),
   candidates: $("candidates"), adapter: $("adapter"), speculate: $("speculate"), drafts: $("drafts"),
   draftsText: $("drafts-text"),
 };
@@ -324,6 +324,9 @@ function startWorker() {
         showKv(ev.position);
         if (ev.candidates) showCandidates(ev.candidates);
         if (ev.speculation) showDraft(ev.text, ev.speculation);
+        if (ev.allowed != null) {
+          ui.allowedText.textContent = `${ev.allowed} of ${info.vocabSize} tokens allowed for “${ev.text}”`;
+        }
         break;
       }
       case "done": {
@@ -404,6 +407,17 @@ function finish() {
 function send(text) {
   if (!info || generating || !text.trim()) return;
   ui.error.hidden = true;
+  // A schema that is not JSON is said here, before the turn is taken (one the engine refuses
+  // comes back as the generation's error).
+  let schema = null;
+  if (ui.jsonSchema.value.trim()) {
+    try {
+      schema = JSON.parse(ui.jsonSchema.value);
+    } catch (e) {
+      showError(`The JSON schema is not JSON: ${e.message}`);
+      return;
+    }
+  }
   const system = ui.system.value.trim();
   if (conversation.length === 0 && system) conversation.push({ role: "system", content: system });
   conversation.push({ role: "user", content: text });
@@ -422,7 +436,9 @@ function send(text) {
     // Speculation checks several tokens per pass: no per-token candidates with it.
     candidates: ui.inside.open && !ui.speculate.value ? 10 : 0,
     ...(ui.speculate.value && { speculate: ui.speculate.value }),
+    ...(schema && { responseFormat: { type: "json_schema", json_schema: { name: "page", schema } } }),
   };
+  ui.allowedText.textContent = schema ? "compiling…" : "off";
   drafts = { accepted: 0, rejected: 0 };
   ui.drafts.replaceChildren();
   ui.draftsText.textContent = ui.speculate.value ? "drafting…" : "off";

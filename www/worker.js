@@ -72,6 +72,7 @@ async function chat(messages, options) {
     max_tokens: options.maxTokens,
     ...(options.candidates > 0 && { logprobs: true, top_logprobs: options.candidates }),
     ...(options.speculate && { speculate: options.speculate }),
+    ...(options.responseFormat && { response_format: options.responseFormat }),
   };
   try {
     for await (const chunk of await engine.chat.completions.create(request)) {
@@ -79,7 +80,7 @@ async function chat(messages, options) {
       if (!choice || choice.finish_reason) continue;
       const entry = choice.logprobs?.content?.[0];
       const candidates = entry?.top_logprobs.map((t) => ({ text: t.token, prob: Math.exp(t.logprob), kept: t.kept }));
-      postMessage({ type: "token", ev: { text: choice.delta.content ?? "", position: chunk.position, candidates, speculation: chunk.speculation } });
+      postMessage({ type: "token", ev: { text: choice.delta.content ?? "", position: chunk.position, candidates, speculation: chunk.speculation, allowed: chunk.allowed } });
     }
     postMessage({ type: "done", stats: engine.stats(), info: engine.info() });
   } catch (e) {

@@ -252,6 +252,28 @@ test("the page shows the model before downloading it, loads it, chats, stops, ca
       await page.screenshot({ path: path.join(artifacts, "page-speculation.png") });
       await page.selectOption("#speculate", "");
 
+      // The JSON schema box: the reply is JSON the schema holds, and the panel counts the tokens
+      // the constraint allowed; text that is not JSON is said before a turn is taken.
+      await page.click("#clear");
+      const schema = { type: "object", properties: { c: { enum: ["red", "blue"] }, n: { type: "integer", minimum: 0, maximum: 9 } },
+        required: ["c", "n"], additionalProperties: false, "x-guidance": { whitespace_flexible: false } };
+      await page.fill("#json-schema", JSON.stringify(schema));
+      await page.fill("#max-tokens", "40");
+      await page.fill("#prompt", "A color and a digit, as JSON.");
+      await page.click("#send");
+      await waitIdle(page);
+      const json = JSON.parse(await lastReply(page));
+      assert.ok(["red", "blue"].includes(json.c) && Number.isInteger(json.n) && json.n >= 0 && json.n <= 9, JSON.stringify(json));
+      assert.equal(JSON.parse(await page.getAttribute("body", "data-last-request")).responseFormat.json_schema.schema.required.length, 2);
+      assert.match(await page.textContent("#allowed-text"), /^\d+ of \d+ tokens allowed for /);
+      await page.fill("#json-schema", "{not json");
+      await page.fill("#prompt", "Again?");
+      await page.click("#send");
+      assert.match(await page.textContent("#error"), /JSON schema is not JSON/);
+      assert.equal((await page.$$("#messages li.assistant")).length, 1, "no turn taken");
+      await page.fill("#json-schema", "");
+      assert.deepEqual(errors, []);
+
       // Reload: the model is checked and loaded from Cache Storage at once, nothing from the network.
       const before = ggufGets(server).length;
       await page.reload();
