@@ -58,6 +58,14 @@ export interface GenerateOptions {
   regex?: string;
   /** Structured output: the text follows this Lark grammar (llguidance's dialect). */
   grammar?: string;
+  /**
+   * Functions the chat template shows the model (chat prompts). The text holds its calls in the
+   * model's format; `chat.completions.create` returns them parsed as `tool_calls`.
+   */
+  tools?: Tool[];
+  /** "auto" (default), "none", "required" or one function: the last two hold the text to calls. */
+  toolChoice?: "auto" | "none" | "required" | { type: "function"; function: { name: string } };
+  parallelToolCalls?: boolean;
 }
 
 /** OpenAI's `response_format`: any JSON object, or JSON a schema validates. */
@@ -66,9 +74,32 @@ export type ResponseFormat =
   | { type: "json_object" }
   | { type: "json_schema"; json_schema: { name: string; description?: string; schema?: object; strict?: boolean } };
 
-/** OpenAI's chat completion request (the fields this engine takes; others are ignored). */
+/** OpenAI's function tool. */
+export interface Tool {
+  type: "function";
+  function: { name: string; description?: string; parameters?: object; strict?: boolean };
+}
+
+/** A call the model made (`message.tool_calls`; streamed as `delta.tool_calls` with an `index`). */
+export interface ToolCall {
+  id: string;
+  type: "function";
+  /** The arguments as JSON text. */
+  function: { name: string; arguments: string };
+}
+
+/** OpenAI's chat message: text, an assistant's calls, or a tool's result for a call. */
+export interface ChatMessage {
+  role: string;
+  content: string | { type: "text"; text: string }[] | null;
+  name?: string;
+  tool_calls?: ToolCall[];
+  tool_call_id?: string;
+}
+
+/** OpenAI's chat completion request (the fields this engine takes; any other is refused by name). */
 export interface ChatCompletionRequest {
-  messages: { role: string; content: string | { type: "text"; text: string }[] }[];
+  messages: ChatMessage[];
   model?: string;
   stream?: boolean;
   stream_options?: { include_usage?: boolean };
@@ -100,6 +131,12 @@ export interface ChatCompletionRequest {
   regex?: string;
   /** Structured output (the engine's): the text follows this Lark grammar (llguidance's dialect). */
   grammar?: string;
+  /** Functions the model may call (the chat template shows them; up to 128). */
+  tools?: Tool[];
+  /** "auto" (default), "none", "required" or one function: the last two hold the answer to calls. */
+  tool_choice?: "auto" | "none" | "required" | { type: "function"; function: { name: string } };
+  /** Several calls in one answer (default true). */
+  parallel_tool_calls?: boolean;
 }
 
 export interface ChatCompletionUsage {
@@ -128,7 +165,13 @@ export interface ChatCompletion {
   object: "chat.completion";
   created: number;
   model: string;
-  choices: { index: number; message: { role: "assistant"; content: string }; logprobs: { content: TokenLogprobs[] } | null; finish_reason: "stop" | "length" }[];
+  choices: {
+    index: number;
+    /** With tools: the calls, and the text beside them (null when none). */
+    message: { role: "assistant"; content: string | null; tool_calls?: ToolCall[] };
+    logprobs: { content: TokenLogprobs[] } | null;
+    finish_reason: "stop" | "length" | "tool_calls";
+  }[];
   usage: ChatCompletionUsage;
 }
 
@@ -141,7 +184,15 @@ export interface ChatCompletionChunk {
   position?: number;
   /** The engine's extension, with `speculate`: where the token came from. */
   speculation?: TokenSpeculation;
-  choices: { index: number; delta: { role?: "assistant"; content?: string }; logprobs: { content: TokenLogprobs[] } | null; finish_reason: "stop" | "length" | null }[];
+  /** The engine's extension, with a constraint: tokens its mask allowed at this token's step. */
+  allowed?: number;
+  choices: {
+    index: number;
+    /** With tools, text that may be a call is held back; calls come when the choice ends. */
+    delta: { role?: "assistant"; content?: string; tool_calls?: (ToolCall & { index: number })[] };
+    logprobs: { content: TokenLogprobs[] } | null;
+    finish_reason: "stop" | "length" | "tool_calls" | null;
+  }[];
   usage?: ChatCompletionUsage;
 }
 
@@ -201,6 +252,10 @@ export interface Stats {
   stopReason: "eos" | "stopstring" | "maxtokens" | "aborted";
   /** CPU time to encode and submit one decode step, in ms (absent on the CPU backend). */
   hostMsPerToken?: number;
+  /** With a constraint: the masks computed and their CPU time (mean and longest), in µs. */
+  masks?: number;
+  maskUsMean?: number;
+  maskUsMax?: number;
 }
 
 export interface Info {
@@ -313,6 +368,9 @@ export type ModelSource = string | URL | Blob | Blob[] | FileList | ArrayBuffer 
 export interface Message {
   role: string;
   content: string;
+  /** An assistant's calls, arguments as objects (the shape chat templates take). */
+  tool_calls?: { id?: string; type: "function"; function: { name: string; arguments: object } }[];
+  tool_call_id?: string;
 }
 
 /**

@@ -1701,6 +1701,7 @@ impl BatchSeq {
             decode_steps: self.decode_steps,
             decode_counters: None,
             speculation: self.spec.as_ref().map(|s| s.stats),
+            masks: self.sampler.constraint().map(|c| c.timing()),
         }
     }
 }

@@ -111,7 +111,8 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             return Err(bad(e));
         }
-        Ok(Constraint { matcher, field: spec.field(), words: self.vocab.div_ceil(32), allowed: 0 })
+        let words = self.vocab.div_ceil(32);
+        Ok(Constraint { matcher, field: spec.field(), words, allowed: 0, timing: MaskTiming::default() })
     }
 }
 
@@ -224,6 +225,23 @@ pub struct Constraint {
     words: usize,
     /// Tokens the last mask allowed.
     allowed: usize,
+    /// Masks computed, and their time.
+    timing: MaskTiming,
+}
+
+/// The masks a constraint computed and their CPU time (`Stats::masks`: `bench --json-schema`
+/// and the package's stats).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct MaskTiming {
+    pub masks: usize,
+    pub total_us: f64,
+    pub max_us: f64,
+}
+
+impl MaskTiming {
+    pub fn mean_us(&self) -> f64 {
+        self.total_us / self.masks.max(1) as f64
+    }
 }
 
 impl Clone for Constraint {
@@ -239,7 +257,14 @@ impl Constraint {
     /// tokens once the grammar is complete). A state that allows nothing, or a grammar the
     /// output can no longer satisfy, is an error naming the request's field.
     pub fn fill_mask(&mut self, mask: &mut Vec<u32>) -> Result<()> {
+        let start = web_time::Instant::now();
         let vob = self.matcher.compute_mask_or_eos().map_err(|e| self.error(e.to_string()))?;
+        let us = start.elapsed().as_secs_f64() * 1e6;
+        self.timing = MaskTiming {
+            masks: self.timing.masks + 1,
+            total_us: self.timing.total_us + us,
+            max_us: self.timing.max_us.max(us),
+        };
         mask.clear();
         mask.extend(vob.as_slice().iter().copied().take(self.words));
         mask.resize(self.words, 0);
@@ -253,6 +278,11 @@ impl Constraint {
     /// Tokens the last mask allowed (the page's and the stats' count).
     pub fn allowed(&self) -> usize {
         self.allowed
+    }
+
+    /// The masks computed so far and their time.
+    pub fn timing(&self) -> MaskTiming {
+        self.timing
     }
 
     /// Moves the grammar past `token` (one the mask allowed).

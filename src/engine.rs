@@ -5,7 +5,7 @@
 //! Async, so the same code serves native callers and the browser.
 
 use crate::chat::{ChatTemplate, Message};
-use crate::constraint::{Constraint, ConstraintSpec, Grammars};
+use crate::constraint::{Constraint, ConstraintSpec, Grammars, MaskTiming};
 use crate::error::{Error, Result};
 use crate::gguf::ByteSource;
 use crate::gpu::{CounterSnapshot, Gpu, GpuModel, GpuOptions, KvStore};
@@ -213,6 +213,8 @@ pub struct Stats {
     pub decode_counters: Option<CounterSnapshot>,
     /// What speculative decoding drafted and kept (when asked for).
     pub speculation: Option<SpeculationStats>,
+    /// With a constraint: its masks and their CPU time.
+    pub masks: Option<MaskTiming>,
 }
 
 pub(crate) enum Backend {

@@ -77,11 +77,12 @@ impl Tools {
     /// `tools`, `tool_choice` and `parallel_tool_calls` as a request gives them (JSON), checked:
     /// an error names the field. None when no tools are given (and no choice needs them).
     pub fn from_request(tools: Option<&Value>, choice: Option<&Value>, parallel: Option<bool>) -> Result<Option<Self>> {
+        // As OpenAI has it: a choice among no tools is refused, not ignored.
         let Some(tools) = tools else {
             return match (choice, parallel) {
-                (None | Some(Value::String(_)), None) if choice.is_none_or(|c| c == "none" || c == "auto") => Ok(None),
-                (Some(c), _) => Err(invalid("tool_choice", c, "tools to choose from (give tools)")),
-                (None, _) => Err(invalid("parallel_tool_calls", "given", "tools (give tools)")),
+                (None, None) => Ok(None),
+                (Some(c), _) => Err(invalid("tool_choice", c, "tools to choose from: tool_choice only with tools")),
+                (None, Some(_)) => Err(invalid("parallel_tool_calls", "given", "only with tools")),
             };
         };
         let entries: Vec<ToolEntry> = serde_json::from_value(tools.clone()).map_err(|e| {
@@ -417,7 +418,8 @@ mod tests {
             Tools::from_request(Some(&f("a")), Some(&json!({"type": "function", "function": {"name": "a"}})), None);
         assert_eq!(named.unwrap().unwrap().choice, ToolChoice::Function("a".into()));
         assert!(Tools::from_request(None, Some(&json!("required")), None).is_err());
-        assert!(Tools::from_request(None, Some(&json!("auto")), None).unwrap().is_none());
+        assert!(Tools::from_request(None, Some(&json!("auto")), None).is_err());
+        assert!(Tools::from_request(None, None, None).unwrap().is_none());
     }
 
     #[test]
@@ -470,7 +472,7 @@ mod tests {
         let (text, _) = native.render_guarded(&messages, false, Some(&tools), &plain).unwrap();
         assert_eq!(text, r#"function:get_weather;function:add;[user:hi][assistant add{"a":1}:][tool c1:2]"#);
         // Special tokens' spellings in what the template renders unguarded are refused.
-        let special = |t: &str| Ok(t.find("<|x|>").map(|i| vec![i..i + 5]).unwrap_or_default());
+        let special = |t: &str| Ok(t.find("<|x|>").map(|i| std::iter::once(i..i + 5).collect()).unwrap_or_default());
         let mut sneaky = tools.clone();
         sneaky.functions[0].description = Some("<|x|>".into());
         assert!(native.render_guarded(&messages, false, Some(&sneaky), &special).is_err());

@@ -82,6 +82,10 @@ struct JsStats {
     finish_reason: String,
     /// Host time to encode and submit one decode step (GPU only), in milliseconds.
     host_ms_per_token: Option<f64>,
+    /// With a constraint: masks computed, and their mean and longest CPU time in microseconds.
+    masks: Option<usize>,
+    mask_us_mean: Option<f64>,
+    mask_us_max: Option<f64>,
 }
 
 impl From<&Stats> for JsStats {
@@ -96,6 +100,9 @@ impl From<&Stats> for JsStats {
             stop_reason: format!("{:?}", s.stop_reason).to_lowercase(),
             finish_reason: crate::openai::finish_reason(s).into(),
             host_ms_per_token: s.decode_counters.map(|c| c.host_ns as f64 / s.decode_steps.max(1) as f64 / 1e6),
+            masks: s.masks.map(|m| m.masks),
+            mask_us_mean: s.masks.map(|m| m.mean_us()),
+            mask_us_max: s.masks.map(|m| m.max_us),
         }
     }
 }
@@ -644,7 +651,9 @@ impl OpenAiCall {
     /// The messages, for the package's chat generation.
     pub fn messages(&self) -> Result<JsValue, JsValue> {
         let Prompt::Chat(messages) = &self.request.prompt else { unreachable!("a chat request") };
-        Ok(serde_wasm_bindgen::to_value(messages)?)
+        // Plain objects (an assistant's tool calls are JSON values), as js_prompt reads them back.
+        let serializer = serde_wasm_bindgen::Serializer::json_compatible();
+        Ok(serde::Serialize::serialize(messages, &serializer)?)
     }
 
     /// The options, for the package's generation calls (its `candidates` for `logprobs`).

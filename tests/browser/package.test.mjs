@@ -184,9 +184,9 @@ window.finished = true;`;
           return [e.message, e.code];
         }
       };
-      return [await create({ tools: [] }), await create({ frobnicate: 1 }), await create({ messages: [{ role: "user", content: "Hi", tool_calls: [] }] }), await generate()];
+      return [await create({ tools: [] }), await create({ frobnicate: 1 }), await create({ messages: [{ role: "user", content: "Hi", audio: {} }] }), await generate()];
     });
-    for (const [i, field] of ["tools", "frobnicate", "tool_calls", "maxTokenz"].entries()) {
+    for (const [i, field] of ["tools", "frobnicate", "audio", "maxTokenz"].entries()) {
       assert.ok(refused[i], `${field} was accepted`);
       assert.equal(refused[i][1], "invalid-option", refused[i][0]);
       assert.ok(refused[i][0].includes(field), refused[i][0]);
@@ -204,12 +204,50 @@ window.finished = true;`;
         ids.push(ev.id);
         text += ev.text;
       }
+      const stats = window.engine.stats();
       const bad = await window.engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], regex: "(a" }).then(() => null, (e) => [e.message, e.code]);
-      return { ids, text, bad };
+      return { ids, text, bad, stats };
     }, [RAW_A, regex]);
     assert.deepEqual(constrained.ids, wantRegex.ids);
+    // The masks' CPU time in wasm (the package's stats; `bench --json-schema` prints it natively).
+    const m = constrained.stats;
+    assert.ok(m.masks >= constrained.ids.length && m.maskUsMax >= m.maskUsMean && m.maskUsMean > 0, JSON.stringify(m));
+    console.log(`regex masks in Chromium (wasm): ${m.masks}, ${m.maskUsMean.toFixed(0)} µs on average, ${m.maskUsMax.toFixed(0)} µs at most`);
     assert.match(constrained.text, new RegExp(`^${regex}$`));
     assert.equal(constrained.bad?.[1], "invalid-constraint", String(constrained.bad));
+
+    // Tool calls through the package (the server's OpenAI module, in wasm): tool_choice
+    // "required" returns a call whose arguments the schema holds; the call and a role "tool"
+    // result go back, and the streamed answer is the CPU reference's on the prompt written by
+    // hand as the engine renders tools for a template without them (tests/server's twin).
+    const tools = [{ type: "function", function: { name: "get_time", parameters: { type: "object",
+      properties: { zone: { enum: ["UTC", "CET"] } }, required: ["zone"], additionalProperties: false,
+      "x-guidance": { whitespace_flexible: false } } } }];
+    const toolRun = await tab.evaluate(async (tools) => {
+      const question = [{ role: "user", content: "What time is it?" }];
+      const r = await window.engine.chat.completions.create({ messages: question, tools, tool_choice: "required", temperature: 0, max_tokens: 120 });
+      const call = r.choices[0].message.tool_calls[0];
+      const history = [...question, r.choices[0].message, { role: "tool", tool_call_id: call.id, content: "12:00" }];
+      let text = "";
+      for await (const chunk of await window.engine.chat.completions.create({ messages: history, tools, temperature: 0, max_tokens: 16, stream: true })) {
+        text += chunk.choices[0]?.delta?.content ?? "";
+      }
+      return { finish: r.choices[0].finish_reason, content: r.choices[0].message.content, call, text };
+    }, tools);
+    assert.equal(toolRun.finish, "tool_calls");
+    assert.equal(toolRun.content, null);
+    assert.equal(toolRun.call.function.name, "get_time");
+    assert.ok(["UTC", "CET"].includes(JSON.parse(toolRun.call.function.arguments).zone), toolRun.call.function.arguments);
+    const system = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n" +
+      "You are provided with function signatures within <tools></tools> XML tags:\n<tools>" +
+      tools.map((t) => "\n" + JSON.stringify(t)).join("") +
+      "\n</tools>\n\nFor each function call, return a json object with function name and arguments within " +
+      "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
+    const callText = JSON.stringify({ name: "get_time", arguments: JSON.parse(toolRun.call.function.arguments) });
+    const toolPrompt = `<|im_start|>system\n${system}<|im_end|>\n<|im_start|>user\nWhat time is it?<|im_end|>\n` +
+      `<|im_start|>assistant\n<tool_call>\n${callText}\n</tool_call><|im_end|>\n` +
+      `<|im_start|>user\n<tool_response>\n12:00\n</tool_response><|im_end|>\n<|im_start|>assistant\n`;
+    assert.equal(toolRun.text, cpu(modelPath, toolPrompt, { maxTokens: 16 }).text);
   } finally {
     await browser.close();
     server.close();

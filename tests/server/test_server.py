@@ -747,8 +747,10 @@ class ServerTest(unittest.TestCase):
             status, _, body = post(url + "/v1/chat/completions", {"messages": hi, "max_tokens": 1, field: value})
             self.assertEqual((status, body["error"]["param"]), (400, field), body)
             self.assertIn(field, body["error"]["message"])
+        broken_call = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{"}}]
         status, _, body = post(url + "/v1/chat/completions",
-                               {"messages": [{"role": "assistant", "content": "", "tool_calls": []}], "max_tokens": 1})
+                               {"messages": [{"role": "assistant", "content": "", "tool_calls": broken_call}],
+                                "max_tokens": 1})
         self.assertEqual((status, body["error"]["param"]), (400, "messages[0].tool_calls"), body)
         status, _, body = post(url + "/v1/chat/completions",
                                {"messages": hi, "max_tokens": 1, "stream": None, "tools": None, "user": "u"})
