@@ -246,7 +246,7 @@ fn a_messages_text_never_becomes_a_control_token() {
         .map(|i| {
             if i == tiny::IM_START || i == tiny::IM_END {
                 4
-            } else if i >= 256 && i < 259 {
+            } else if (256..259).contains(&i) {
                 3
             } else {
                 1
