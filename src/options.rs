@@ -270,6 +270,9 @@ impl RequestOptions {
                 if let Some(c) = &generate.constraint {
                     return Err(invalid(c.field(), "given", "no constraint with beams (not supported yet)"));
                 }
+                if generate.tools.is_some() {
+                    return Err(invalid("tools", "given", "no tools with beams (not supported yet)"));
+                }
                 if self.logit_bias.is_some() {
                     return Err(invalid(
                         "logit_bias",
@@ -360,6 +363,8 @@ mod tests {
         assert_eq!(field(r#"{"logit_bias": {"5": 101}}"#), "logit_bias");
         assert_eq!(field(r#"{"beams": 2, "logit_bias": {"5": 1}}"#), "logit_bias");
         assert_eq!(field(r#"{"beams": 2, "speculate": "lookup"}"#), "beams");
+        let tools = r#""tools": [{"type": "function", "function": {"name": "f"}}]"#;
+        assert_eq!(field(&format!(r#"{{"beams": 2, {tools}}}"#)), "tools");
         assert_eq!(field(r#"{"beams": 2, "length_penalty": 1e308}"#), "length penalty");
         assert_eq!(field(r#"{"beams": 2, "length_penalty": -51}"#), "length penalty");
         let four = from(r#"{"stop": ["a", "b", "c", "d"]}"#).resolve(0).unwrap();
