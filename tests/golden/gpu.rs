@@ -15,7 +15,7 @@
 //! every case in cpu_smollm2 and cpu_gemma3) for 8 tokens at least: the top-20 logits at every
 //! recorded step (the last prompt position and the 8 decode steps after it) and the greedy tokens.
 //! Perplexity, each position's logits from prefill passes and then a few decode steps: SmolLM2's
-//! f32 path over the passage's first 112 positions, its f16 path over the first 256; Gemma's f32
+//! f32 path over the passage's first 112 positions, its f16 path over the first 128; Gemma's f32
 //! path over its first 28, its f16 path over its first 64.
 //! Long contexts (past 1024 keys, past a sliding window) are tests/properties/long_context.rs's,
 //! on tiny models against the CPU reference, whose own perplexity over the whole passage
@@ -277,12 +277,12 @@ fn f16_path_greedy_tokens_and_logits_match_the_golden_data() {
     smollm2_generations(Path::F16);
 }
 
-/// The first 256 positions (the f32 path takes the passage's last 249).
+/// The passage's first 128 positions from prefill passes.
 #[test]
 fn f16_path_perplexity_matches_the_golden_data() {
-    let _t = Timer::new("SmolLM2 perplexity 0..256 on the F16 path");
+    let _t = Timer::new("SmolLM2 perplexity 0..128 on the F16 path");
     if let Some((mut model, tol)) = load(SmolLm2, Path::F16) {
-        check_perplexity(SmolLm2, &mut model, tol, 0, None, Some(256));
+        check_perplexity(SmolLm2, &mut model, tol, 0, None, Some(129));
     }
 }
 
@@ -324,7 +324,8 @@ fn gemma3_f16_path_greedy_tokens_logits_and_perplexity_match_the_golden_data() {
 fn gemma3_gpu_style_kernels_give_the_golden_greedy_tokens_and_logits() {
     let _t = Timer::new("Gemma 3 generations on the GpuStyle path");
     let (mut model, tol) = load(Gemma3, Path::GpuStyle).unwrap();
-    check_generations(Gemma3, &mut model, tol, 8, cases(Gemma3, Path::GpuStyle));
+    // 4 tokens (5 recorded steps): a Gemma token costs lavapipe seconds with these kernels.
+    check_generations(Gemma3, &mut model, tol, 4, cases(Gemma3, Path::GpuStyle));
 }
 
 /// Every golden generation on every path, 32 tokens (SmolLM2) and 16 (Gemma): what CI ran
