@@ -5,6 +5,9 @@
 // Bindings: 0 logits (rows of N), 1 out, 2 params. Dispatch: (1, MAX_ROWS): rows past the pass's exit.
 // WG (invocations, a power of two) comes from the host: 256 on GPUs, 8 on CPU adapters
 // (kernels::reduce_width).
+// The host prepends `row_masked` and `token_allowed` (kernels::mask_wgsl). The forward pass's
+// argmax has stubs (every row, every token); a structured-output round's second argmax binds the
+// constraint masks (binding 3) and rewrites only the masked rows, among their allowed tokens.
 
 override N: u32;
 const NONE: u32 = 0xffffffffu;
@@ -16,6 +19,7 @@ const NONE: u32 = 0xffffffffu;
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
 var<workgroup> non_finite: atomic<u32>;
+var<workgroup> skip: u32;
 
 // NaN or +-infinity, from the bits (robust where the compiler assumes finite floats).
 fn is_non_finite(v: f32) -> bool {
@@ -27,17 +31,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let row = wg.y;
     if (row >= params.rows) { return; }
     let base = row * N;
-    if (li == 0u) { atomicStore(&non_finite, 0u); }
-    workgroupBarrier();
-    // Each thread starts from its first value (a sentinel value would have to be -inf, which
-    // WGSL cannot write as a constant); a thread past N holds index NONE, which the reduction skips.
+    if (li == 0u) {
+        atomicStore(&non_finite, 0u);
+        skip = select(0u, 1u, MASKED && !row_masked(row));
+    }
+    if (workgroupUniformLoad(&skip) != 0u) { return; }
+    // Each thread starts from its first allowed value (a sentinel value would have to be -inf,
+    // which WGSL cannot write as a constant); a thread with none yet holds index NONE, which the
+    // comparisons and the reduction skip. Every value is checked for being finite, allowed or not.
     var bv = 0.0;
     var bi = NONE;
     var bad = false;
     if (li < N) {
         bv = logits[base + li];
-        bi = li;
         bad = is_non_finite(bv);
+        if (token_allowed(row, li)) { bi = li; }
     }
     // Eight loads in flight per invocation (one workgroup walks the whole vocabulary, so the
     // loads' latency, not their bytes, sets its time), taken in index order; on a CPU adapter
@@ -48,13 +56,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var u = 0u; u < 8u; u++) { v[u] = logits[base + i + u * WG]; }
         for (var u = 0u; u < 8u; u++) {
             bad = bad || is_non_finite(v[u]);
-            if (v[u] > bv) { bv = v[u]; bi = i + u * WG; }
+            if ((bi == NONE || v[u] > bv) && token_allowed(row, i + u * WG)) { bv = v[u]; bi = i + u * WG; }
         }
     }
     for (; i < N; i += WG) {
         let v = logits[base + i];
         bad = bad || is_non_finite(v);
-        if (v > bv) { bv = v; bi = i; }
+        if ((bi == NONE || v > bv) && token_allowed(row, i)) { bv = v; bi = i; }
     }
     if (bad) { atomicStore(&non_finite, 1u); }
     best_v[li] = bv;

@@ -6,7 +6,9 @@
 // logits not selected: the sum of exp(l / T - l_max / T) over them, and the largest |logit|.
 // Bindings: 0 logits (rows of N), 1 want (per row: K, at most the output's room, 0 = skip the
 // row; T's bits, 0 = no tail), 2 out (per row OUT words: [count (K or N), tail sum, largest
-// |logit|, then count pairs (id, logit bits), in no order]). Dispatch: (rows, 1, 1).
+// |logit|, then count pairs (id, logit bits), in no order]), 3 the constraint masks
+// (kernels::mask_wgsl): a masked row selects among its allowed tokens alone, and its tail weighs
+// only those (K is at most the allowed count). Dispatch: (rows, 1, 1).
 
 override N: u32;
 override OUT: u32;
@@ -32,6 +34,13 @@ var<workgroup> row_t: u32;
 // The row's logits and output start.
 var<private> base: u32;
 var<private> out_base: u32;
+var<private> row: u32;
+var<private> masked: bool;
+
+// Token i may be selected: the row has no mask, or its mask allows i.
+fn ok(i: u32) -> bool {
+    return !masked || token_allowed(row, i);
+}
 
 // Larger float, larger key (NaN aside: the argmax kernel flags those).
 fn key(l: f32) -> u32 {
@@ -56,7 +65,7 @@ fn reduce(t: u32, max_of: bool) {
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    let row = wg.x;
+    row = wg.x;
     base = row * N;
     out_base = row * OUT;
     if (t == 0u) {
@@ -67,6 +76,7 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
     if (k_wanted == 0u) { return; }
     let t_bits = workgroupUniformLoad(&row_t);
     let tail_on = t_bits != 0u;
+    masked = row_masked(row);
     if (t == 0u) {
         state[0] = 0u;
         state[1] = 0u;
@@ -80,7 +90,7 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
         let mask = state[1];
         for (var i = t; i < N; i += WG) {
             let k = key(logits[base + i]);
-            if ((k & mask) == prefix) { atomicAdd(&hist[(k >> shift) & 255u], 1u); }
+            if ((k & mask) == prefix && ok(i)) { atomicAdd(&hist[(k >> shift) & 255u], 1u); }
         }
         workgroupBarrier();
         if (t == 0u) {
@@ -113,13 +123,16 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
     var tail = 0.0;
     if (tail_on) {
         var m = vec2<f32>(-3.4e38, 0.0);
-        for (var i = t; i < N; i += WG) { let l = logits[base + i]; m = max(m, vec2<f32>(l, abs(l))); }
+        for (var i = t; i < N; i += WG) {
+            if (ok(i)) { let l = logits[base + i]; m = max(m, vec2<f32>(l, abs(l))); }
+        }
         red[t] = m;
         reduce(t, true);
         top = red[0].x / temperature;
         if (t == 0u) { out[out_base + 2u] = bitcast<u32>(red[0].y); }
     }
     for (var i = lo; i < hi; i++) {
+        if (!ok(i)) { continue; }
         let l = logits[base + i];
         let k = key(l);
         if (k > threshold) { emit(i); } else if (k == threshold) { equal += 1u; } else if (tail_on) { tail += exp(l / temperature - top); }
@@ -138,7 +151,7 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
     var before = ties_before[t];
     for (var i = lo; i < hi && (tail_on || before < take_ties); i++) {
         let l = logits[base + i];
-        if (key(l) == threshold) {
+        if (key(l) == threshold && ok(i)) {
             if (before < take_ties) { emit(i); } else { tail += exp(l / temperature - top); }
             before += 1u;
         }

@@ -857,10 +857,18 @@ impl Batcher {
                         (seq, &r.seq.tokens[start..start + len], start)
                     })
                     .collect();
-                // Greedy rounds of the same rows, nothing else to run or admit: round n + 1 is
-                // submitted before round n's ids are read (its tokens are round n's argmax, on
-                // the GPU), so the GPU does not wait for the host between rounds.
+                // Rows under a constraint choose among the tokens its mask allows: the GPU
+                // applies the mask to their argmax or selection (a row that reads its logits
+                // is masked on the host).
+                let requests = &self.requests;
+                let masked = self.rows.iter().zip(&self.want).any(|(row, w)| {
+                    *w != RowReadback::Logits && requests[row.request].seq.sampler.constraint().is_some()
+                });
+                // Greedy rounds of the same rows, nothing else to run or admit, no masks: round
+                // n + 1 is submitted before round n's ids are read (its tokens are round n's
+                // argmax, on the GPU), so the GPU does not wait for the host between rounds.
                 let greedy = self.pipeline
+                    && !masked
                     && n > 0
                     && prefills.is_empty()
                     && self.waiting.is_empty()
@@ -879,14 +887,32 @@ impl Batcher {
                             .zip(&self.rows)
                             .all(|(&(id, pos), row)| id == self.requests[row.request].id && pos == row.pos)
                 });
-                let flight = match ahead {
+                let mut flight = match ahead {
                     Some(flight) => Some(flight),
                     None if n > 0 || !prefills.is_empty() => {
-                        Some(model.submit_round(&prefills, &self.gpu_rows, &self.want, false)?)
+                        Some(model.submit_round(&prefills, &self.gpu_rows, &self.want, false, masked)?)
                     }
                     None => None,
                 };
                 drop(prefills);
+                if let (true, Some(flight)) = (masked, &mut flight) {
+                    // The masks for the tokens so far, computed while the GPU runs the pass;
+                    // a row selects at most the tokens its mask allows.
+                    for (k, row) in self.rows.iter().enumerate() {
+                        let sampler = &mut self.requests[row.request].seq.sampler;
+                        let Some(mask) = sampler.prepare_mask() else { continue };
+                        match self.want[k] {
+                            RowReadback::Logits => continue,
+                            RowReadback::Argmax => model.set_mask(k, mask),
+                            RowReadback::Select { k: top, tail } => {
+                                model.set_mask(k, mask);
+                                let top = top.min(sampler.allowed_tokens());
+                                self.want[k] = RowReadback::Select { k: top, tail };
+                            }
+                        }
+                    }
+                    model.finish_round(flight, &self.want)?;
+                }
                 let look_ahead = greedy
                     && self.rows.iter().all(|row| {
                         let r = &self.requests[row.request];
@@ -900,7 +926,7 @@ impl Batcher {
                         <= model.pool().free_blocks();
                 if look_ahead {
                     self.gpu_rows.iter_mut().for_each(|r| r.2 += 1);
-                    self.ahead = Some(model.submit_round(&[], &self.gpu_rows, &self.want, true)?);
+                    self.ahead = Some(model.submit_round(&[], &self.gpu_rows, &self.want, true, false)?);
                     self.ahead_rows.clear();
                     let requests = &self.requests;
                     self.ahead_rows.extend(self.rows.iter().map(|row| (requests[row.request].id, row.pos + 1)));

@@ -162,8 +162,8 @@ pub struct Sampler {
     constraint: Option<Constraint>,
     mask: Vec<u32>,
     failed: Option<Error>,
-    /// This step's logits have had the constraint's mask (`mask_logits`).
-    masked: bool,
+    /// `mask` is the constraint's for the tokens accepted so far (computed once a step).
+    mask_ready: bool,
 }
 
 impl Sampler {
@@ -185,7 +185,7 @@ impl Sampler {
             constraint: None,
             mask: Vec::new(),
             failed: None,
-            masked: false,
+            mask_ready: false,
         })
     }
 
@@ -204,27 +204,43 @@ impl Sampler {
         self.failed.take()
     }
 
-    /// Penalties, a logit bias or a constraint change the logits before a token is drawn: the
-    /// whole row is needed.
-    fn changes_logits(&self) -> bool {
-        self.params.has_penalties() || self.constraint.is_some()
+    /// Penalties or a logit bias change the logits before a token is drawn (a constraint's
+    /// mask aside: the GPU applies it to its selection).
+    fn penalized(&self) -> bool {
+        self.params.has_penalties()
     }
 
-    /// Sets the logits the constraint does not allow to -inf (on failure, all but the first:
-    /// the request ends with `take_error`'s error, never on a token the grammar refused), once a
-    /// step: before `sample`, for what is reported of the distribution it draws from
-    /// (candidates, log-probabilities), or in it.
+    /// The constraint's mask for the next token (a bit a token), computed once a step: on
+    /// failure, the first token alone (the request ends with `take_error`'s error, never on a
+    /// token the grammar refused). None without a constraint.
+    pub fn prepare_mask(&mut self) -> Option<&[u32]> {
+        let c = self.constraint.as_mut()?;
+        if !std::mem::replace(&mut self.mask_ready, true) {
+            if let Err(e) = c.fill_mask(&mut self.mask) {
+                self.failed.get_or_insert(e);
+                self.mask.clear();
+                self.mask.resize(self.counts.len().div_ceil(32), 0);
+                self.mask[0] = 1;
+            }
+        }
+        Some(&self.mask)
+    }
+
+    /// Sets the logits the constraint does not allow to -inf (`prepare_mask`): before `sample`,
+    /// for what is reported of the distribution it draws from (candidates, log-probabilities),
+    /// or in it.
     pub fn mask_logits(&mut self, logits: &mut [f32]) {
-        if std::mem::replace(&mut self.masked, true) {
-            return;
+        if self.prepare_mask().is_some() {
+            crate::constraint::apply_mask(&self.mask, logits);
         }
-        let Some(c) = &mut self.constraint else { return };
-        if let Err(e) = c.fill_mask(&mut self.mask) {
-            self.failed.get_or_insert(e);
-            self.mask.clear();
-            self.mask.push(1);
+    }
+
+    /// Tokens the next draw may take: the vocabulary, or those the constraint's mask allows.
+    pub fn allowed_tokens(&mut self) -> usize {
+        match self.prepare_mask() {
+            Some(_) => self.constraint.as_ref().map_or(1, |c| c.allowed().max(1)),
+            None => self.vocab_size(),
         }
-        crate::constraint::apply_mask(&self.mask, logits);
     }
 
     /// The vocabulary it draws from.
@@ -247,18 +263,21 @@ impl Sampler {
         if let Some(Err(e)) = self.constraint.as_mut().map(|c| c.accept(id)) {
             self.failed.get_or_insert(e);
         }
+        self.mask_ready = false;
     }
 
-    /// Whether this sampler needs all logits (false: the argmax is enough).
-    pub fn needs_logits(&self) -> bool {
-        !self.params.is_greedy() || self.changes_logits()
+    /// Whether this sampler takes the argmax of the logits as they come (given a constraint,
+    /// of the tokens its mask allows): greedy, no penalties.
+    pub fn argmax_only(&self) -> bool {
+        self.params.is_greedy() && !self.penalized()
     }
 
     /// Whether `sample_top_k` can stand in for `sample`: Some(k) when this sampler draws from the
-    /// k largest logits alone (top-k set, no penalties), so those are all it needs to see.
+    /// k largest logits alone (top-k set, no penalties; given a constraint, the k largest of
+    /// the tokens its mask allows), so those are all it needs to see.
     pub fn top_k_only(&self) -> Option<usize> {
         let p = &self.params;
-        (!p.is_greedy() && !self.changes_logits() && p.top_k > 0).then_some(p.top_k)
+        (!p.is_greedy() && !self.penalized() && p.top_k > 0).then_some(p.top_k)
     }
 
     /// `sample` given only the `top_k_only()` largest logits as (id, logit) pairs, in any order:
@@ -275,7 +294,7 @@ impl Sampler {
     /// min-p cut, which usually keeps a few of the largest logits (OpenAI-style requests).
     pub fn nucleus_only(&self) -> bool {
         let p = &self.params;
-        !p.is_greedy() && !self.changes_logits() && p.top_k == 0 && (p.top_p < 1.0 || p.min_p > 0.0)
+        !p.is_greedy() && !self.penalized() && p.top_k == 0 && (p.top_p < 1.0 || p.min_p > 0.0)
     }
 
     /// `sample` given the `top.len()` largest logits (any order) of a vocabulary of `vocab` and
@@ -320,7 +339,6 @@ impl Sampler {
     /// Picks the next token from `logits` (modified in place by the penalties).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
         self.mask_logits(logits);
-        self.masked = false;
         self.apply_penalties(logits);
         if self.params.is_greedy() {
             return argmax(logits);

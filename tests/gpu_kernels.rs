@@ -1047,7 +1047,10 @@ gpu_test! {
             let lb = h.buf(&logits);
             let want = h.u32_buf(&[k as u32, 0, 0, 0, k as u32, temperature.to_bits()]);
             let out = h.u32_buf(&vec![0xDEAD; 3 * words]);
-            let op = kernels::top_k(&h.gpu, &mut h.cache, n, &lb, &want, &out);
+            // No row masked (the masks' flags are zero).
+            let masks = h.u32_buf(&vec![0; (kernels::masks_bytes(n, 3) / 4) as usize]);
+            let masks = kernels::Masks { buffer: &masks, rows: 3 };
+            let op = kernels::top_k(&h.gpu, &mut h.cache, n, &lb, &want, &out, masks);
             h.run(&[op], 3);
             let all_words: Vec<u32> =
                 bytemuck::cast_slice(&h.gpu.read_buffer(&out, 4 * 3 * words as u64).await.unwrap()).to_vec();
@@ -1075,6 +1078,82 @@ gpu_test! {
                     assert!((sum - exact).abs() <= bound, "n = {n}, k = {k}, step {step}: tail {sum} vs {exact}");
                     let max_abs = row.iter().fold(0f32, |m, l| m.max(l.abs()));
                     assert_eq!(f32::from_bits(words[2]), max_abs, "n = {n}, k = {k}, step {step}");
+                }
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn masked_rows_take_the_argmax_and_the_top_k_of_their_allowed_tokens_alone() {
+        // Four rows in one dispatch, as a step's decode rows: row 0 masked (about a third of the
+        // tokens allowed, its largest logit not), row 1 free, row 2 masked to three tokens,
+        // row 3 masked with a NaN at a token its mask refuses. The truth: the CPU's argmax and
+        // sorted order over each row's allowed tokens.
+        let mut rng = Rng::new(13);
+        let mut h = Harness::new(true).await;
+        let (rows, words_out) = (4usize, kernels::TOP_K_WORDS);
+        for n in [300usize, 49152] {
+            let words = kernels::mask_words(n);
+            let logits = random(&mut rng, rows * n, 10.0);
+            let mut logits = logits;
+            let mut allowed = vec![vec![true; n]; rows];
+            allowed[0] = (0..n).map(|_| rng.next_f64() < 1.0 / 3.0).collect();
+            allowed[2] = (0..n).map(|i| [7, n / 2, n - 1].contains(&i)).collect();
+            allowed[3] = (0..n).map(|i| i % 2 == 0).collect();
+            let top0 = (0..n).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap();
+            allowed[0][top0] = false;
+            logits[3 * n + 1] = f32::NAN;
+            let mut masks = vec![0u32; (kernels::masks_bytes(n, rows) / 4) as usize];
+            for r in [0, 2, 3] {
+                masks[r] = 1;
+                for i in (0..n).filter(|&i| allowed[r][i]) {
+                    masks[rows + r * words + i / 32] |= 1 << (i % 32);
+                }
+            }
+            let (lb, mb) = (h.buf(&logits), h.u32_buf(&masks));
+            // The forward pass's argmax (every row, every token), then the masked one.
+            let ob = h.u32_buf(&[7; 4]);
+            h.gpu.queue.write_buffer(&h.params, 0, bytemuck::bytes_of(&Params::new(rows, rows)));
+            let free = kernels::argmax(&h.gpu, &mut h.cache, &h.params, n, &lb, &ob, rows);
+            let mb = kernels::Masks { buffer: &mb, rows };
+            let masked = kernels::argmax_masked(&h.gpu, &mut h.cache, &h.params, n, &lb, &ob, mb);
+            h.run(&[free, masked], rows);
+            let got: Vec<u32> = bytemuck::cast_slice(&h.gpu.read_buffer(&ob, 16).await.unwrap()).to_vec();
+            let best = |r: usize| {
+                let row = &logits[r * n..(r + 1) * n];
+                (0..n).filter(|&i| allowed[r][i]).max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a))).unwrap() as u32
+            };
+            assert_eq!(&got[..3], &[best(0), best(1), best(2)], "n = {n}");
+            assert_ne!(got[0], top0 as u32, "n = {n}: the largest logit is refused");
+            assert_eq!(got[3], u32::MAX, "n = {n}: a NaN flags the row, allowed or not");
+            // Top-k: 40 of row 0 (with a tail at temperature 0.7), all 3 of row 2.
+            let temperature = 0.7f32;
+            let want = h.u32_buf(&[40, temperature.to_bits(), 0, 0, 3, 0, 0, 0]);
+            let out = h.u32_buf(&vec![0xDEAD; rows * words_out]);
+            let op = kernels::top_k(&h.gpu, &mut h.cache, n, &lb, &want, &out, mb);
+            h.run(&[op], 3);
+            let all_words: Vec<u32> =
+                bytemuck::cast_slice(&h.gpu.read_buffer(&out, 4 * 3 * words_out as u64).await.unwrap()).to_vec();
+            for (r, k) in [(0usize, 40usize), (2, 3)] {
+                let row = &logits[r * n..(r + 1) * n];
+                let mut all: Vec<(u32, f32)> =
+                    (0..n).filter(|&i| allowed[r][i]).map(|i| (i as u32, row[i])).collect();
+                all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                let (top, rest) = all.split_at(k);
+                let w = &all_words[r * words_out..(r + 1) * words_out];
+                assert_eq!(w[0] as usize, k, "n = {n}, row {r}");
+                let mut got: Vec<(u32, f32)> =
+                    w[3..3 + 2 * k].chunks_exact(2).map(|p| (p[0], f32::from_bits(p[1]))).collect();
+                got.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                assert_eq!(got, top, "n = {n}, row {r}");
+                if r == 0 {
+                    let max = top[0].1 as f64 / temperature as f64;
+                    let exact: f64 = rest.iter().map(|&(_, l)| (l as f64 / temperature as f64 - max).exp()).sum();
+                    let sum = f32::from_bits(w[1]) as f64;
+                    assert!((sum - exact).abs() <= exact * TAIL_REL_ERROR / 3.0, "n = {n}: tail {sum} vs {exact}");
+                    let max_abs = all.iter().fold(0f32, |m, p| m.max(p.1.abs()));
+                    assert_eq!(f32::from_bits(w[2]), max_abs, "n = {n}: the largest allowed |logit|");
                 }
             }
         }

@@ -84,6 +84,11 @@ pub struct Counters {
     pub bytes_read_back: AtomicU64,
     /// Host time spent encoding and submitting decode steps, in nanoseconds.
     pub host_ns: AtomicU64,
+    /// Rounds with constraint masks, and those whose forward pass had finished before the masks
+    /// were written (the GPU waited for the host's masks; counted natively, where the queue can
+    /// be polled without waiting).
+    pub mask_rounds: AtomicU64,
+    pub mask_waits: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -95,6 +100,8 @@ pub struct CounterSnapshot {
     pub submissions: u64,
     pub bytes_read_back: u64,
     pub host_ns: u64,
+    pub mask_rounds: u64,
+    pub mask_waits: u64,
 }
 
 impl std::ops::Sub for CounterSnapshot {
@@ -108,6 +115,8 @@ impl std::ops::Sub for CounterSnapshot {
             submissions: self.submissions - o.submissions,
             bytes_read_back: self.bytes_read_back - o.bytes_read_back,
             host_ns: self.host_ns - o.host_ns,
+            mask_rounds: self.mask_rounds - o.mask_rounds,
+            mask_waits: self.mask_waits - o.mask_waits,
         }
     }
 }
@@ -322,6 +331,8 @@ impl Gpu {
             submissions: c.submissions.load(Ordering::Relaxed),
             bytes_read_back: c.bytes_read_back.load(Ordering::Relaxed),
             host_ns: c.host_ns.load(Ordering::Relaxed),
+            mask_rounds: c.mask_rounds.load(Ordering::Relaxed),
+            mask_waits: c.mask_waits.load(Ordering::Relaxed),
         }
     }
 

@@ -229,6 +229,8 @@ struct Buffers {
     top_k_want: wgpu::Buffer,
     top_k_out: wgpu::Buffer,
     staging_top_k: wgpu::Buffer,
+    /// Structured output's masks for a round's decode rows (`kernels::masks_bytes`).
+    masks: wgpu::Buffer,
 }
 
 /// The host's cost of encoding and submitting: the thread's CPU time where the OS tells it
@@ -289,8 +291,14 @@ pub struct GpuModel {
     mtp_passes: Option<[Vec<Dispatch>; 2]>,
     mtp_len: Vec<usize>,
     prefill: Vec<Dispatch>,
-    /// The top-k selection that follows a pass for the rows whose sampler asks for it.
+    /// The top-k selection that follows a pass for the rows whose sampler asks for it, and the
+    /// argmax again for rows with a constraint mask (`finish_round`).
     select: Option<Dispatch>,
+    argmax_masked: Option<Dispatch>,
+    /// The decode rows' mask flags as the next round writes them (`set_mask`), and whether
+    /// those on the GPU flag any row (they are cleared before a round that selects).
+    mask_flags: Vec<u32>,
+    masks_flagged: bool,
     /// Prefill that keeps every position's logits (perplexity, tests); made on first use.
     all_logits: Option<(Vec<Dispatch>, wgpu::Buffer)>,
     /// The KV cache's blocks and the sequences' block tables.
@@ -642,6 +650,9 @@ impl GpuModel {
             mtp_len: vec![0; max_seqs],
             prefill: Vec::new(),
             select: None,
+            argmax_masked: None,
+            mask_flags: vec![0; max_batch],
+            masks_flagged: false,
             all_logits: None,
             pool,
             layout,
@@ -662,8 +673,11 @@ impl GpuModel {
         model.prefill = model.record(Pass::Prefill);
         let b = &model.buf;
         let vocab = model.config.vocab_size;
-        model.select =
-            Some(kernels::top_k(&model.gpu, &mut model.pipelines, vocab, &b.logits, &b.top_k_want, &b.top_k_out));
+        let p = &mut model.pipelines;
+        let masks = kernels::Masks { buffer: &b.masks, rows: model.max_batch };
+        model.select = Some(kernels::top_k(&model.gpu, p, vocab, &b.logits, &b.top_k_want, &b.top_k_out, masks));
+        model.argmax_masked =
+            Some(kernels::argmax_masked(&model.gpu, p, &b.params, vocab, &b.logits, &b.argmax, masks));
         model.gpu.memory_watched(watch).await?;
         model.gpu.check()?;
         Ok(model)
@@ -843,6 +857,7 @@ impl GpuModel {
             top_k_want: gpu.storage("top_k_want", batch * 8)?,
             top_k_out: gpu.storage("top_k_out", batch * kernels::TOP_K_WORDS as u64 * 4)?,
             staging_top_k: gpu.readback("staging_top_k", batch * (1 + kernels::TOP_K_WORDS) as u64 * 4),
+            masks: gpu.storage("masks", kernels::masks_bytes(c.vocab_size, max_batch))?,
         })
     }
 

@@ -7,6 +7,7 @@ import { chromium } from "playwright-core";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import fs from "node:fs";
+import os from "node:os";
 import { execFileSync } from "node:child_process";
 
 export const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
@@ -34,13 +35,18 @@ const cli = process.env.WEBGPU_LLM_CLI ?? path.join(root, "target/release/webgpu
  * default; `beams: N` runs beam search. Returns {ids, text, stats} (stats as the CLI's JSON:
  * prompt_tokens, generated_tokens, stop_reason...) or, with beams, the CLI's [{ids, text, score}].
  */
-export function cpu(model, prompt, { maxTokens = 64, ignoreEos = false, beams = null, regex = null } = {}) {
+export function cpu(model, prompt, { maxTokens = 64, ignoreEos = false, beams = null, regex = null, jsonSchema = null } = {}) {
   const args = ["generate", "--backend", "cpu", "--model", model, "--json", "--max-tokens", String(maxTokens), "--temperature", "0"];
   if (typeof prompt === "string") args.push("--prompt", prompt);
   else args.push("--chat", "--prompt", prompt.chat);
   if (ignoreEos) args.push("--ignore-eos");
   if (beams) args.push("--beams", String(beams));
   if (regex) args.push("--regex", regex);
+  if (jsonSchema) {
+    const file = path.join(os.tmpdir(), `schema-${process.pid}-${Date.now()}.json`);
+    fs.writeFileSync(file, JSON.stringify(jsonSchema));
+    args.push("--json-schema", file);
+  }
   const lines = execFileSync(cli, args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }).trim().split("\n").map((l) => JSON.parse(l));
   if (beams) return lines[0].beams;
   const tokens = lines.filter((l) => "id" in l);

@@ -197,18 +197,34 @@ window.finished = true;`;
     // and a broken regex is an error with its code.
     const regex = "(yes|no), [a-z ]{2,12}\\.";
     const wantRegex = cpu(modelPath, RAW_A, { maxTokens: 24, regex });
-    const constrained = await tab.evaluate(async ([prompt, regex]) => {
-      const ids = [];
-      let text = "";
-      for await (const ev of window.engine.generate(prompt, { temperature: 0, maxTokens: 24, regex })) {
-        ids.push(ev.id);
-        text += ev.text;
-      }
+    // A JSON schema too (an enum, a bounded integer, an array with bounds): the GPU takes the
+    // argmax among the allowed tokens, the CPU reference masks its whole row.
+    const schema = { type: "object", properties: { kind: { enum: ["cat", "dog"] }, n: { type: "integer", minimum: 0, maximum: 99 },
+      ok: { type: "array", items: { type: "boolean" }, minItems: 1, maxItems: 2 } }, required: ["kind", "n", "ok"],
+      additionalProperties: false, "x-guidance": { whitespace_flexible: false } };
+    const wantSchema = cpu(modelPath, RAW_A, { maxTokens: 40, jsonSchema: schema });
+    const constrained = await tab.evaluate(async ([prompt, regex, schema]) => {
+      const run = async (options) => {
+        const ids = [];
+        let text = "";
+        for await (const ev of window.engine.generate(prompt, { temperature: 0, ...options })) {
+          ids.push(ev.id);
+          text += ev.text;
+        }
+        return { ids, text };
+      };
+      const { ids, text } = await run({ maxTokens: 24, regex });
       const stats = window.engine.stats();
+      const json = await run({ maxTokens: 40, responseFormat: { type: "json_schema", json_schema: { name: "pet", schema } } });
       const bad = await window.engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], regex: "(a" }).then(() => null, (e) => [e.message, e.code]);
-      return { ids, text, bad, stats };
-    }, [RAW_A, regex]);
+      return { ids, text, bad, stats, json };
+    }, [RAW_A, regex, schema]);
     assert.deepEqual(constrained.ids, wantRegex.ids);
+    assert.deepEqual(constrained.json.ids, wantSchema.ids);
+    const pet = JSON.parse(constrained.json.text);
+    assert.deepEqual(Object.keys(pet).sort(), ["kind", "n", "ok"], constrained.json.text);
+    assert.ok(["cat", "dog"].includes(pet.kind) && Number.isInteger(pet.n) && pet.n >= 0 && pet.n <= 99, constrained.json.text);
+    assert.ok(pet.ok.length >= 1 && pet.ok.length <= 2 && pet.ok.every((b) => typeof b === "boolean"), constrained.json.text);
     // The masks' CPU time in wasm (the package's stats; `bench --json-schema` prints it natively).
     const m = constrained.stats;
     assert.ok(m.masks >= constrained.ids.length && m.maskUsMax >= m.maskUsMean && m.maskUsMean > 0, JSON.stringify(m));

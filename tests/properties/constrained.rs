@@ -14,15 +14,18 @@ use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prom
 use webgpu_llm::gpu::GpuOptions;
 use webgpu_llm::sampling::SamplingParams;
 
-/// Runs `spec` sampled with seeds 0..`seeds` in one batch; the texts, each ended by the end of
-/// sequence (a complete output: only stop tokens may follow).
+/// Runs `spec` sampled with seeds 0..`seeds` in one batch (plain, top-k and top-p samplers in
+/// turn); the texts, each ended by the end of sequence (a complete output: only stop tokens may
+/// follow).
 fn sampled(engine: &mut Engine, spec: &ConstraintSpec, seeds: u64) -> Vec<String> {
     let mut b = Batcher::new(engine, 256);
     let prompt = Prompt::Tokens(tiny::chat_prompt(&[("user", "Describe a person as JSON.")]));
     let mut texts: HashMap<RequestId, (String, Option<StopReason>)> = HashMap::new();
     for seed in 0..seeds {
-        let sampling =
-            SamplingParams { temperature: 0.8, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..Default::default() };
+        // Each sampler's path in turn: the whole row masked on the host, and the GPU's masked
+        // top-k and top-p selections.
+        let (top_k, top_p) = [(0, 1.0), (40, 1.0), (0, 0.95)][seed as usize % 3];
+        let sampling = SamplingParams { temperature: 0.8, top_k, top_p, min_p: 0.0, seed, ..Default::default() };
         let opts = GenerateOptions { max_tokens: 200, sampling, constraint: Some(spec.clone()), ..Default::default() };
         texts.insert(b.enqueue(Batcher::prepare(engine, &prompt, &opts).unwrap()), Default::default());
     }

@@ -217,3 +217,88 @@ fn greedy_rounds_are_submitted_one_ahead_of_the_ids_read() {
         assert_eq!(g, &want, "prompt {i}");
     }
 }
+
+/// Rows under a constraint read back their selection alone, as free rows do: the GPU applies
+/// each row's mask (a bit a token, uploaded while the forward pass runs) to its argmax and its
+/// top-k/top-p selection. Counted by hand: 4 bytes a greedy row, 8 bytes a pair of the k
+/// largest allowed tokens (k at most the count the mask allows, which each token event
+/// reports), the tail's 8 bytes for top-p, and the whole row only for a row that asks for
+/// candidates. Each round is two submissions (the forward pass, then the masked selection and
+/// its readback). The truth for the tokens: the same requests asking for candidates, which read
+/// their whole row and mask it on the host, draw the same tokens, and every text follows the
+/// constraint.
+#[test]
+fn constrained_rows_read_back_their_selection_alone() {
+    use webgpu_llm::batcher::{BatchEvent, Batcher};
+    use webgpu_llm::constraint::ConstraintSpec;
+    use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt};
+    use webgpu_llm::sampling::SamplingParams;
+    let opts = LoadOptions { backend: BackendKind::Gpu, context_length: Some(512), gpu: GpuOptions::default() };
+    let mut e = pollster::block_on(Engine::load(tiny::chat(), opts, &mut |_, _| {})).unwrap();
+    let vocab = e.config.vocab_size as u64;
+    let sampled = |top_k, top_p, seed| SamplingParams {
+        temperature: 0.8,
+        top_k,
+        top_p,
+        min_p: 0.0,
+        seed,
+        ..SamplingParams::default()
+    };
+    // Longer than the steps run: no row ends within them.
+    let steps = 10;
+    // Few tokens spell only a's and b's: the masks allow fewer than a top-k's 40, so a row's k
+    // is clamped to them.
+    let regex = ConstraintSpec::Regex("[ab]{60,80}".into());
+    let base = GenerateOptions { max_tokens: steps, constraint: Some(regex), ..GenerateOptions::default() };
+    // (options, selection pairs read (None: the argmax alone), a tail, the whole row)
+    let rows: Vec<(GenerateOptions, Option<u64>, bool, bool)> = vec![
+        (GenerateOptions { sampling: SamplingParams::greedy(), ..base.clone() }, None, false, false),
+        (GenerateOptions { sampling: sampled(40, 1.0, 1), ..base.clone() }, Some(40), false, false),
+        (GenerateOptions { sampling: sampled(0, 0.9, 2), ..base.clone() }, Some(NUCLEUS_K as u64), true, false),
+        (GenerateOptions { sampling: sampled(40, 1.0, 1), top_candidates: 1, ..base.clone() }, None, false, true),
+        (GenerateOptions { sampling: sampled(0, 0.9, 2), top_candidates: 1, ..base.clone() }, None, false, true),
+        // A free row beside them reads its argmax alone.
+        (GenerateOptions { sampling: SamplingParams::greedy(), constraint: None, ..base.clone() }, None, false, false),
+    ];
+    use webgpu_llm::gpu::kernels::NUCLEUS_K;
+    let prompt = Prompt::Tokens(tiny::chat_prompt(&[("user", "Write words.")]));
+    let mut b = Batcher::new(&e, 256);
+    let ids: Vec<_> = rows.iter().map(|(o, ..)| b.enqueue(Batcher::prepare(&e, &prompt, o).unwrap())).collect();
+    let mut texts = vec![String::new(); rows.len()];
+    let mut tokens = vec![Vec::new(); rows.len()];
+    for step in 0..steps {
+        let before = e.gpu_model().unwrap().gpu.counters();
+        let mut allowed = vec![0u64; rows.len()];
+        pollster::block_on(b.step(&mut e, &mut |_| true, &mut |id, ev| {
+            let i = ids.iter().position(|&r| r == id).unwrap();
+            match ev {
+                BatchEvent::Token(t) => {
+                    texts[i].push_str(&t.text);
+                    tokens[i].push(t.id);
+                    allowed[i] = t.allowed.map_or(0, u64::from);
+                }
+                BatchEvent::Done(_) => {}
+                other => panic!("row {i}: {other:?}"),
+            }
+            true
+        }))
+        .unwrap();
+        let d = e.gpu_model().unwrap().gpu.counters() - before;
+        let want: u64 = rows
+            .iter()
+            .zip(&allowed)
+            .map(|((_, pairs, tail, whole), &allowed)| {
+                4 + pairs.map_or(0, |k| 8 * k.min(allowed)) + 8 * *tail as u64 + 4 * vocab * *whole as u64
+            })
+            .sum();
+        assert!(allowed[..5].iter().all(|&a| a > 1 && a < 40), "step {step}: {allowed:?}");
+        assert_eq!(d.bytes_read_back, want, "step {step}: allowed {allowed:?}");
+        assert_eq!((d.submissions, d.mask_rounds), (2, 1), "step {step}");
+    }
+    b.clear(&mut e);
+    assert_eq!(tokens[1], tokens[3], "top-k: masked on the GPU as on the host");
+    assert_eq!(tokens[2], tokens[4], "top-p: masked on the GPU as on the host");
+    for (i, text) in texts.iter().enumerate().take(5) {
+        assert!(text.len() >= steps && text.bytes().all(|c| c == b'a' || c == b'b'), "row {i}: {text:?}");
+    }
+}

@@ -18,7 +18,7 @@ mod softcap;
 mod top_k;
 
 pub use act_mul::{act_mul, bias_add};
-pub use argmax::argmax;
+pub use argmax::{argmax, argmax_masked, mask_wgsl, mask_words, masks_bytes, Masks};
 pub use attention::{attention_decode, attention_prefill, decode_partials_len, DECODE_CHUNK};
 pub use delta::{delta_out, delta_prep, delta_proj, delta_scan, gate_mul, sigmoid_add};
 pub use embed::embed;

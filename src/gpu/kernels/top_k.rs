@@ -18,7 +18,8 @@ pub const TOP_K_WORDS: usize = 3 + 2 * MAX_TOP_K;
 /// For each of a pass's rows (its token count) of `n` logits: the `want[2 r]` largest into
 /// row r's `TOP_K_WORDS` words of `out` (none when 0); with a temperature's bits in
 /// `want[2 r + 1]` (not 0), also what a top-p/min-p sampler needs of the rest
-/// (`sampling::Tail`).
+/// (`sampling::Tail`). A row that `masks` flags selects among the tokens its mask allows
+/// (`kernels::mask_wgsl`; its k at most their count).
 pub fn top_k(
     gpu: &Gpu,
     cache: &mut PipelineCache,
@@ -26,11 +27,12 @@ pub fn top_k(
     logits: &wgpu::Buffer,
     want: &wgpu::Buffer,
     out: &wgpu::Buffer,
+    masks: super::Masks,
 ) -> Dispatch {
     let overrides = [("N", n as f64), ("OUT", TOP_K_WORDS as f64)];
-    let pipeline =
-        cache.get(gpu, "top_k", include_str!("../../../shaders/top_k.wgsl"), Needs::default(), &[], &overrides);
-    let bind_group = gpu.bind_group("top_k", &pipeline, &[logits, want, out]);
+    let kernel = super::mask_wgsl(Some((3, masks.rows)), n) + include_str!("../../../shaders/top_k.wgsl");
+    let pipeline = cache.get(gpu, "top_k", &kernel, Needs::default(), &[], &overrides);
+    let bind_group = gpu.bind_group("top_k", &pipeline, &[logits, want, out, masks.buffer]);
     // Sampling only: the greedy decode ledger never counts it.
     Dispatch { label: "top_k", pipeline, bind_group, groups: Groups::per_token(1, 0, 1), traffic: Traffic::default() }
 }

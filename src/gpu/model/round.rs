@@ -23,9 +23,10 @@ impl RowReadback {
     /// What choosing a token with `sampler` needs read back of its row: the argmax (greedy), a
     /// selection on the GPU (top-k alone, up to `MAX_TOP_K`; top-p/min-p without top-k: the
     /// `NUCLEUS_K` largest and the tail), else the whole row (penalties, a larger top-k, and
-    /// every sampled row off the GPU).
+    /// every sampled row off the GPU). On the GPU a constraint's mask applies to the argmax and
+    /// the selection (`GpuModel::set_mask`); off it, the host masks the whole row.
     pub fn for_sampler(sampler: &Sampler, on_gpu: bool) -> Self {
-        if !sampler.needs_logits() {
+        if sampler.argmax_only() && (on_gpu || sampler.constraint().is_none()) {
             Self::Argmax
         } else if !on_gpu {
             Self::Logits
@@ -53,7 +54,7 @@ impl RowReadback {
             Self::Argmax => Some(argmax),
             Self::Select { tail: None, .. } => Some(sampler.sample_top_k(top)),
             Self::Select { tail: Some(_), .. } => {
-                let vocab = sampler.vocab_size();
+                let vocab = sampler.allowed_tokens();
                 sampler.sample_nucleus(top, vocab, tail)
             }
             Self::Logits => Some(sampler.sample(logits)),
@@ -104,6 +105,8 @@ pub struct RoundFlight {
     /// The staging slot of a round that reads its rows' argmax alone.
     slot: Option<usize>,
     n: usize,
+    /// Its readback is still to be submitted (`finish_round`, after the rows' masks).
+    open: bool,
 }
 
 impl GpuModel {
@@ -186,13 +189,17 @@ impl GpuModel {
     /// decode rows' tokens are the argmax of the same rows of the round submitted before (kept
     /// on the GPU), not `rows[i].1`, so that greedy round n + 1 can be submitted before round
     /// n's ids are read. A round whose rows all read their argmax alone reads it from one of
-    /// two staging slots, in turn, so that two can be in flight.
+    /// two staging slots, in turn, so that two can be in flight. `masked`: some rows choose
+    /// under a constraint; the forward pass is submitted alone, and the host computes their
+    /// masks while the GPU runs it (`set_mask`, then `finish_round` submits the selection and
+    /// the readback).
     pub fn submit_round(
         &mut self,
         prefills: &[(SeqId, &[u32], usize)],
         rows: &[(SeqId, u32, usize)],
         want: &[RowReadback],
         chained: bool,
+        masked: bool,
     ) -> Result<RoundFlight> {
         let d = rows.len();
         let chunk_rows: usize = prefills.iter().map(|p| p.1.len()).sum();
@@ -269,7 +276,7 @@ impl GpuModel {
                 op.encode_rows(&mut pass, &segments);
             }
         }
-        let slot = (d > 0 && want.iter().all(|w| *w == RowReadback::Argmax)).then(|| {
+        let slot = (d > 0 && !masked && want.iter().all(|w| *w == RowReadback::Argmax)).then(|| {
             let slot = self.next_slot;
             self.next_slot = 1 - slot;
             slot
@@ -280,12 +287,46 @@ impl GpuModel {
             enc.copy_buffer_to_buffer(&b.argmax, 0, &b.chain, 0, 4 * d as u64);
             match slot {
                 Some(slot) => enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4 * d as u64),
+                None if masked => {}
                 None => self.encode_rows(&mut enc, want)?,
             }
         }
         let submission = self.gpu.submit(enc);
         self.count_host_time(host);
-        Ok(RoundFlight { submission, slot, n: d })
+        Ok(RoundFlight { submission, slot, n: d, open: masked && d > 0 })
+    }
+
+    /// Decode row `row`'s constraint mask for the round submitted with `masked` (a bit a token,
+    /// `Constraint::fill_mask`'s words): its argmax, or its selection, takes only the tokens
+    /// the mask allows.
+    pub fn set_mask(&mut self, row: usize, words: &[u32]) {
+        let at = (self.max_batch + row * kernels::mask_words(self.config.vocab_size)) * 4;
+        self.gpu.queue.write_buffer(&self.buf.masks, at as u64, bytemuck::cast_slice(words));
+        self.mask_flags[row] = 1;
+    }
+
+    /// Submits the selection and the readback of a round submitted with `masked`, once its
+    /// rows' masks are set (`want` as the rows now read: a masked row's k at most the tokens
+    /// its mask allows). Natively, counts whether the forward pass had already finished: then
+    /// the GPU waited for the masks.
+    pub fn finish_round(&mut self, flight: &mut RoundFlight, want: &[RowReadback]) -> Result<()> {
+        if !flight.open {
+            return Ok(());
+        }
+        let host = HostClock::now();
+        let counters = &self.gpu.counters;
+        counters.mask_rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        #[cfg(not(target_arch = "wasm32"))]
+        if self.gpu.device.poll(wgpu::PollType::Poll).is_ok_and(|s| s.is_queue_empty()) {
+            counters.mask_waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("masked") });
+        self.encode_rows(&mut enc, want)?;
+        self.mask_flags.fill(0);
+        flight.submission = self.gpu.submit(enc);
+        flight.open = false;
+        self.count_host_time(host);
+        Ok(())
     }
 
     /// The batched passes (a decode step of up to WIDE_ROWS rows and past them, a round with
@@ -303,6 +344,7 @@ impl GpuModel {
 
     /// What a round submitted by `submit_round` reads back, waiting for it.
     pub async fn read_round(&self, flight: RoundFlight, readback: RowsReadback<'_>) -> Result<()> {
+        debug_assert!(!flight.open, "a masked round is read after finish_round");
         match (flight.n, flight.slot) {
             (0, _) => self.gpu.check(),
             (n, Some(slot)) => {
@@ -404,6 +446,16 @@ impl GpuModel {
         let b = &self.buf;
         let vocab = self.config.vocab_size;
         let selects = want.iter().any(|w| matches!(w, RowReadback::Select { .. }));
+        // The rows' mask flags: this round's (`set_mask`), or zeros over a past round's before
+        // a selection reads them.
+        let masked = self.mask_flags.iter().any(|&f| f != 0);
+        if masked || (selects && self.masks_flagged) {
+            self.gpu.queue.write_buffer(&b.masks, 0, bytemuck::cast_slice(&self.mask_flags));
+            self.masks_flagged = masked;
+        }
+        if masked {
+            Self::encode_ops(enc, self.argmax_masked.as_slice(), n);
+        }
         if selects {
             self.row_words.clear();
             for w in want {
