@@ -31,6 +31,7 @@
 //! repeated prompt, or a prompt running at the same time — and prefills only the rest.
 
 use crate::beam::{BeamOptions, BeamSearch, BeamStep, Hypothesis};
+use crate::constraint::Constraint;
 use crate::engine::{
     common_prefix, token_candidates, Backend, Engine, GenerateOptions, Prompt, Stats, StopMatcher, StopReason,
     TokenCandidate, TokenEvent, TokenLogprob, TokenSpeculation,
@@ -317,6 +318,17 @@ impl Batcher {
     /// Checks a request against the model: options, prompt tokens, context. Errors here are the
     /// request's own (it can never run); `admit` then only says whether there is room now.
     pub fn prepare(engine: &Engine, prompt: &Prompt, options: &GenerateOptions) -> Result<Prepared> {
+        Self::prepare_with(engine, prompt, options, None)
+    }
+
+    /// `prepare` with `options.constraint` already compiled (`PromptEncoder::constraint`, off
+    /// the thread that runs the batch); None: compiled here.
+    pub fn prepare_with(
+        engine: &Engine,
+        prompt: &Prompt,
+        options: &GenerateOptions,
+        compiled: Option<Constraint>,
+    ) -> Result<Prepared> {
         options.validate()?;
         // Prompt lookup drafts on the host, from the request's own tokens; self-speculation with
         // passes of the model's first layers in the request's own sequence; a draft model in a
@@ -356,8 +368,10 @@ impl Batcher {
         let tokens = engine.checked_prompt(prompt, options.tools.as_deref(), options.max_tokens)?;
         let mut sampler = Sampler::new(options.sampling.clone(), engine.config.vocab_size)?;
         tokens.iter().for_each(|&id| sampler.accept(id));
-        if let Some(spec) = &options.constraint {
-            sampler.constrain(engine.compile_constraint(spec)?);
+        match (compiled, &options.constraint) {
+            (Some(c), Some(_)) => sampler.constrain(c),
+            (None, Some(spec)) => sampler.constrain(engine.compile_constraint(spec)?),
+            _ => {}
         }
         Ok(Prepared { tokens, sampler, options: options.clone(), vocab_size: engine.config.vocab_size, beams: None })
     }

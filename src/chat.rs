@@ -147,6 +147,8 @@ pub struct ChatTemplate {
     roles: Vec<String>,
     /// Whether the template renders `tools` and messages' `tool_calls` itself.
     renders_tools: bool,
+    /// How the model writes calls (`ToolFormat::of_template`).
+    tool_format: crate::tools::ToolFormat,
     source: String,
 }
 
@@ -204,7 +206,14 @@ impl ChatTemplate {
         let others = OTHER_ROLES.into_iter().filter(|r| named(r));
         let roles = BASE_ROLES.into_iter().chain(others).map(String::from).collect();
         let renders_tools = source.contains("tools") && source.contains("tool_call");
-        Ok(Self { env, bos_token, eos_token, family: None, roles, renders_tools, source: source.to_string() })
+        let tool_format = crate::tools::ToolFormat::of_template(source, renders_tools);
+        let source = source.to_string();
+        Ok(Self { env, bos_token, eos_token, family: None, roles, renders_tools, tool_format, source })
+    }
+
+    /// How the model writes a call: the format a forced call is held to and calls are read in.
+    pub fn tool_format(&self) -> crate::tools::ToolFormat {
+        self.tool_format
     }
 
     /// The template's Jinja source (its markup tokens are spelled in it).
@@ -226,6 +235,10 @@ impl ChatTemplate {
         special_spans: &dyn Fn(&str) -> Result<Vec<std::ops::Range<usize>>>,
     ) -> Result<(String, Vec<std::ops::Range<usize>>)> {
         let has_calls = messages.iter().any(|m| !m.tool_calls.is_empty() || m.role == "tool");
+        // The roles as given; a template without tools gets a `tool` message as its format's
+        // result turn.
+        let converting = !self.renders_tools && (tools.is_some() || has_calls);
+        self.check_roles(messages.iter().filter(|m| !(converting && m.role == "tool")))?;
         let converted;
         let (messages, tools) = if self.renders_tools {
             let calls = messages.iter().flat_map(|m| &m.tool_calls).map(|c| c.to_string());
@@ -239,19 +252,12 @@ impl ChatTemplate {
                 }
             }
             (messages, tools)
-        } else if tools.is_some() || has_calls {
-            converted = crate::tools::as_text(messages, tools);
+        } else if converting {
+            converted = crate::tools::as_text(messages, tools, self.tool_format);
             (&converted[..], None)
         } else {
             (messages, None)
         };
-        if let Some(m) = messages.iter().find(|m| !self.roles.contains(&m.role)) {
-            return Err(Error::InvalidOption {
-                name: "role",
-                value: m.role.chars().take(64).collect(),
-                expected: format!("one of the roles this model's chat template takes: {}", self.roles.join(", ")),
-            });
-        }
         let spans: Vec<Vec<std::ops::Range<usize>>> =
             messages.iter().map(|m| special_spans(&m.content)).collect::<Result<_>>()?;
         if spans.iter().all(Vec::is_empty) {
@@ -304,6 +310,18 @@ impl ChatTemplate {
             ));
         }
         Ok((text, plain))
+    }
+
+    /// A role the template does not take is refused.
+    fn check_roles<'a>(&self, mut messages: impl Iterator<Item = &'a Message>) -> Result<()> {
+        match messages.find(|m| !self.roles.contains(&m.role)) {
+            Some(m) => Err(Error::InvalidOption {
+                name: "role",
+                value: m.role.chars().take(64).collect(),
+                expected: format!("one of the roles this model's chat template takes: {}", self.roles.join(", ")),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The prompt text for `messages`; with `add_generation_prompt` it ends where the assistant's

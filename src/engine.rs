@@ -232,8 +232,8 @@ pub struct Engine {
     /// drafts with it has a sequence of its own in its pool (the batcher's `ModelDraft`).
     pub(crate) draft: Option<Box<Engine>>,
     /// Structured output's compiler over this model's vocabulary, built by the first
-    /// constrained request (`grammars`).
-    grammars: std::sync::OnceLock<Grammars>,
+    /// constrained request (shared with the prompt encoders, which compile off this thread).
+    grammars: Arc<std::sync::OnceLock<Grammars>>,
 }
 
 impl Engine {
@@ -282,7 +282,7 @@ impl Engine {
         Ok(Self {
             config,
             tokenizer: Arc::new(tokenizer),
-            grammars: std::sync::OnceLock::new(),
+            grammars: Arc::default(),
             chat_template: chat_template.map(Arc::new),
             context_length,
             backend,
@@ -375,18 +375,14 @@ impl Engine {
             tokenizer: self.tokenizer.clone(),
             template: self.chat_template.clone(),
             context_length: self.context_length,
+            vocab_size: self.config.vocab_size,
+            grammars: self.grammars.clone(),
         }
     }
 
     /// `spec` compiled over this model's vocabulary (the vocabulary's trie built the first time).
     pub fn compile_constraint(&self, spec: &ConstraintSpec) -> Result<Constraint> {
-        if self.grammars.get().is_none() {
-            let format =
-                self.chat_template.as_ref().map_or(ToolFormat::Hermes, |t| ToolFormat::of_template(t.source()));
-            let grammars = Grammars::new(&self.tokenizer, self.config.vocab_size, format)?;
-            let _ = self.grammars.set(grammars);
-        }
-        self.grammars.get().expect("set above").compile(spec)
+        self.prompt_encoder().constraint(spec)
     }
 
     /// The prompt's tokens, refused when empty, outside the vocabulary, or when they and
@@ -425,9 +421,22 @@ pub struct PromptEncoder {
     tokenizer: Arc<Tokenizer>,
     template: Option<Arc<ChatTemplate>>,
     context_length: usize,
+    vocab_size: usize,
+    grammars: Arc<std::sync::OnceLock<Grammars>>,
 }
 
 impl PromptEncoder {
+    /// `spec` compiled over the model's vocabulary (the vocabulary's trie built the first time,
+    /// once for the engine and every encoder): the server compiles here, off the engine's thread.
+    pub fn constraint(&self, spec: &ConstraintSpec) -> Result<Constraint> {
+        if self.grammars.get().is_none() {
+            let format = self.template.as_ref().map_or(ToolFormat::Hermes, |t| t.tool_format());
+            let grammars = Grammars::new(&self.tokenizer, self.vocab_size, format)?;
+            let _ = self.grammars.set(grammars);
+        }
+        self.grammars.get().expect("set above").compile(spec)
+    }
+
     /// Tokens of a prompt as the model will see them (a chat's with `tools` shown to the model).
     pub fn tokens(&self, prompt: &Prompt, tools: Option<&Tools>) -> Result<Vec<u32>> {
         let (text, plain) = match prompt {

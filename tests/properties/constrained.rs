@@ -101,7 +101,8 @@ fn sampled_constrained_outputs_always_follow_the_constraint() {
     }
 }
 
-/// A required tool call, sampled (20 seeds) in each call format the template may ask for:
+/// A required tool call, sampled (20 seeds) in each call format the template may ask for
+/// (Hermes, Mistral, Llama 3's JSON, Gemma's Python calls):
 /// every output is calls of the request's functions only (`parse_calls` finds them, with no text
 /// beside them), each with arguments its schema holds, checked by hand; Llama 3's format one call.
 #[test]
@@ -125,6 +126,7 @@ fn sampled_required_tool_calls_are_calls_in_the_models_format() {
         (None, ToolFormat::Hermes),
         (Some("{{ tools }}[TOOL_CALLS]"), ToolFormat::Mistral),
         (Some("<|start_header_id|>{{ tools }}"), ToolFormat::Llama3Json),
+        (Some("<start_of_turn>{{ messages }}"), ToolFormat::Pythonic),
     ];
     for (template, format) in templates {
         let bytes = match template {
@@ -145,6 +147,10 @@ fn sampled_required_tool_calls_are_calls_in_the_models_format() {
                 ToolFormat::Llama3Json => {
                     assert!(text.starts_with("{\"name\": ") && text.contains("\"parameters\": "), "{text:?}");
                     assert_eq!(calls.len(), 1, "{text:?}");
+                }
+                ToolFormat::Pythonic => {
+                    let named = ["[get_weather(city=", "[get_time(zone="];
+                    assert!(named.iter().any(|n| text.starts_with(n)) && text.ends_with(")]"), "{text:?}")
                 }
             }
             for call in &calls {

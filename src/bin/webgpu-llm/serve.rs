@@ -363,6 +363,8 @@ struct Job {
     /// The request's field that held the prompt ("messages" or "prompt"), for errors.
     param: &'static str,
     options: GenerateOptions,
+    /// `options.constraint` compiled by the HTTP handler (the engine thread only runs the batch).
+    constraint: Option<webgpu_llm::constraint::Constraint>,
     n: usize,
     beams: Option<BeamOptions>,
     events: mpsc::Sender<Out>,
@@ -636,7 +638,7 @@ fn handle(
     config: &EngineConfig,
     shutting_down: &mut bool,
 ) {
-    let (job, reply) = match command {
+    let (mut job, reply) = match command {
         Command::Shutdown => {
             *shutting_down = true;
             return;
@@ -689,7 +691,7 @@ fn handle(
         return;
     }
     // Tokenized once; choice i samples with seed + i.
-    let first = match Batcher::prepare(engine, &job.prompt, &job.options) {
+    let first = match Batcher::prepare_with(engine, &job.prompt, &job.options, job.constraint.take()) {
         Ok(p) => p,
         Err(e) => {
             refuse(reply, ApiError::from_engine(&e, param));
@@ -932,11 +934,18 @@ async fn run(state: &Shared, request: Request) -> Result<Response, ApiError> {
         let running = state.metrics.running.load(Ordering::Relaxed);
         return Err(ApiError::busy(state.metrics.queue_depth.load(Ordering::Relaxed), running));
     }
-    // Tokenized here, on a blocking thread, not on the engine's (which only runs the batch).
+    // Tokenized, and its constraint compiled, here on a blocking thread, not on the engine's
+    // (which only runs the batch). A beam search refuses a constraint on the engine thread.
     let encoder = state.encoder.clone();
     let (prompt, tools) = (request.prompt.clone(), request.generate.tools.clone());
-    let tokens = match tokio::task::spawn_blocking(move || encoder.tokens(&prompt, tools.as_deref())).await {
-        Ok(Ok(tokens)) => tokens,
+    let spec = request.generate.constraint.clone().filter(|_| request.beams.is_none());
+    let prepared = tokio::task::spawn_blocking(move || {
+        let tokens = encoder.tokens(&prompt, tools.as_deref())?;
+        let constraint = spec.map(|s| encoder.constraint(&s)).transpose()?;
+        Ok::<_, webgpu_llm::error::Error>((tokens, constraint))
+    });
+    let (tokens, constraint) = match prepared.await {
+        Ok(Ok(done)) => done,
         Ok(Err(e)) => return Err(ApiError::from_engine(&e, param)),
         Err(_) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "tokenizing failed")),
     };
@@ -947,6 +956,7 @@ async fn run(state: &Shared, request: Request) -> Result<Response, ApiError> {
         prompt: Prompt::Tokens(tokens),
         param,
         options: request.generate.clone(),
+        constraint,
         n: request.n,
         beams: request.beams.clone(),
         events: tx,
