@@ -311,3 +311,219 @@ pub fn apply_mask(mask: &[u32], logits: &mut [f32]) {
         }
     }
 }
+
+/// Whether `grammar` is llama.cpp's GBNF (its rules are defined with `::=`) rather than Lark.
+pub fn is_gbnf(grammar: &str) -> bool {
+    grammar.lines().any(|l| l.split('#').next().is_some_and(|code| code.contains("::=")))
+}
+
+/// llama.cpp's GBNF (grammars/README.md there) as llguidance's Lark: `root` is the start, a
+/// name becomes a rule of its own (Lark's rules are lowercase: `Foo` and `foo` stay apart), a
+/// literal a string, a character class or `.` a one-character regex; groups, `|`, `*`, `+`,
+/// `?` and `{m,n}` are the same in both. An error says what is wrong and where.
+pub fn gbnf_to_lark(gbnf: &str) -> std::result::Result<String, String> {
+    #[derive(PartialEq)]
+    enum Tok {
+        Name(String),
+        Define,
+        Text(String),
+    }
+    let chars: Vec<char> = gbnf.chars().collect();
+    let line_of = |i: usize| chars[..i.min(chars.len())].iter().filter(|&&c| c == '\n').count() + 1;
+    let mut toks = Vec::new();
+    let mut i = 0;
+    // The escape at chars[i] (after a backslash) as a char, and where it ends.
+    let escape = |i: usize| -> std::result::Result<(char, usize), String> {
+        let hex = |n: usize| -> std::result::Result<(char, usize), String> {
+            let digits: String = chars.get(i + 1..i + 1 + n).ok_or("a short escape")?.iter().collect();
+            let c = u32::from_str_radix(&digits, 16).ok().and_then(char::from_u32);
+            c.map(|c| (c, i + 1 + n)).ok_or_else(|| format!("a bad escape \\{}{digits}", chars[i]))
+        };
+        match chars.get(i) {
+            Some('n') => Ok(('\n', i + 1)),
+            Some('t') => Ok(('\t', i + 1)),
+            Some('r') => Ok(('\r', i + 1)),
+            Some('x') => hex(2),
+            Some('u') => hex(4),
+            Some('U') => hex(8),
+            Some(&c) => Ok((c, i + 1)),
+            None => Err("an escape at the end".into()),
+        }
+    };
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '#' => {
+                while i < chars.len() && chars[i] != '\n' {
+                    i += 1;
+                }
+            }
+            c if c.is_whitespace() => i += 1,
+            ':' if chars[i..].starts_with(&[':', ':', '=']) => {
+                toks.push(Tok::Define);
+                i += 3;
+            }
+            '"' => {
+                let (mut text, start) = (String::new(), i);
+                i += 1;
+                loop {
+                    match chars.get(i) {
+                        None => return Err(format!("a string not closed (line {})", line_of(start))),
+                        Some('"') => break,
+                        Some('\\') => {
+                            let (c, next) = escape(i + 1).map_err(|e| format!("{e} (line {})", line_of(i)))?;
+                            text.push(c);
+                            i = next;
+                        }
+                        Some(&c) => {
+                            text.push(c);
+                            i += 1;
+                        }
+                    }
+                }
+                i += 1;
+                toks.push(Tok::Text(serde_json::Value::String(text).to_string()));
+            }
+            '[' => {
+                let start = i;
+                let mut class = String::from("[");
+                i += 1;
+                if chars.get(i) == Some(&'^') {
+                    class.push('^');
+                    i += 1;
+                }
+                loop {
+                    let (c, raw) = match chars.get(i) {
+                        None => return Err(format!("a character class not closed (line {})", line_of(start))),
+                        Some(']') => break,
+                        Some('\\') => {
+                            let (c, next) = escape(i + 1).map_err(|e| format!("{e} (line {})", line_of(i)))?;
+                            i = next;
+                            (c, false)
+                        }
+                        Some(&c) => {
+                            i += 1;
+                            (c, true)
+                        }
+                    };
+                    // A range's dash stays a range; every other character is written as its code.
+                    let first = class == "[" || class == "[^";
+                    if raw && c == '-' && !first && chars.get(i) != Some(&']') {
+                        class.push('-');
+                    } else {
+                        class.push_str(&format!("\\x{{{:x}}}", c as u32));
+                    }
+                }
+                i += 1;
+                class.push(']');
+                toks.push(Tok::Text(format!("/{class}/")));
+            }
+            '.' => {
+                toks.push(Tok::Text("/(?s:.)/".into()));
+                i += 1;
+            }
+            '(' | ')' | '|' | '*' | '+' | '?' => {
+                toks.push(Tok::Text(c.to_string()));
+                i += 1;
+            }
+            '{' => {
+                let end = chars[i..].iter().position(|&c| c == '}').map(|p| i + p);
+                let Some(end) = end else { return Err(format!("a repetition not closed (line {})", line_of(i))) };
+                let inner: String = chars[i + 1..end].iter().filter(|c| !c.is_whitespace()).collect();
+                if inner.is_empty() || !inner.chars().all(|c| c.is_ascii_digit() || c == ',') {
+                    return Err(format!("a bad repetition {{{inner}}} (line {})", line_of(i)));
+                }
+                toks.push(Tok::Text(format!("{{{inner}}}")));
+                i = end + 1;
+            }
+            c if c.is_ascii_alphanumeric() || c == '-' || c == '_' => {
+                let start = i;
+                while chars.get(i).is_some_and(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_') {
+                    i += 1;
+                }
+                toks.push(Tok::Name(chars[start..i].iter().collect()));
+            }
+            c => return Err(format!("an unexpected {c:?} (line {})", line_of(i))),
+        }
+    }
+    let mut names: Vec<String> = Vec::new();
+    let mut rule = |name: &str| -> String {
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+        rule_name(&names, name)
+    };
+    let mut lark = String::new();
+    let mut defined = Vec::new();
+    let mut k = 0;
+    while k < toks.len() {
+        let (Tok::Name(name), Some(Tok::Define)) = (&toks[k], toks.get(k + 1)) else {
+            return Err("a rule must start with a name and ::=".into());
+        };
+        let head = rule(name);
+        if defined.contains(&head) {
+            return Err(format!("the rule {name} is defined twice"));
+        }
+        defined.push(head.clone());
+        lark.push_str(&head);
+        lark.push(':');
+        k += 2;
+        while k < toks.len() && !(matches!(toks[k], Tok::Name(_)) && toks.get(k + 1) == Some(&Tok::Define)) {
+            let postfix =
+                matches!(&toks[k], Tok::Text(t) if ["*", "+", "?"].contains(&t.as_str()) || t.starts_with('{'));
+            if !postfix {
+                lark.push(' ');
+            }
+            match &toks[k] {
+                Tok::Name(n) => lark.push_str(&rule(n)),
+                Tok::Text(t) => lark.push_str(t),
+                Tok::Define => return Err("::= inside a rule".into()),
+            }
+            k += 1;
+        }
+        lark.push('\n');
+    }
+    let root = rule("root");
+    if !defined.contains(&root) {
+        return Err("no root rule (GBNF starts at `root ::= ...`)".into());
+    }
+    if let Some(missing) = names.iter().find(|n| !defined.contains(&rule_name(&names, n))) {
+        return Err(format!("the rule {missing} is used but not defined"));
+    }
+    Ok(format!("start: {root}\n{lark}"))
+}
+
+/// `gbnf_to_lark`'s rule for the GBNF name `name` (numbered in `names`): r{index}_{lowercase
+/// name}, distinct for names that differ only in case.
+fn rule_name(names: &[String], name: &str) -> String {
+    let k = names.iter().position(|n| n == name).expect("numbered");
+    format!("r{k}_{}", name.to_lowercase().replace('-', "_"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GBNF's constructs in Lark, by hand; mistakes are errors that say where.
+    #[test]
+    fn gbnf_becomes_lark() {
+        let gbnf = "# a greeting\nroot ::= greeting \" \" Name+ (\"!\" | \"?\"){1,2}\n\
+                    greeting ::= \"hi\" |\n    \"h\\x65llo\\n\"\nName ::= [A-Z] [a-z\\-]* . [^\\]\"]?\nname ::= \"x\"\n";
+        assert!(is_gbnf(gbnf) && !is_gbnf("start: \"a\" # not ::= here"));
+        assert_eq!(
+            gbnf_to_lark(gbnf).unwrap(),
+            "start: r0_root\n\
+             r0_root: r1_greeting \" \" r2_name+ ( \"!\" | \"?\" ){1,2}\n\
+             r1_greeting: \"hi\" | \"hello\\n\"\n\
+             r2_name: /[\\x{41}-\\x{5a}]/ /[\\x{61}-\\x{7a}\\x{2d}]/* /(?s:.)/ /[^\\x{5d}\\x{22}]/?\n\
+             r3_name: \"x\"\n"
+        );
+        let err = |g: &str| gbnf_to_lark(g).unwrap_err();
+        assert!(err("root ::= \"a").contains("not closed (line 1)"));
+        assert!(err("root ::= a\n").contains("a is used but not defined"));
+        assert!(err("a ::= \"x\"").contains("no root rule"));
+        assert!(err("root ::= \"a\"\nroot ::= \"b\"").contains("defined twice"));
+        assert!(err("root ::= [a-").contains("not closed"));
+        assert!(err("root ::= \"a\" @").contains("unexpected '@' (line 1)"));
+    }
+}

@@ -140,6 +140,17 @@ fn invalid(name: &'static str, value: impl std::fmt::Display, expected: impl Int
     Error::InvalidOption { name, value: value.to_string(), expected: expected.into() }
 }
 
+/// The `grammar` field's constraint: Lark (llguidance's dialect), or llama.cpp's GBNF, told
+/// apart by its `::=` and converted to Lark.
+fn grammar_spec(text: &str) -> Result<ConstraintSpec> {
+    if !crate::constraint::is_gbnf(text) {
+        return Ok(ConstraintSpec::Lark(text.to_string()));
+    }
+    crate::constraint::gbnf_to_lark(text)
+        .map(ConstraintSpec::Lark)
+        .map_err(|e| Error::InvalidConstraint { field: "grammar", reason: format!("GBNF: {e}") })
+}
+
 impl RequestOptions {
     /// The request's tools, and the one constraint `response_format`, `regex`, `grammar` or a
     /// forced `tool_choice` asks for, if any.
@@ -173,7 +184,9 @@ impl RequestOptions {
         let constraint = format
             .or(forced)
             .or_else(|| self.regex.clone().map(ConstraintSpec::Regex))
-            .or_else(|| self.grammar.clone().map(ConstraintSpec::Lark));
+            .map(Ok)
+            .or_else(|| self.grammar.as_deref().map(grammar_spec))
+            .transpose()?;
         Ok((tools, constraint))
     }
 
@@ -336,6 +349,23 @@ mod tests {
         assert_eq!((r.generate.max_tokens, r.generate.sampling.top_p, r.generate.ignore_eos), (7, 0.5, true));
         assert_eq!(r.generate.speculate.unwrap().draft_tokens, 2);
         assert_eq!(from(r#"{"max_tokens": 7, "max_completion_tokens": 9}"#).resolve(0).unwrap().generate.max_tokens, 9);
+    }
+
+    /// `grammar` takes Lark as it is and GBNF converted; a broken GBNF is the field's error.
+    #[test]
+    fn a_gbnf_grammar_becomes_lark() {
+        let lark = |json: &str| match from(json).resolve(0).map(|r| r.generate.constraint) {
+            Ok(Some(ConstraintSpec::Lark(text))) => text,
+            other => panic!("{json}: {other:?}"),
+        };
+        assert_eq!(lark(r#"{"grammar": "start: \"a\""}"#), "start: \"a\"");
+        assert_eq!(lark(r#"{"grammar": "root ::= \"a\""}"#), "start: r0_root\nr0_root: \"a\"\n");
+        match from(r#"{"grammar": "root ::= b"}"#).resolve(0) {
+            Err(Error::InvalidConstraint { field: "grammar", reason }) => {
+                assert!(reason.contains("b is used"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

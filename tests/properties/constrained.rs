@@ -174,3 +174,34 @@ fn sampled_required_tool_calls_are_calls_in_the_models_format() {
         eprintln!("{format:?}: calls per answer {counts:?}");
     }
 }
+
+/// llama.cpp's GBNF in `grammar` (converted to Lark): sampled outputs are those of the same
+/// grammar written in Lark by hand (the same masks at every step, so each seed draws the same
+/// text), and each is checked by hand.
+#[test]
+fn a_gbnf_grammar_constrains_as_the_same_grammar_in_lark() {
+    let opts = LoadOptions { backend: BackendKind::Gpu, context_length: Some(512), gpu: GpuOptions::default() };
+    let mut engine = pollster::block_on(Engine::load(tiny::chat(), opts, &mut |_, _| {})).unwrap();
+    let gbnf = "root ::= \"[\" item (\",\" item){0,3} \"]\"  # a short list\nitem ::= [a-c]+ |\n  \"\\\"\" [0-9]{1,2} \"\\\"\"\n";
+    let lark = "start: \"[\" item (\",\" item){0,3} \"]\"\nitem: /[a-c]/+ | \"\\\"\" /[0-9]/{1,2} \"\\\"\"\n";
+    let converted = webgpu_llm::constraint::gbnf_to_lark(gbnf).unwrap();
+    let mut from_gbnf = sampled(&mut engine, &ConstraintSpec::Lark(converted), 20);
+    let mut from_lark = sampled(&mut engine, &ConstraintSpec::Lark(lark.into()), 20);
+    from_gbnf.sort();
+    from_lark.sort();
+    assert_eq!(from_gbnf, from_lark);
+    for text in &from_gbnf {
+        let inner = text.strip_prefix('[').and_then(|t| t.strip_suffix(']')).unwrap_or_else(|| panic!("{text:?}"));
+        let items: Vec<&str> = inner.split(',').collect();
+        assert!((1..=4).contains(&items.len()), "{text:?}");
+        for item in items {
+            let letters = !item.is_empty() && item.bytes().all(|b| (b'a'..=b'c').contains(&b));
+            let digits = item.len() >= 3
+                && item.starts_with('"')
+                && item.ends_with('"')
+                && item.len() <= 4
+                && item[1..item.len() - 1].bytes().all(|b| b.is_ascii_digit());
+            assert!(letters || digits, "{text:?}: {item:?}");
+        }
+    }
+}
