@@ -16,7 +16,7 @@ pub const FORCE_F32_ENV: &str = "WEBGPU_LLM_FORCE_F32";
 pub const KERNELS_ENV: &str = "WEBGPU_LLM_KERNELS";
 
 /// Lanes per row of the matrix-vector kernel on GPUs.
-const GPU_LANES: u32 = 32;
+pub(crate) const GPU_LANES: u32 = 32;
 
 /// Environment variable overriding GPU_LANES (32, 64 or 128), for A/B measurements.
 pub const GEMV_LANES_ENV: &str = "WEBGPU_LLM_GEMV_LANES";

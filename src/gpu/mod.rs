@@ -4,6 +4,8 @@ mod device;
 pub mod kernels;
 mod model;
 pub mod shader;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod spirv;
 pub mod weights;
 
 pub use device::{CounterSnapshot, Gpu, GpuOptions, KernelStyle, KvStore, FORCE_F32_ENV};

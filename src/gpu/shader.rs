@@ -36,7 +36,28 @@ pub struct Needs {
     pub softcap: bool,
 }
 
+/// What a kernel's WGSL is assembled for: the device's features (`Target::of`), or another
+/// device's (the SPIR-V instruction counts of `gpu::spirv` take a GPU's with shader-f16 and
+/// subgroups on any machine).
+#[derive(Debug, Clone, Copy)]
+pub struct Target {
+    pub f16: bool,
+    pub subgroups: bool,
+    pub kv: super::KvStore,
+}
+
+impl Target {
+    pub fn of(gpu: &Gpu) -> Self {
+        Self { f16: gpu.f16, subgroups: gpu.subgroups, kv: gpu.kv }
+    }
+}
+
 pub fn assemble(gpu: &Gpu, kernel: &str, needs: Needs, consts: &[(&str, u32)]) -> String {
+    assemble_for(Target::of(gpu), kernel, needs, consts)
+}
+
+/// `assemble` for `gpu`'s features as `target` has them.
+pub fn assemble_for(gpu: Target, kernel: &str, needs: Needs, consts: &[(&str, u32)]) -> String {
     let mut src = String::new();
     if gpu.f16 {
         src.push_str("enable f16;\n");

@@ -100,6 +100,24 @@ pub struct Part {
     pub pair: bool,
 }
 
+/// A part's shape: what its kernels are compiled for (`Part::shape`).
+#[derive(Clone, Copy)]
+pub struct GemvShape {
+    pub format: &'static BlockFormat,
+    pub cols: usize,
+    pub row_words: usize,
+    pub rows: usize,
+    pub out: usize,
+    pub pair: bool,
+}
+
+impl Part {
+    pub fn shape(&self) -> GemvShape {
+        let p = self;
+        GemvShape { format: p.format, cols: p.cols, row_words: p.row_words, rows: p.rows, out: p.out, pair: p.pair }
+    }
+}
+
 /// A weight matrix as one or more parts.
 pub struct Linear {
     pub parts: Vec<Part>,

@@ -403,3 +403,38 @@ fn a_small_synthetic_model_runs_on_the_gpu_with_the_cpu_references_logits() {
     // The f16 path's bound of the golden tests (5e-2 on logits of about 10).
     assert!(diff <= 5e-3 * largest, "logits differ by {diff} (largest {largest})");
 }
+
+/// The decode gemv's SPIR-V instructions per weight byte (`gpu::spirv`, `bench --json`'s
+/// `gemv_instructions_per_weight_byte`), pinned for each block type: a kernel change that moves
+/// them updates this table (issue 26's goal for Q4_0: at most 6).
+#[test]
+fn the_decode_gemvs_spirv_instructions_per_weight_byte_are_pinned() {
+    use webgpu_llm::gpu::spirv::gemv_instructions_per_weight_byte;
+    let mut got = Vec::new();
+    for f in webgpu_llm::quant::FORMATS.iter() {
+        let n = gemv_instructions_per_weight_byte(f).unwrap_or_else(|e| panic!("{}: {e}", f.ty.name()));
+        got.push(format!("{} {:.2}", f.ty.name(), n));
+    }
+    println!("{}", got.join(", "));
+    let pinned: Vec<String> = PINNED.iter().map(|(t, n)| format!("{t} {n:.2}")).collect();
+    assert_eq!(got, pinned);
+}
+
+const PINNED: [(&str, f64); 16] = [
+    ("F32", 1.78),
+    ("F16", 2.94),
+    ("BF16", 3.94),
+    ("Q4_0", 17.33),
+    ("Q4_1", 15.40),
+    ("Q5_0", 19.09),
+    ("Q5_1", 17.33),
+    ("Q8_0", 8.47),
+    ("IQ4_NL", 20.67),
+    ("MXFP4", 23.53),
+    ("Q2_K", 35.05),
+    ("Q3_K", 45.38),
+    ("Q4_K", 34.22),
+    ("Q5_K", 34.00),
+    ("Q6_K", 20.27),
+    ("IQ4_XS", 27.06),
+];

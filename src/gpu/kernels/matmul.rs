@@ -3,7 +3,7 @@
 use super::{Dispatch, Groups, RopeKvFold, Traffic};
 use crate::arch::Activation;
 use crate::gpu::shader::{Needs, PipelineCache};
-use crate::gpu::weights::Linear;
+use crate::gpu::weights::{GemvShape, Linear};
 use crate::gpu::{Gpu, KernelStyle};
 
 const GEMV: &str = include_str!("../../../shaders/gemv.wgsl");
@@ -59,6 +59,62 @@ pub fn gemv_rope_kv(
     gemv_with(gpu, cache, batch, w, Activation::Silu, Epilogue::Store, Some(fold), norm, x, y, y_stride)
 }
 
+/// The decode gemv's program for one part: the WGSL kernel, what it needs prepended, its
+/// constants and its overrides (`gemv`'s pipelines; `gpu::spirv`'s instruction counts).
+pub struct GemvProgram {
+    pub kernel: String,
+    pub needs: Needs,
+    pub consts: Vec<(&'static str, u32)>,
+    pub overrides: Vec<(&'static str, f64)>,
+}
+
+impl GemvProgram {
+    /// `lanes` invocations a row (`Gpu::gemv_lanes`), `mb` batch rows a pass over the weights,
+    /// `norm_eps`: the RMS norm fused in.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        p: GemvShape,
+        lanes: u32,
+        mb: u32,
+        act: Activation,
+        epilogue: Epilogue,
+        fold: Option<&RopeKvFold>,
+        norm_eps: Option<f32>,
+        y_stride: usize,
+    ) -> Self {
+        let kernel = [GEMV, fold.map_or(NO_ROPE_KV, |_| GEMV_ROPE_KV)].concat();
+        let mut consts = vec![("MB", mb)];
+        consts.extend(fold.map(|f| f.consts()).into_iter().flatten());
+        let mode = match (p.pair, epilogue, fold) {
+            (_, _, Some(_)) => 3,
+            (true, ..) => 2,
+            (false, Epilogue::Add, _) => 1,
+            (false, Epilogue::Store, _) => 0,
+        };
+        let overrides = vec![
+            ("COLS", p.cols as f64),
+            ("ROW_WORDS", p.row_words as f64),
+            ("ROW_COUNT", p.rows as f64),
+            ("Y_STRIDE", y_stride as f64),
+            ("OUT", p.out as f64),
+            ("EPILOGUE", mode as f64),
+            ("LANES", lanes as f64),
+            ("NORM", norm_eps.is_some() as u32 as f64),
+            ("EPS", norm_eps.map_or(0.0, |e| e as f64)),
+        ];
+        let needs = Needs {
+            weights: Some(p.format),
+            reduce: true,
+            act: Some(if p.pair { act } else { Activation::Silu }),
+            kv_write: fold.is_some(),
+            batch: fold.is_some(),
+            rope: fold.is_some(),
+            ..Default::default()
+        };
+        Self { kernel, needs, consts, overrides }
+    }
+}
+
 /// gemv.wgsl's epilogue 3 when not folding RoPE in: it calls nothing.
 const NO_ROPE_KV: &str = "fn rope_kv_pair(m: u32, row: u32, a: f32, b: f32) {}\n";
 
@@ -76,39 +132,13 @@ fn gemv_with(
     y: &wgpu::Buffer,
     y_stride: usize,
 ) -> Vec<Dispatch> {
-    let kernel = [GEMV, fold.map_or(NO_ROPE_KV, |_| GEMV_ROPE_KV)].concat();
-    let mut consts = vec![("MB", batch.mb)];
-    consts.extend(fold.map(|f| f.consts()).into_iter().flatten());
     w.parts
         .iter()
         .map(|p| {
-            let mode = match (p.pair, epilogue, fold) {
-                (_, _, Some(_)) => 3,
-                (true, ..) => 2,
-                (false, Epilogue::Add, _) => 1,
-                (false, Epilogue::Store, _) => 0,
-            };
-            let overrides = [
-                ("COLS", p.cols as f64),
-                ("ROW_WORDS", p.row_words as f64),
-                ("ROW_COUNT", p.rows as f64),
-                ("Y_STRIDE", y_stride as f64),
-                ("OUT", p.out as f64),
-                ("EPILOGUE", mode as f64),
-                ("LANES", gpu.gemv_lanes() as f64),
-                ("NORM", norm.is_some() as u32 as f64),
-                ("EPS", norm.map_or(0.0, |n| n.1 as f64)),
-            ];
-            let needs = Needs {
-                weights: Some(p.format),
-                reduce: true,
-                act: Some(if p.pair { act } else { Activation::Silu }),
-                kv_write: fold.is_some(),
-                batch: fold.is_some(),
-                rope: fold.is_some(),
-                ..Default::default()
-            };
-            let pipeline = cache.get(gpu, "gemv", &kernel, needs, &consts, &overrides);
+            let shape = p.shape();
+            let norm_eps = norm.map(|n| n.1);
+            let program = GemvProgram::new(shape, gpu.gemv_lanes(), batch.mb, act, epilogue, fold, norm_eps, y_stride);
+            let pipeline = cache.get(gpu, "gemv", &program.kernel, program.needs, &program.consts, &program.overrides);
             let nw = norm.map_or(x, |n| n.0);
             let params = batch.params;
             let bind_group = match fold {
