@@ -16,8 +16,12 @@
 // per invocation, even one that every invocation shares, so x's loads cost more than the
 // weights' unless each serves several rows. A workgroup's 256 rows then take 256 / CPU_ROWS
 // invocations; the rest idle (whole SIMD groups of a CPU).
-// Bindings: 0 w, 1 x (vec4, rows of COLS), 2 y (rows of Y_STRIDE), 3 nw (vec4; any buffer when
-// not NORM), 4 params. Dispatch: ceil(ROW_COUNT / (256 / LANES)) workgroups, spread over x and y.
+// INT8 (GPU-style kernels, 32-value integer blocks: `kernels::gemv_int8`): x comes as
+// quantize_x.wgsl's int8 records in binding 3 (normalized there: NORM is off; binding 1 is
+// unused), and each lane takes whole blocks,
+// their products summed as integers by dot4I8Packed (shaders/quant/int8.wgsl's `q8w`, `q8_dot`).
+// Bindings: 0 w, 1 x (vec4 rows of COLS), 2 y (rows of Y_STRIDE), 3 nw (the norm weights as
+// vec4 bits; INT8: the records; any buffer when neither), 4 params. Dispatch: ceil(ROW_COUNT / (256 / LANES)) workgroups, spread over x and y.
 // MB comes from the host.
 
 override COLS: u32;
@@ -29,11 +33,12 @@ override EPILOGUE: u32 = 0u;
 override LANES: u32 = 32u;
 override NORM: bool = false;
 override EPS: f32 = 0.0;
+override INT8: bool = false;
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<storage, read> nw: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> nw: array<vec4<u32>>;
 @group(0) @binding(4) var<uniform> params: Params;
 
 // EPILOGUE 3: the workgroup's row results, so that a pair's even row sees its partner.
@@ -79,7 +84,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             }
             continue;
         }
-        if (r < ROW_COUNT) {
+        if (INT8 && r < ROW_COUNT) {
+            let base = r * ROW_WORDS;
+            for (var blk = k; blk < COLS / 32u; blk += LANES) {
+                let v = q8w(base, blk);
+                var u = v;
+                if (EPILOGUE == 2u) { u = q8w(base + ROW_COUNT * ROW_WORDS, blk); }
+                for (var j = 0u; j < hn; j++) {
+                    let o = ((m0 + j) * (COLS / 32u) + blk) * 3u;
+                    let xa = nw[o];
+                    let xb = nw[o + 1u];
+                    let xs = bitcast<vec2<f32>>(nw[o + 2u].xy);
+                    a[j] += q8_dot(v, xa, xb, xs);
+                    if (EPILOGUE == 2u) { b[j] += q8_dot(u, xa, xb, xs); }
+                }
+            }
+        } else if (r < ROW_COUNT) {
             let base = r * ROW_WORDS;
             for (var g = k; g < COLS / 8u; g += LANES) {
                 let v = dq8(base, g);
@@ -125,8 +145,8 @@ fn x_group(m: u32, g: u32) -> Dq8 {
     let xo = m * (COLS / 4u) + g * 2u;
     var v = Dq8(x[xo], x[xo + 1u]);
     if (NORM) {
-        v.a *= nw[g * 2u];
-        v.b *= nw[g * 2u + 1u];
+        v.a *= bitcast<vec4<f32>>(nw[g * 2u]);
+        v.b *= bitcast<vec4<f32>>(nw[g * 2u + 1u]);
     }
     return v;
 }

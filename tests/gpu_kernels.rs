@@ -290,11 +290,11 @@ gpu_test! {
                 let xb = h.buf(&x);
                 let y0 = random(&mut rng, rows, 1.0);
                 let yb = h.buf(&y0);
-                let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1 }, &lin, Activation::Silu, Epilogue::Store, None, &xb, &yb, rows);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1, xq: None }, &lin, Activation::Silu, Epilogue::Store, None, &xb, &yb, rows);
                 h.run(&ops, 1);
                 assert_close(&format!("gemv {ty:?} store, {}", h.path()), &h.read(&yb, rows).await, &want, &scale, MATMUL_REL);
                 let yb = h.buf(&y0);
-                let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1 }, &lin, Activation::Silu, Epilogue::Add, None, &xb, &yb, rows);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1, xq: None }, &lin, Activation::Silu, Epilogue::Add, None, &xb, &yb, rows);
                 h.run(&ops, 1);
                 let added: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
                 assert_close(&format!("gemv {ty:?} add, {}", h.path()), &h.read(&yb, rows).await, &added, &scale, MATMUL_REL);
@@ -324,7 +324,7 @@ gpu_test! {
                 let scale: Vec<f64> =
                     gs.iter().zip(&us).zip(&u).zip(&g).map(|(((a, b), u), g)| a * u.abs() + b * g.abs() + a * b).collect();
                 let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; rows]));
-                let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1 }, &pair, act, Epilogue::Store, None, &xb, &yb, rows);
+                let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1, xq: None }, &pair, act, Epilogue::Store, None, &xb, &yb, rows);
                 h.run(&ops, 1);
                 let what = format!("gated gemv {ty:?} {act:?}, {}", h.path());
                 assert_close(&what, &h.read(&yb, rows).await, &want, &scale, 1e-5);
@@ -675,7 +675,7 @@ gpu_test! {
                 let fold = kernels::RopeKvFold { config: &c, rope: &rope, batch: &h.batch, table: &table, k_cache: &kc, v_cache: &vc };
                 let none = QkvExtras { bias: None, qk_norm: None, v_norm: None, q_only: false };
                 assert!(fold.applies(&none, &lin));
-                let gb = GemvBatch { params: &h.params, mb: 1 };
+                let gb = GemvBatch { params: &h.params, mb: 1, xq: None };
                 let ops = kernels::gemv_rope_kv(&h.gpu, &mut h.cache, gb, &lin, &fold, None, &xb, &yb, rows);
                 h.run(&ops, 1);
                 let got_q = h.read(&yb, q).await;
@@ -1184,7 +1184,7 @@ gpu_test! {
             let (want, scale) = reference_matmul(&w, &x, cols);
             let total = rows + 30;
             let (x1, y1) = (h.buf(&x[..cols]), h.buf(&vec![0.0; total]));
-            let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1 }, &lin, Activation::Silu, Epilogue::Store, None, &x1, &y1, total);
+            let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1, xq: None }, &lin, Activation::Silu, Epilogue::Store, None, &x1, &y1, total);
             h.run(&ops, 1);
             assert_close("split gemv", &h.read(&y1, total).await, &want[..total], &scale[..total], MATMUL_REL);
             let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; n * total]));
@@ -1240,7 +1240,7 @@ gpu_test! {
             for mb in [1, 4, 8] {
                 let rows_at: Vec<(usize, usize)> = (0..batch).map(|r| (r % LAYOUT.max_seqs, r)).collect();
                 h.set_rows(&rows_at, batch, 16);
-                let gb = GemvBatch { params: &h.params, mb };
+                let gb = GemvBatch { params: &h.params, mb, xq: None };
                 let what = format!("batched gemv, {batch} rows, MB {mb}, {}", h.path());
                 let (xb, nb, yb) = (h.buf(&x), h.buf(&nw), h.buf(&y0));
                 let ops = kernels::gemv(&h.gpu, &mut h.cache, gb, &lin, Activation::Silu, Epilogue::Add, None, &xb, &yb, rows);
@@ -1261,6 +1261,90 @@ gpu_test! {
     }
 }
 
+// The int8 decode gemv (GPU-style kernels over 32-value integer blocks): quantize_x's records
+// are each block's values (RMS-normalized first when the norm is fused) as q_i dx with
+// dx = max |value| / 127 and q_i the nearest integer (within float rounding of x / dx; an
+// all-zero block has dx 0), with sx = dx sum(q_i); the gemv's outputs are the products of the
+// CPU's dequantized rows with those records' values, in f64 (the integer sums exact, the
+// scales in f32: the f32 bound of the other gemvs), for every epilogue, 1 and 3 batch rows,
+// MB 1 and 8.
+gpu_test! {
+    async fn int8_gemv_takes_x_as_int8_blocks_and_sums_their_products_exactly() {
+        let mut rng = Rng::new(13);
+        let (rows, cols, eps) = (77, 256, 1e-5);
+        let mut h = Harness::new(false).await;
+        h.gpu.style = KernelStyle::Gpu;
+        h.gpu.int8 = true;
+        let blocks = cols / 32;
+        let xq = h.gpu.storage("xq", kernels::int8_scratch_bytes(h.gpu.max_batch.next_multiple_of(8), cols)).unwrap();
+        for ty in types().filter(|&ty| webgpu_llm::quant::format(ty).unwrap().int8_fn().is_some()) {
+            let (gi, gb) = random_tensor(&mut rng, ty, rows, cols);
+            let (ui, ub) = random_tensor(&mut rng, ty, rows, cols);
+            let (up_info, file) = after(&gi, &gb, &ui, &ub);
+            let pair = Linear::gated_pair(&h.gpu, "gate_up", Rows::of(&gi).unwrap(), Rows::of(&up_info).unwrap(), &file[..])
+                .await
+                .unwrap()
+                .expect("same types pair up");
+            let lin = linear(&h, &gi, &gb).await;
+            let (gw, uw) = (dequantize(&gi, &gb).unwrap(), dequantize(&ui, &ub).unwrap());
+            for (n, mb, norm, epilogue) in
+                [(1, 1, false, Epilogue::Store), (3, 8, true, Epilogue::Add), (3, 1, false, Epilogue::Store)]
+            {
+                let mut x = random(&mut rng, n * cols, 3.0);
+                x[32..64].iter_mut().for_each(|v| *v = 0.0);
+                let nw = random(&mut rng, cols, 1.0);
+                let y0 = random(&mut rng, n * rows, 1.0);
+                let (xb, nb) = (h.buf(&x), h.buf(&nw));
+                h.set_rows(&(0..n).map(|i| (i, 0)).collect::<Vec<_>>(), n, 16);
+                let batch = GemvBatch { params: &h.params, mb, xq: Some(&xq) };
+                let norm = norm.then_some((&nb, eps));
+                for gated in [false, true] {
+                    let yb = h.buf(&y0);
+                    let (w, act) = if gated { (&pair, Activation::GeluTanh) } else { (&lin, Activation::Silu) };
+                    let ops = kernels::gemv(&h.gpu, &mut h.cache, batch, w, act, epilogue, norm, &xb, &yb, rows);
+                    assert_eq!(ops[0].label, "quantize_x", "{ty:?}: the int8 path");
+                    h.run(&ops, n);
+                    let words: Vec<u32> = bytemuck::cast_slice(&h.read(&xq, n * blocks * 12).await).to_vec();
+                    let what = format!("int8 gemv {ty:?}, {n} rows, MB {mb}, norm {}, {epilogue:?}, gated {gated}", norm.is_some());
+                    let mut values = Vec::new();
+                    for (m, row) in x.chunks_exact(cols).enumerate() {
+                        let mut t = row.to_vec();
+                        if norm.is_some() {
+                            reference::rms_norm(&mut t, row, &nw, eps);
+                        }
+                        for (b, tb) in t.chunks_exact(32).enumerate() {
+                            let r = &words[(m * blocks + b) * 12..][..12];
+                            let q: Vec<i8> = bytemuck::cast_slice::<u32, i8>(&r[..8]).to_vec();
+                            let (dx, sx) = (f32::from_bits(r[8]), f32::from_bits(r[9]));
+                            let amax = tb.iter().fold(0f32, |a, v| a.max(v.abs()));
+                            assert!((dx - amax / 127.0).abs() <= 1e-5 * amax / 127.0, "{what}: block {m}.{b} scale {dx}, max {amax}");
+                            for (i, (&v, &qi)) in tb.iter().zip(&q).enumerate() {
+                                let exact = if dx > 0.0 { v / dx } else { 0.0 };
+                                assert!((exact - qi as f32).abs() <= 0.5 + 1e-3, "{what}: value {m}.{b}.{i} {v} as {qi} x {dx}");
+                                values.push(dx as f64 * qi as f64);
+                            }
+                            let sum: i32 = q.iter().map(|&v| v as i32).sum();
+                            assert!((sx as f64 - dx as f64 * sum as f64).abs() <= 1e-6 * (dx as f64 * sum.abs() as f64) + 1e-12, "{what}: sum");
+                        }
+                    }
+                    let xv: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+                    let (g, gs) = reference_matmul(&gw, &xv, cols);
+                    let (want, scale): (Vec<f64>, Vec<f64>) = if gated {
+                        let (u, us) = reference_matmul(&uw, &xv, cols);
+                        let want = g.iter().zip(&u).map(|(&a, &b)| act64(act, a) * b).collect();
+                        (want, gs.iter().zip(&us).zip(&u).zip(&g).map(|(((a, b), u), g)| a * u.abs() + b * g.abs() + a * b).collect())
+                    } else if epilogue == Epilogue::Add {
+                        (g.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect(), gs)
+                    } else {
+                        (g, gs)
+                    };
+                    assert_close(&what, &h.read(&yb, n * rows).await, &want, &scale, MATMUL_REL);
+                }
+            }
+        }
+    }
+}
+
 gpu_test! {
     async fn gemv_with_a_fused_rms_norm_matches_norm_then_product() {
         let mut rng = Rng::new(12);
@@ -1275,7 +1359,7 @@ gpu_test! {
             reference::rms_norm(&mut normed, &x, &nw, eps);
             let (want, scale) = reference_matmul(&w, &normed, cols);
             let (xb, nb, yb) = (h.buf(&x), h.buf(&nw), h.buf(&vec![0.0; rows]));
-            let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1 }, &lin, Activation::Silu, Epilogue::Store, Some((&nb, eps)), &xb, &yb, rows);
+            let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1, xq: None }, &lin, Activation::Silu, Epilogue::Store, Some((&nb, eps)), &xb, &yb, rows);
             h.run(&ops, 1);
             assert_close(&format!("gemv + rms_norm, {}", h.path()), &h.read(&yb, rows).await, &want, &scale, 1e-5);
         }

@@ -21,6 +21,10 @@ pub(crate) const GPU_LANES: u32 = 32;
 /// Environment variable overriding GPU_LANES (32, 64 or 128), for A/B measurements.
 pub const GEMV_LANES_ENV: &str = "WEBGPU_LLM_GEMV_LANES";
 
+/// Environment variable: `1` gives GPU-style decode gemvs int8 activations (`Gpu::int8`), for
+/// A/B measurements of the int8 dot-product path (off by default: see `Gpu::int8`).
+pub const INT8_ENV: &str = "WEBGPU_LLM_INT8";
+
 /// Environment variable: `1` keeps naga's runtime checks in the kernels natively (loop bounding,
 /// index clamps on private and workgroup arrays, division guards), which `Gpu::pipeline` leaves
 /// out by default. (In the browser the browser decides.)
@@ -138,6 +142,13 @@ pub struct Gpu {
     pub counters: Counters,
     /// Chosen from the adapter's type; tests set it to check both variants on one adapter.
     pub style: KernelStyle,
+    /// GPU-style decode gemvs over 32-value integer blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) take
+    /// their activations quantized to int8 blocks and sum integer dot products
+    /// (`kernels::gemv_int8`): with INT8_ENV `1`, never on the forced f32 path. Off by default:
+    /// llama.cpp's q8_1 activations cost SmolLM2 3% of perplexity against transformers (26.78
+    /// to 27.58 over 96 decode steps; logits off by up to 0.16 where f16's bound is 0.05), most
+    /// of it in the FFN's down projection, whose inputs have outliers that coarsen their blocks.
+    pub int8: bool,
     /// Rows a decode step should take at most (`GpuOptions::max_batch`).
     pub max_batch: usize,
     /// Tokens the KV pool should hold (`GpuOptions::kv_tokens`).
@@ -271,6 +282,7 @@ impl Gpu {
             kv_tokens: options.kv_tokens,
             counters: Counters::default(),
             style,
+            int8: !options.force_f32 && std::env::var(INT8_ENV).is_ok_and(|v| v == "1"),
             failure,
             lost,
         })

@@ -187,6 +187,8 @@ struct Buffers {
     h: wgpu::Buffer,
     /// A projection's output before its post-norm (architectures with post-norms).
     proj: wgpu::Buffer,
+    /// The int8 gemvs' activation records (`kernels::gemv_int8`; 16 bytes when none runs).
+    xq: wgpu::Buffer,
     moe: Option<MoeBuffers>,
     /// Decode attention's per-chunk records (see `kernels::decode_partials_len`).
     partials: wgpu::Buffer,
@@ -763,6 +765,11 @@ impl GpuModel {
             gu: gpu.storage("gate_up", n * 2 * ffn as u64 * f)?,
             h: gpu.storage("ffn_hidden", n * ffn as u64 * f)?,
             proj: gpu.storage("proj", n * c.d_model as u64 * f)?,
+            xq: {
+                let int8 = gpu.int8 && gpu.style == KernelStyle::Gpu;
+                let (rows, cols) = (max_batch.next_multiple_of(BATCH_MB as usize), qkv_row.max(attn_row).max(ffn));
+                gpu.storage("xq", if int8 { kernels::int8_scratch_bytes(rows, cols.max(c.d_model)) } else { 16 })?
+            },
             moe: match plan.layers.iter().find_map(|l| l.experts.as_ref()) {
                 Some(e) => {
                     let (count, used) = (e.count as u64, e.used as u64);
@@ -888,7 +895,7 @@ impl GpuModel {
             Pass::Decode { .. } | Pass::WideDecode => &b.params,
         };
         let (params, eps, act) = (&b.params, c.rms_eps, plan.activation);
-        let gb = GemvBatch { params, mb };
+        let gb = GemvBatch { params, mb, xq: Some(&b.xq) };
         let embed_scale = plan.embed_scale.unwrap_or(1.0);
         let mut ops = Vec::new();
         // The MTP head's input rows: eh_proj(enorm(embedding) | hnorm(hidden state)) into x.
@@ -1290,7 +1297,7 @@ impl GpuModel {
             if tiled {
                 ops.extend(on(kernels::gemm(gpu, p, pd, head, Epilogue::Store, &b.xn, &b.logits, vocab)));
             } else {
-                let gd = GemvBatch { params: pd, mb };
+                let gd = GemvBatch { params: pd, mb, xq: Some(&b.xq) };
                 ops.extend(on(kernels::gemv(gpu, p, gd, head, act, Epilogue::Store, None, &b.xn, &b.logits, vocab)));
             }
             ops.extend(cap(p, pd, false, &b.logits, max_rows).map(|op| op.on(Segment::Decode)));

@@ -34,6 +34,9 @@ pub struct Needs {
     pub rope: bool,
     /// Calls `softcap` (shaders/softcap.wgsl; the pipeline sets its SOFTCAP override).
     pub softcap: bool,
+    /// Calls `q8w` and `q8_dot` (shaders/quant/int8.wgsl) for `weights` (a stub `q8w` for
+    /// formats without int8 blocks, whose kernels never call it).
+    pub int8: bool,
 }
 
 /// What a kernel's WGSL is assembled for: the device's features (`Target::of`), or another
@@ -80,6 +83,11 @@ pub fn assemble_for(gpu: Target, kernel: &str, needs: Needs, consts: &[(&str, u3
         src.push_str(&crate::quant::wgsl_prelude());
         src.push_str(format.wgsl);
         src.push_str(&format!("fn dq8(base: u32, g: u32) -> Dq8 {{ return {}(base, g); }}\n", format.wgsl_fn));
+        if needs.int8 {
+            src.push_str(crate::quant::WGSL_INT8);
+            let call = format.int8_fn().map_or("Q8W()".to_string(), |f| format!("{f}(base, b)"));
+            src.push_str(&format!("fn q8w(base: u32, b: u32) -> Q8W {{ return {call}; }}\n"));
+        }
     }
     if let Some(act) = needs.act {
         src.push_str(ACTIVATION);

@@ -1,15 +1,18 @@
 //! The decode gemv's instructions per weight byte, counted in the SPIR-V that naga writes for it
 //! (what wgpu hands a Vulkan driver, as the engine compiles it natively: no runtime checks), for
 //! a GPU with shader-f16 and subgroups (the kernels an NVIDIA card runs), on any machine:
-//! `bench --json`'s `gemv_instructions_per_weight_byte`, pinned by tests/properties/ledger.rs.
+//! `bench --json`'s `gemv_instructions_per_weight_byte` (and `gemv_int8_...` for the int8
+//! kernel), pinned by tests/properties/ledger.rs.
 //!
-//! What is counted: one trip of the gemv's weight loop (the loop that calls `dq8` itself), from
-//! its header back to it, as the GPU runs it for a single sequence's step (MB = 1: the batch
-//! rows' inner loop once), over the weight bytes that trip reads (8 values of the block type).
-//! Calls count as their callee's body (drivers inline them); a branch on a constant takes its
-//! side, any other `if` its longer arm; loads and stores of function variables and their access
-//! chains are not counted (drivers keep those in registers), nor access chains with constant
-//! indices (fixed offsets), labels, merges and plain branches. A static count, not a profile: what moves when a kernel does less work per byte.
+//! What is counted: one trip of the gemv's weight loop (the loop that calls the weight function,
+//! `dq8` or the int8 kernel's `q8w`, itself), from its header back to it, as the GPU runs it for
+//! a single sequence's step (MB = 1: the batch rows' inner loop once), over the weight bytes
+//! that trip reads (8 values of the block type; the int8 kernel's a block of 32). Calls count
+//! as their callee's body (drivers inline them); a branch on a constant takes its side, any
+//! other `if` its longer arm; loads and stores of function variables and their access chains
+//! are not counted (drivers keep those in registers), nor access chains with constant indices
+//! (fixed offsets), labels, merges and plain branches; a vector instruction counts once. A
+//! static count, not a profile: what moves when a kernel does less work per byte.
 
 use super::device::GPU_LANES;
 use super::kernels::{Epilogue, GemvProgram};
@@ -49,17 +52,22 @@ const FUNCTION_STORAGE: u32 = 7;
 const COLS: usize = 4096;
 
 /// Instructions a trip of the decode gemv's weight loop runs over the weight bytes it reads,
-/// for `format`'s plain product (no fused norm, stored), as the SPIR-V naga writes has it.
-pub fn gemv_instructions_per_weight_byte(format: &'static BlockFormat) -> Result<f64, String> {
+/// for `format`'s plain product (no fused norm, stored), as the SPIR-V naga writes has it; with
+/// `int8`, the int8-activation kernel's (`Gpu::int8`; an error for formats it does not take).
+pub fn gemv_instructions_per_weight_byte(format: &'static BlockFormat, int8: bool) -> Result<f64, String> {
+    if int8 && format.int8_fn().is_none() {
+        return Err(format!("no int8 gemv for {}", format.ty.name()));
+    }
     let row_words = format.gpu_row_words(COLS).ok_or("a row that does not fill whole blocks")?;
     let shape = GemvShape { format, cols: COLS, row_words, rows: COLS, out: 0, pair: false };
-    let p = GemvProgram::new(shape, GPU_LANES, 1, Activation::Silu, Epilogue::Store, None, None, COLS);
+    let p = GemvProgram::new(shape, GPU_LANES, 1, Activation::Silu, Epilogue::Store, None, None, COLS, int8);
     let target = Target { f16: true, subgroups: true, kv: KvStore::F16 };
     let source = assemble_for(target, &p.kernel, p.needs, &p.consts);
     let words = compile(&source, &p.overrides)?;
-    let trip = Module::parse(&words)?.loop_trip("main", "dq8")?;
+    let (callee, trip_values) = p.weight_fn;
+    let trip = Module::parse(&words)?.loop_trip("main", callee)?;
     let (values, bytes) = format.ty.block_layout();
-    Ok(trip as f64 / (8.0 * bytes as f64 / values as f64))
+    Ok(trip as f64 / (trip_values as f64 * bytes as f64 / values as f64))
 }
 
 /// `source`'s SPIR-V with `overrides` applied, as wgpu-hal's Vulkan backend writes it for the

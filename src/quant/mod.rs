@@ -15,6 +15,7 @@ pub const WGSL_COMMON: &str = include_str!("../../shaders/quant/common.wgsl");
 const WGSL_FLOAT: &str = include_str!("../../shaders/quant/float.wgsl");
 const WGSL_Q32: &str = include_str!("../../shaders/quant/q32.wgsl");
 const WGSL_K: &str = include_str!("../../shaders/quant/k.wgsl");
+pub const WGSL_INT8: &str = include_str!("../../shaders/quant/int8.wgsl");
 
 /// The non-linear 4-bit code book of IQ4_NL and IQ4_XS (ggml's `kvalues_iq4nl`).
 pub const IQ4_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
@@ -103,6 +104,19 @@ impl BlockFormat {
             None => blocks * bytes,
         };
         (cols % values == 0 && cols % 8 == 0 && row % 4 == 0).then_some(row / 4)
+    }
+
+    /// The int8 decode gemv's block function (shaders/quant/int8.wgsl) for the 32-value integer
+    /// blocks, whose values are d q + m with integer q of at most 8 bits.
+    pub fn int8_fn(&self) -> Option<&'static str> {
+        match self.ty {
+            GgmlType::Q4_0 => Some("q8w_q4_0"),
+            GgmlType::Q4_1 => Some("q8w_q4_1"),
+            GgmlType::Q5_0 => Some("q8w_q5_0"),
+            GgmlType::Q5_1 => Some("q8w_q5_1"),
+            GgmlType::Q8_0 => Some("q8w_q8_0"),
+            _ => None,
+        }
     }
 
     /// Words at the head of a row of `blocks` blocks holding their moved scales.

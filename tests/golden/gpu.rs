@@ -87,8 +87,8 @@ fn load(reference: Reference, path: Path) -> Option<(GpuModel, &'static Toleranc
         }
     };
     eprintln!(
-        "{reference:?} on the {path:?} path: f16 {}, subgroups {}, KV {:?}, {:?}-style kernels",
-        gpu.f16, gpu.subgroups, gpu.kv, gpu.style
+        "{reference:?} on the {path:?} path: f16 {}, subgroups {}, KV {:?}, {:?}-style kernels, int8 {}",
+        gpu.f16, gpu.subgroups, gpu.kv, gpu.style, gpu.int8
     );
     let start = std::time::Instant::now();
     let model = pollster::block_on(GpuModel::load(gpu, reference.gguf(), reference.bytes(), 2048, &mut |_, _| {}))

@@ -974,10 +974,11 @@ async fn bench_batch(
 }
 
 /// The decode gemv's SPIR-V instructions per weight byte for each block type the GPU reads
-/// (`gpu::spirv`: a GPU's kernel, whatever adapter this run has), by type name.
-fn gemv_instruction_counts() -> serde_json::Value {
+/// (`gpu::spirv`: a GPU's kernel, whatever adapter this run has), by type name; with `int8`,
+/// the int8-activation kernel's, for the types it takes.
+fn gemv_instruction_counts(int8: bool) -> serde_json::Value {
     let counts = webgpu_llm::quant::FORMATS.iter().filter_map(|f| {
-        let n = webgpu_llm::gpu::spirv::gemv_instructions_per_weight_byte(f).ok()?;
+        let n = webgpu_llm::gpu::spirv::gemv_instructions_per_weight_byte(f, int8).ok()?;
         Some((f.ty.name().to_string(), serde_json::json!((n * 100.0).round() / 100.0)))
     });
     serde_json::Value::Object(counts.collect())
@@ -1064,7 +1065,8 @@ impl BenchReport {
             "decode_gb_s": g.map(|g| g.ledger.total() as f64 * self.decode_tok_s / 1e9),
             "kv_cache_bytes": g.map(|g| g.cache_bytes.0),
             "state_bytes": g.map(|g| g.cache_bytes.1),
-            "gemv_instructions_per_weight_byte": gemv_instruction_counts(),
+            "gemv_instructions_per_weight_byte": gemv_instruction_counts(false),
+            "gemv_int8_instructions_per_weight_byte": gemv_instruction_counts(true),
         })
     }
 
@@ -1113,10 +1115,12 @@ impl BenchReport {
                 l.total() as f64 / m.total().max(1) as f64,
                 l.total() as f64 * self.decode_tok_s / 1e9
             );
-            let counts = gemv_instruction_counts();
-            let counts: Vec<String> =
-                counts.as_object().into_iter().flatten().map(|(ty, n)| format!("{ty} {n}")).collect();
-            println!("gemv SPIR-V instructions per weight byte (a GPU's kernel): {}", counts.join(", "));
+            for (int8, what) in [(false, ""), (true, ", int8 activations")] {
+                let counts = gemv_instruction_counts(int8);
+                let counts: Vec<String> =
+                    counts.as_object().into_iter().flatten().map(|(ty, n)| format!("{ty} {n}")).collect();
+                println!("gemv SPIR-V instructions per weight byte (a GPU's kernel{what}): {}", counts.join(", "));
+            }
         }
     }
 }

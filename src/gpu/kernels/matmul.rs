@@ -5,9 +5,15 @@ use crate::arch::Activation;
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::weights::{GemvShape, Linear};
 use crate::gpu::{Gpu, KernelStyle};
+use crate::quant::BlockFormat;
 
 const GEMV: &str = include_str!("../../../shaders/gemv.wgsl");
 const GEMV_ROPE_KV: &str = include_str!("../../../shaders/gemv_rope_kv.wgsl");
+const QUANTIZE_X: &str = include_str!("../../../shaders/quantize_x.wgsl");
+
+/// Bytes of one int8 activation record (shaders/quantize_x.wgsl): 32 values as bytes, then
+/// their scale and sum, padded to three vec4<u32>.
+pub const INT8_RECORD_BYTES: u64 = 48;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Epilogue {
@@ -17,11 +23,24 @@ pub enum Epilogue {
 }
 
 /// What a decode pass's matrix-vector products share: the pass's params (`rows` of x to take)
-/// and MB, the batch rows taken per pass over the weights (1 for a single sequence's step).
+/// and MB, the batch rows taken per pass over the weights (1 for a single sequence's step), and
+/// the int8 activations' scratch (`gemv_int8`; None: f32 activations everywhere).
 #[derive(Clone, Copy)]
 pub struct GemvBatch<'a> {
     pub params: &'a wgpu::Buffer,
     pub mb: u32,
+    pub xq: Option<&'a wgpu::Buffer>,
+}
+
+/// Whether a gemv over `format`'s weights takes int8 activations on `gpu`: GPU-style kernels
+/// (`Gpu::int8`) over 32-value integer blocks.
+pub fn gemv_int8(gpu: &Gpu, format: &BlockFormat) -> bool {
+    gpu.int8 && gpu.style == KernelStyle::Gpu && format.int8_fn().is_some()
+}
+
+/// Bytes of int8 activation records for `rows` rows of `cols` values.
+pub fn int8_scratch_bytes(rows: usize, cols: usize) -> u64 {
+    (rows * cols.div_ceil(32)) as u64 * INT8_RECORD_BYTES
 }
 
 /// y = W x for each of the pass's rows of x (rows of `y_stride` in y), or W rms_norm(x) with
@@ -66,11 +85,14 @@ pub struct GemvProgram {
     pub needs: Needs,
     pub consts: Vec<(&'static str, u32)>,
     pub overrides: Vec<(&'static str, f64)>,
+    /// The function the weight loop reads weights through, and the values one call returns.
+    pub weight_fn: (&'static str, usize),
 }
 
 impl GemvProgram {
     /// `lanes` invocations a row (`Gpu::gemv_lanes`), `mb` batch rows a pass over the weights,
-    /// `norm_eps`: the RMS norm fused in.
+    /// `norm_eps`: the RMS norm fused in, `int8`: x is int8 records (`gemv_int8`; normalized
+    /// already).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         p: GemvShape,
@@ -81,6 +103,7 @@ impl GemvProgram {
         fold: Option<&RopeKvFold>,
         norm_eps: Option<f32>,
         y_stride: usize,
+        int8: bool,
     ) -> Self {
         let kernel = [GEMV, fold.map_or(NO_ROPE_KV, |_| GEMV_ROPE_KV)].concat();
         let mut consts = vec![("MB", mb)];
@@ -99,8 +122,9 @@ impl GemvProgram {
             ("OUT", p.out as f64),
             ("EPILOGUE", mode as f64),
             ("LANES", lanes as f64),
-            ("NORM", norm_eps.is_some() as u32 as f64),
+            ("NORM", (norm_eps.is_some() && !int8) as u32 as f64),
             ("EPS", norm_eps.map_or(0.0, |e| e as f64)),
+            ("INT8", int8 as u32 as f64),
         ];
         let needs = Needs {
             weights: Some(p.format),
@@ -109,9 +133,11 @@ impl GemvProgram {
             kv_write: fold.is_some(),
             batch: fold.is_some(),
             rope: fold.is_some(),
+            int8: true,
             ..Default::default()
         };
-        Self { kernel, needs, consts, overrides }
+        let weight_fn = if int8 { ("q8w", 32) } else { ("dq8", 8) };
+        Self { kernel, needs, consts, overrides, weight_fn }
     }
 }
 
@@ -132,46 +158,100 @@ fn gemv_with(
     y: &wgpu::Buffer,
     y_stride: usize,
 ) -> Vec<Dispatch> {
-    w.parts
-        .iter()
-        .map(|p| {
-            let shape = p.shape();
-            let norm_eps = norm.map(|n| n.1);
-            let program = GemvProgram::new(shape, gpu.gemv_lanes(), batch.mb, act, epilogue, fold, norm_eps, y_stride);
-            let pipeline = cache.get(gpu, "gemv", &program.kernel, program.needs, &program.consts, &program.overrides);
-            let nw = norm.map_or(x, |n| n.0);
-            let params = batch.params;
-            let bind_group = match fold {
-                Some(f) => gpu.bind_group(
-                    "gemv",
-                    &pipeline,
-                    &[&p.buffer, x, y, nw, params, f.table, f.k_cache, f.v_cache, f.batch],
-                ),
-                None => gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, nw, params]),
-            };
-            let rows_per_group = 256 / gpu.gemv_lanes();
-            let groups = Groups::spread(
-                (p.rows as u32).div_ceil(rows_per_group),
-                gpu.limits.max_compute_workgroups_per_dimension,
-            );
-            // The part's rows, x (and the norm weights), y written (and read first when added
-            // to); folded, what rope_kv would have moved instead of y.
-            let out_rows = p.rows as u64 * 4;
-            let outputs = match fold {
-                Some(f) => f.traffic(p.out, p.rows, gpu.kv_bytes()),
-                None => Traffic {
-                    activations: if epilogue == Epilogue::Add && !p.pair { 2 * out_rows } else { out_rows },
-                    ..Default::default()
-                },
-            };
-            let traffic = Traffic {
+    let cols = w.parts.first().map_or(0, |p| p.cols);
+    // Rows the pass may take: those of a batch rounded up to MB (a GPU's gemv reads MB at once).
+    let rows = gpu.max_batch.next_multiple_of(batch.mb as usize);
+    let xq = batch.xq.filter(|xq| xq.size() >= int8_scratch_bytes(rows, cols) && cols % 32 == 0);
+    let int8 = |p: &crate::gpu::weights::Part| xq.is_some() && gemv_int8(gpu, p.format);
+    let mut ops = Vec::new();
+    if let Some(xq) = xq.filter(|_| w.parts.iter().any(int8)) {
+        ops.push(quantize_x(gpu, cache, batch.params, cols, rows, norm, x, xq));
+    }
+    for p in &w.parts {
+        let shape = p.shape();
+        let int8 = int8(p);
+        let norm_eps = norm.map(|n| n.1);
+        let program =
+            GemvProgram::new(shape, gpu.gemv_lanes(), batch.mb, act, epilogue, fold, norm_eps, y_stride, int8);
+        let pipeline = cache.get(gpu, "gemv", &program.kernel, program.needs, &program.consts, &program.overrides);
+        let nw = match xq {
+            Some(xq) if int8 => xq,
+            _ => norm.map_or(x, |n| n.0),
+        };
+        let params = batch.params;
+        let bind_group = match fold {
+            Some(f) => gpu.bind_group(
+                "gemv",
+                &pipeline,
+                &[&p.buffer, x, y, nw, params, f.table, f.k_cache, f.v_cache, f.batch],
+            ),
+            None => gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, nw, params]),
+        };
+        let rows_per_group = 256 / gpu.gemv_lanes();
+        let groups =
+            Groups::spread((p.rows as u32).div_ceil(rows_per_group), gpu.limits.max_compute_workgroups_per_dimension);
+        // The part's rows, x (or its int8 records; the norm weights), y written (and read first
+        // when added to); folded, what rope_kv would have moved instead of y.
+        let out_rows = p.rows as u64 * 4;
+        let outputs = match fold {
+            Some(f) => f.traffic(p.out, p.rows, gpu.kv_bytes()),
+            None => Traffic {
+                activations: if epilogue == Epilogue::Add && !p.pair { 2 * out_rows } else { out_rows },
+                ..Default::default()
+            },
+        };
+        let traffic = match int8 {
+            true => Traffic {
+                weights: p.buffer.size(),
+                activations: int8_scratch_bytes(1, p.cols) + outputs.activations,
+                ..outputs
+            },
+            false => Traffic {
                 weights: p.buffer.size() + norm.map_or(0, |_| 4 * p.cols as u64),
                 activations: 4 * p.cols as u64 + outputs.activations,
                 ..outputs
-            };
-            Dispatch { label: "gemv", pipeline, bind_group, groups, traffic }
-        })
-        .collect()
+            },
+        };
+        ops.push(Dispatch { label: "gemv", pipeline, bind_group, groups, traffic });
+    }
+    ops
+}
+
+/// x's rows as int8 records in `xq` (shaders/quantize_x.wgsl), RMS-normalized with `norm`: a
+/// workgroup for each of `rows` rows (those past the pass's return).
+#[allow(clippy::too_many_arguments)]
+fn quantize_x(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    params: &wgpu::Buffer,
+    cols: usize,
+    rows: usize,
+    norm: Option<(&wgpu::Buffer, f32)>,
+    x: &wgpu::Buffer,
+    xq: &wgpu::Buffer,
+) -> Dispatch {
+    let overrides = [
+        ("COLS", cols as f64),
+        ("NORM", norm.is_some() as u32 as f64),
+        ("EPS", norm.map_or(0.0, |n| n.1 as f64)),
+        ("LANES", crate::gpu::device::GPU_LANES as f64),
+    ];
+    let needs = Needs { reduce: true, ..Default::default() };
+    let pipeline = cache.get(gpu, "quantize_x", QUANTIZE_X, needs, &[], &overrides);
+    let nw = norm.map_or(x, |n| n.0);
+    let bind_group = gpu.bind_group("quantize_x", &pipeline, &[x, nw, xq, params]);
+    Dispatch {
+        label: "quantize_x",
+        pipeline,
+        bind_group,
+        groups: Groups::spread(rows as u32, gpu.limits.max_compute_workgroups_per_dimension),
+        // A row's values (and the norm weights), its records.
+        traffic: Traffic {
+            weights: norm.map_or(0, |_| 4 * cols as u64),
+            activations: 4 * cols as u64 + int8_scratch_bytes(1, cols),
+            ..Default::default()
+        },
+    }
 }
 
 /// Y = X W^T for the pass's tokens; `y_stride` is Y's row length. Gated-pair parts write gate

@@ -23,7 +23,9 @@ pub use attention::{attention_decode, attention_prefill, decode_partials_len, DE
 pub use delta::{delta_out, delta_prep, delta_proj, delta_scan, gate_mul, sigmoid_add};
 pub use embed::embed;
 pub use gemma4::{ple_gate, ple_inputs, scale_rows};
-pub use matmul::{gemm, gemv, gemv_rope_kv, Epilogue, GemvBatch, GemvProgram};
+pub use matmul::{
+    gemm, gemv, gemv_int8, gemv_rope_kv, int8_scratch_bytes, Epilogue, GemvBatch, GemvProgram, INT8_RECORD_BYTES,
+};
 pub use moe::{check_experts, moe_combine, moe_gemv, moe_group, moe_route, MoeGroups};
 pub use mtp::{concat_rows, hidden};
 pub use norm::{rms_norm, NormOut};
