@@ -31,6 +31,7 @@ test("the README snippet streams a seeded chat completion, the same text for the
 const out = document.getElementById("out");
 const url = "./model.gguf";
 try {
+  window.adapterSubgroups = (await navigator.gpu.requestAdapter()).features.has("subgroups");
   const engine = await Engine.load(url, { onProgress: ({ loaded, total }) => { window.loaded = [loaded, total]; } });
   for await (const ev of engine.chat([{ role: "user", content: "Hi" }], { temperature: 0.7, topP: 0.9, maxTokens: 128, seed: 42 })) {
     out.textContent += ev.text;                      // ev = { id, text }
@@ -50,12 +51,15 @@ window.finished = true;`;
     tab.on("console", (m) => console.log("page:", m.text()));
     await tab.goto(`${server.url}index.html`);
     await waitWithProgress(tab, () => window.finished, () => [window.loaded, window.tokens]);
-    const result = await tab.evaluate(() => ({ failure: window.failure, text: document.getElementById("out").textContent, tokens: window.tokens, stats: window.stats, info: window.info }));
+    const result = await tab.evaluate(() => ({ failure: window.failure, text: document.getElementById("out").textContent, tokens: window.tokens, stats: window.stats, info: window.info, adapterSubgroups: window.adapterSubgroups }));
     console.log(JSON.stringify(result));
     assert.equal(result.failure, undefined);
     assert.ok(result.tokens > 0 && result.text.trim().length > 0, "streamed some text");
     assert.equal(result.stats.generatedTokens, result.tokens);
     assert.equal(result.info.architecture, "llama");
+    // The engine runs its subgroup kernels where the adapter offers subgroups (SwiftShader does,
+    // 4 wide, since Chromium 134): wgpu's WebGPU backend requests the feature (vendor/wgpu).
+    assert.equal(result.info.subgroups, result.adapterSubgroups, "subgroups where the adapter has them");
     // The CPU cost of a decode step in the browser (encode and submit), measured by the engine.
     assert.ok(result.stats.hostMsPerToken > 0 && result.stats.hostMsPerToken < 1000, `host ${result.stats.hostMsPerToken} ms`);
 
