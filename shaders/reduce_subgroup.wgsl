@@ -9,10 +9,14 @@ struct Lane {
 
 var<workgroup> red: array<f32, 256>;
 
+// Where every subgroup is a row wide (SUBGROUP_MIN, from the host: the adapter's smallest) one
+// subgroupAdd sums a row; narrower subgroups (SwiftShader's 4, Intel's 8 or 16) meet in
+// workgroup memory. The choice rests on constants: WGSL's uniformity analysis counts
+// subgroup_size as non-uniform, and Chrome rejects a barrier after a branch on it.
 fn row_sum(v: f32, lane: Lane) -> f32 {
     if (LANES == 1u) { return v; }
     let s = subgroupAdd(v);
-    if (lane.sg_size == LANES) { return s; }
+    if (SUBGROUP_MIN >= LANES) { return s; }
     if (lane.sg_lane == 0u) { red[lane.li / lane.sg_size] = s; }
     workgroupBarrier();
     let per_row = LANES / lane.sg_size;

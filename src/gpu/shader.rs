@@ -46,12 +46,14 @@ pub struct Needs {
 pub struct Target {
     pub f16: bool,
     pub subgroups: bool,
+    /// The adapter's smallest subgroup (`row_sum` takes one subgroup a row when it is as wide).
+    pub subgroup_min: u32,
     pub kv: super::KvStore,
 }
 
 impl Target {
     pub fn of(gpu: &Gpu) -> Self {
-        Self { f16: gpu.f16, subgroups: gpu.subgroups, kv: gpu.kv }
+        Self { f16: gpu.f16, subgroups: gpu.subgroups, subgroup_min: gpu.adapter_info.subgroup_min_size, kv: gpu.kv }
     }
 }
 
@@ -98,7 +100,12 @@ pub fn assemble_for(gpu: Target, kernel: &str, needs: Needs, consts: &[(&str, u3
         src.push_str(&format!("fn act(x: f32) -> f32 {{ return {f}(x); }}\n"));
     }
     if needs.reduce {
-        src.push_str(if gpu.subgroups { REDUCE_SUBGROUP } else { REDUCE_WORKGROUP });
+        if gpu.subgroups {
+            src.push_str(&format!("const SUBGROUP_MIN: u32 = {}u;\n", gpu.subgroup_min));
+            src.push_str(REDUCE_SUBGROUP);
+        } else {
+            src.push_str(REDUCE_WORKGROUP);
+        }
     }
     if needs.rope {
         src.push_str(ROPE);
