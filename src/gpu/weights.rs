@@ -82,13 +82,23 @@ impl<'a> Rows<'a> {
     }
 
     fn part(&self, buffer: wgpu::Buffer, rows: usize, out: usize, pair: bool) -> Part {
-        Part { buffer, format: self.format, cols: self.cols, row_words: self.row_words, rows, out, pair }
+        Part {
+            buffer,
+            shape: GemvShape { format: self.format, cols: self.cols, row_words: self.row_words, rows, out, pair },
+        }
     }
 }
 
-/// One GPU buffer of weight rows.
+/// One GPU buffer of weight rows, and their shape (its fields read through the part).
 pub struct Part {
     pub buffer: wgpu::Buffer,
+    pub shape: GemvShape,
+}
+
+/// A part's shape: what its kernels are compiled for (`gpu::spirv` compiles the gemv for one
+/// without a buffer).
+#[derive(Clone, Copy)]
+pub struct GemvShape {
     pub format: &'static BlockFormat,
     pub cols: usize,
     pub row_words: usize,
@@ -100,21 +110,10 @@ pub struct Part {
     pub pair: bool,
 }
 
-/// A part's shape: what its kernels are compiled for (`Part::shape`).
-#[derive(Clone, Copy)]
-pub struct GemvShape {
-    pub format: &'static BlockFormat,
-    pub cols: usize,
-    pub row_words: usize,
-    pub rows: usize,
-    pub out: usize,
-    pub pair: bool,
-}
-
-impl Part {
-    pub fn shape(&self) -> GemvShape {
-        let p = self;
-        GemvShape { format: p.format, cols: p.cols, row_words: p.row_words, rows: p.rows, out: p.out, pair: p.pair }
+impl std::ops::Deref for Part {
+    type Target = GemvShape;
+    fn deref(&self) -> &GemvShape {
+        &self.shape
     }
 }
 

@@ -168,7 +168,7 @@ fn gemv_with(
         ops.push(quantize_x(gpu, cache, batch.params, cols, rows, norm, x, xq));
     }
     for p in &w.parts {
-        let shape = p.shape();
+        let shape = p.shape;
         let int8 = int8(p);
         let norm_eps = norm.map(|n| n.1);
         let program =
