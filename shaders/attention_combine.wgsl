@@ -1,13 +1,12 @@
-// Decode attention, pass 2 of 2: merges the chunks attention_decode.wgsl wrote for each query
-// head. With M the largest chunk max, out = sum_c exp(m_c - M) mix_c / sum_c exp(m_c - M) l_c.
-// The chunks are spread over the invocations (M and the denominator by tree reductions; each
-// output dimension summed by CS invocations over a CS-th of the chunks each), so no invocation
-// walks every chunk alone.
+// Decode attention, pass 2 of 2: merges the splits attention_decode.wgsl wrote for each query
+// head. With M the largest split max, out = sum_s exp(m_s - M) mix_s / sum_s exp(m_s - M) l_s.
+// The splits are spread over the invocations (M and the denominator by tree reductions; each
+// output dimension summed by CS invocations over a CS-th of the splits each), so no invocation
+// walks every split alone.
 // With SINKS, head h's sink logit (gpt-oss) joins M and the denominator (exp(sink - M), no value).
 // Bindings: 0 partials, 1 out (rows of Q_DIM), 2 batch, 3 sinks. Dispatch: (N_HEADS, rows, 1).
 // HEAD_DIM, CHUNK, THREADS (a power of two) and the batch's accessors come from the host.
 
-override MAX_CHUNKS: u32;
 override WINDOW: u32 = 0u;
 const CS = max(THREADS / HEAD_DIM, 1u);
 
@@ -41,29 +40,28 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let seq = row_pos(row) + 1u;
     var first = 0u;
     if (WINDOW > 0u && seq > WINDOW) { first = seq - WINDOW; }
-    // The chunks pass 1 wrote: those holding keys first .. seq - 1.
-    let c0 = first / CHUNK;
-    let c1 = (seq - 1u) / CHUNK;
-    let base = h * MAX_CHUNKS * (HEAD_DIM + 2u);
+    // The splits pass 1 wrote: those holding keys first .. seq - 1.
+    let used = splits_used(first, seq);
+    let base = h * SPLITS * (HEAD_DIM + 2u);
     var m = -3.0e38;
-    for (var c = c0 + t; c <= c1; c += THREADS) { m = max(m, partials[base + c * (HEAD_DIM + 2u) + HEAD_DIM]); }
+    for (var c = t; c < used; c += THREADS) { m = max(m, partials[base + c * (HEAD_DIM + 2u) + HEAD_DIM]); }
     m = reduce(m, t, true);
     if (SINKS) { m = max(m, sinks[wg.x]); }
     var l = 0.0;
-    for (var c = c0 + t; c <= c1; c += THREADS) {
+    for (var c = t; c < used; c += THREADS) {
         let rec = base + c * (HEAD_DIM + 2u);
         l += exp(partials[rec + HEAD_DIM] - m) * partials[rec + HEAD_DIM + 1u];
     }
     l = reduce(l, t, false);
     if (SINKS) { l += exp(sinks[wg.x] - m); }
-    // Dimension t % HEAD_DIM (and every THREADS-th after it when the head is wider) over chunks
-    // c0 + t / HEAD_DIM, stepping by CS.
+    // Dimension t % HEAD_DIM (and every THREADS-th after it when the head is wider) over splits
+    // t / HEAD_DIM, stepping by CS.
     let split = t / HEAD_DIM;
     var o = 0.0;
     if (split < CS) {
         for (var d = t % HEAD_DIM; d < HEAD_DIM; d += THREADS) {
             o = 0.0;
-            for (var c = c0 + split; c <= c1; c += CS) {
+            for (var c = split; c < used; c += CS) {
                 let rec = base + c * (HEAD_DIM + 2u);
                 o += exp(partials[rec + HEAD_DIM] - m) * partials[rec + d];
             }

@@ -75,7 +75,7 @@ impl Paging {
     }
 }
 
-const LAYOUT: BatchLayout = BatchLayout { max_blocks: 1024, max_seqs: 8 };
+const LAYOUT: BatchLayout = BatchLayout { max_blocks: 2048, max_seqs: 8 };
 
 impl Harness {
     async fn new(force_f32: bool) -> Self {
@@ -755,7 +755,7 @@ async fn check_attention_with(
     let sink_buf = h.buf(&sink_values);
     let sinks_gpu = sinks.then_some(&sink_buf);
     let ops = if n == 1 {
-        let partials = h.buf(&vec![0.0; kernels::decode_partials_len(&c, ctx)]);
+        let partials = h.buf(&vec![0.0; kernels::decode_partials_len(&h.gpu, &c, ctx)]);
         let (cache, batch) = (&mut h.cache, &h.batch);
         kernels::attention_decode(&h.gpu, cache, &c, kind, ctx, &qb, &kc, &vc, &partials, &out, batch, sinks_gpu).into()
     } else {
@@ -839,7 +839,7 @@ gpu_test! {
                 // Every group ratio at the smallest and the largest common head size, one at 128.
                 let all = [64, 128, 256].into_iter().flat_map(|d| [1, 3, 4, 8].map(|g| (d, g)));
                 let all = all.filter(|&(d, g)| d != 128 || g == 3);
-                (all.chain([(512, 2), (512, 8)]).collect(), &[1, 255, 256, 257, 1000, 4096, 16384])
+                (all.chain([(512, 2), (512, 8)]).collect(), &[1, 255, 256, 257, 1000, 4096, 32768])
             };
             let adapter_bytes = h.gpu.limits.max_compute_workgroup_storage_size;
             let memories = |head_dim: usize| if head_dim == 512 { vec![adapter_bytes, 16384] } else { vec![adapter_bytes] };
@@ -859,12 +859,14 @@ gpu_test! {
                     let scale = 1.0 / (head_dim as f32).sqrt();
                     // Decode: an invocation per key (CPU adapters) and several sharing each key
                     // and each value dimension (GPUs), every KV storage.
-                    // Chunks are independent and merged by one kernel, so the second style takes
-                    // the lengths up to a few chunks (natively: the browser twin keeps to its own).
+                    // The second style takes the lengths up to a few tiles, where each split is a
+                    // tile, and the longest, where each split walks several (on GPUs past 64
+                    // tiles; natively: the browser twin keeps to its own).
                     let decode_styles: &[KernelStyle] = if cfg!(target_arch = "wasm32") { &[own] } else { &[own, other(own)] };
+                    let longest = *lengths.last().unwrap();
                     for &style in decode_styles {
                         h.gpu.style = style;
-                        let short = |&&k: &&usize| style == own || k <= 1000;
+                        let short = |&&k: &&usize| style == own || k <= 1000 || k == longest;
                         for &keys in lengths.iter().filter(short) {
                             let kind = AttentionKind { scale, window: None, softcap: None };
                             check_attention_with(&mut h, &c, keys, kind, false, 1, keys - 1, &mut rng).await;
@@ -914,7 +916,7 @@ gpu_test! {
                     let (kc, k_rows) = h.kv_buf(&random(&mut rng, paging.rows() * kv, 2.0));
                     let (vc, v_rows) = h.kv_buf(&random(&mut rng, paging.rows() * kv, 1.0));
                     let (qb, out) = (h.buf(&qkv), h.buf(&vec![0.0; n * q]));
-                    let partials = h.buf(&vec![0.0; n * kernels::decode_partials_len(&c, ctx)]);
+                    let partials = h.buf(&vec![0.0; n * kernels::decode_partials_len(&h.gpu, &c, ctx)]);
                     let (cache, batch) = (&mut h.cache, &h.batch);
                     let ops: Vec<Dispatch> = kernels::attention_decode(
                         &h.gpu, cache, &c, kind, ctx, &qb, &kc, &vc, &partials, &out, batch, None,

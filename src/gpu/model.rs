@@ -190,7 +190,7 @@ struct Buffers {
     /// The int8 gemvs' activation records (`kernels::gemv_int8`; 16 bytes when none runs).
     xq: wgpu::Buffer,
     moe: Option<MoeBuffers>,
-    /// Decode attention's per-chunk records (see `kernels::decode_partials_len`).
+    /// Decode attention's per-split records (see `kernels::decode_partials_len`).
     partials: wgpu::Buffer,
     /// A row of logits per batch row.
     logits: wgpu::Buffer,
@@ -589,7 +589,7 @@ impl GpuModel {
         let blocks = context.div_ceil(KV_BLOCK);
         // The rows asked for, as many as one binding holds of a row's attention records and
         // of its logits.
-        let per_row = kernels::decode_partials_len(&c, blocks * KV_BLOCK).max(c.vocab_size) as u64 * 4;
+        let per_row = kernels::decode_partials_len(&gpu, &c, blocks * KV_BLOCK).max(c.vocab_size) as u64 * 4;
         let max_batch = gpu.max_batch.min((gpu.max_binding() / per_row.max(1)) as usize).max(1);
         // Sequences the pool holds at once: a full batch, as many again for beam search's forks
         // (made before the beams they replace are freed), a beam search's prompt, and `main`.
@@ -698,11 +698,7 @@ impl GpuModel {
         let per_token = [c.kv_dim() * gpu.kv_bytes() as usize, c.rope_dim * 4, c.d_model * 4, delta];
         let max = gpu.max_binding() as usize;
         // The cache is whole blocks.
-        let fits = per_token.iter().map(|&b| max / b.max(1)).min().unwrap_or(0) / KV_BLOCK * KV_BLOCK;
-        // One chunk record per head per DECODE_CHUNK keys, one workgroup per chunk along x.
-        let chunks = (max / (4 * c.n_heads * (c.head_dim + 2)).max(1))
-            .min(gpu.limits.max_compute_workgroups_per_dimension as usize);
-        fits.min(chunks.saturating_mul(kernels::DECODE_CHUNK))
+        per_token.iter().map(|&b| max / b.max(1)).min().unwrap_or(0) / KV_BLOCK * KV_BLOCK
     }
 
     /// `context`: a sequence's positions (whole blocks); `pool_tokens`: the KV pool's.
@@ -788,8 +784,10 @@ impl GpuModel {
                 }
                 None => None,
             },
-            partials: gpu
-                .storage("attention_partials", (max_batch * kernels::decode_partials_len(c, context)) as u64 * f)?,
+            partials: gpu.storage(
+                "attention_partials",
+                (max_batch * kernels::decode_partials_len(gpu, c, context)) as u64 * f,
+            )?,
             logits: gpu.storage("logits", batch * c.vocab_size as u64 * f)?,
             argmax: gpu.storage("argmax", batch * 4)?,
             chain: gpu.storage("chain", batch * 4)?,

@@ -226,6 +226,24 @@ fn the_decode_ledger_of_a_model_in_the_default_models_types_matches_a_hand_count
         assert_eq!(records(129) - records(128), 3 * 2 * 3 * (64 + 2) * 4);
         assert_eq!(records(64), records(1));
         assert_eq!(records(128), records(65));
+        // At long context a split takes several tiles on GPUs: the records stop at 64 a head
+        // (src/gpu/kernels/attention.rs), while the keys read grow on. On CPU adapters a split
+        // is a tile at any length: 512 records a head at 32768 keys. Either way the step's
+        // bytes are linear in the context.
+        let long = gpu_model(&bytes, options, style, 32768);
+        let splits = if long.gpu.style == KernelStyle::Gpu { 64 } else { 512 };
+        let records = |seq| long.decode_traffic(seq).activations;
+        let per_split = 3 * 2 * 3 * (64 + 2) * 4;
+        assert_eq!(records(32768) - records(1), (splits - 1) * per_split);
+        assert_eq!(records(64 * splits as usize), records(32768));
+        assert_eq!(records(64 * splits as usize) - records(64 * splits as usize - 64), per_split);
+        if long.gpu.style == KernelStyle::Gpu {
+            assert_eq!(records(16384), records(32768));
+        } else {
+            assert_eq!(records(32768) - records(16384), 256 * per_split);
+        }
+        let kv_read = |seq| long.decode_traffic(seq).kv_read;
+        assert_eq!(kv_read(32768), 2 * kv_read(16384));
     }
 }
 

@@ -9,19 +9,19 @@ use crate::model::ModelConfig;
 /// Queries per prefill workgroup (fewer where the workgroup memory is short: `prefill_tiles`).
 const BQ: u32 = 8;
 
-/// Keys per decode-attention workgroup.
+/// Keys per tile of decode attention (a split walks whole tiles; shaders/attention_split.wgsl).
 pub const DECODE_CHUNK: usize = 64;
 /// Query heads one decode-attention workgroup scores at a time (its registers per invocation).
 const DECODE_HEAD_BATCH: usize = 8;
 
 /// Query heads a decode-attention workgroup scores at a time: all of a group up to
 /// DECODE_HEAD_BATCH, fewer where their q rows, scores and partial sums would overflow the
-/// device's workgroup memory (shaders/attention_decode.wgsl: per head HEAD_DIM + CHUNK + 1 +
+/// device's workgroup memory (shaders/attention_decode.wgsl: per head 2 HEAD_DIM + CHUNK + 3 +
 /// THREADS floats, and a row index per key).
 fn decode_head_batch(gpu: &Gpu, head_dim: usize, group: usize) -> u32 {
     let (chunk, threads) = (DECODE_CHUNK as u32, decode_threads(gpu));
     let words = gpu.limits.max_compute_workgroup_storage_size / 4 - chunk;
-    let fits = words / (head_dim as u32 + chunk + 1 + threads);
+    let fits = words / (2 * head_dim as u32 + chunk + 3 + threads);
     (group.min(DECODE_HEAD_BATCH) as u32).min(fits).max(1)
 }
 
@@ -35,14 +35,39 @@ fn decode_threads(gpu: &Gpu) -> u32 {
     }
 }
 
-/// The chunk records decode attention passes from its first kernel to its second: floats
-/// for one sequence's query over a context of `context` keys (a batch takes one such a row).
-pub fn decode_partials_len(c: &ModelConfig, context: usize) -> usize {
-    c.n_heads * context.div_ceil(DECODE_CHUNK) * (c.head_dim + 2)
+/// Workgroups decode attention spreads a KV head's keys over at most: on GPUs enough that, with
+/// the KV heads, a long context fills a large GPU's units several times (the H200's 132 at
+/// 8 KV heads: 512 workgroups) while the combine reads few records. On CPU adapters a tile
+/// each however long the context (`ONE_TILE`): lavapipe runs the tile loop, whose body holds
+/// barriers, twice as slowly as a single tile when its count is not a constant.
+fn max_splits(gpu: &Gpu) -> usize {
+    match gpu.style {
+        KernelStyle::Cpu => usize::MAX,
+        KernelStyle::Gpu => 64,
+    }
 }
 
-/// Decode attention as two dispatches: every (chunk of keys, KV head) for all the group's query
-/// heads, then the merge of the chunks per head (shaders/attention_decode.wgsl,
+/// The splits decode attention's kernels are built for at a context of `context` keys: a tile
+/// each up to `max_splits`, then more tiles each.
+pub fn decode_splits(gpu: &Gpu, context: usize) -> usize {
+    context.div_ceil(DECODE_CHUNK).clamp(1, max_splits(gpu))
+}
+
+/// The splits holding keys when `keys` keys are attended over `splits` (the count
+/// shaders/attention_split.wgsl's `splits_used` makes on the GPU).
+pub fn decode_splits_used(keys: usize, splits: usize) -> usize {
+    let tiles = keys.div_ceil(DECODE_CHUNK);
+    tiles.div_ceil(tiles.div_ceil(splits).max(1))
+}
+
+/// The split records decode attention passes from its first kernel to its second: floats for
+/// one sequence's query over a context of `context` keys (a batch takes one such a row).
+pub fn decode_partials_len(gpu: &Gpu, c: &ModelConfig, context: usize) -> usize {
+    c.n_heads * decode_splits(gpu, context) * (c.head_dim + 2)
+}
+
+/// Decode attention as two dispatches: every (split of the keys, KV head) for all the group's
+/// query heads, then the merge of the splits per head (shaders/attention_decode.wgsl,
 /// shaders/attention_combine.wgsl), for each of the pass's rows (a sequence's query each).
 /// `partials` holds `decode_partials_len(c, context)` floats a row.
 #[allow(clippy::too_many_arguments)]
@@ -61,7 +86,7 @@ pub fn attention_decode(
     sinks: Option<&wgpu::Buffer>,
 ) -> [Dispatch; 2] {
     let group = c.n_heads / c.n_kv_heads;
-    let chunks = context.div_ceil(DECODE_CHUNK);
+    let splits = decode_splits(gpu, context);
     let consts = [
         ("HEAD_DIM", c.head_dim as u32),
         ("CHUNK", DECODE_CHUNK as u32),
@@ -72,13 +97,17 @@ pub fn attention_decode(
     let mut overrides = vec![
         ("KV_DIM", c.kv_dim() as f64),
         ("GROUP", group as f64),
-        ("MAX_CHUNKS", chunks as f64),
+        ("SPLITS", splits as f64),
         ("QKV_STRIDE", (c.q_dim() + 2 * c.kv_dim()) as f64),
         ("SCALE", kind.scale as f64),
+        ("ONE_TILE", f64::from(u8::from(max_splits(gpu) == usize::MAX))),
         window,
     ];
     let needs = softcapped(kind, &mut overrides);
-    let source = include_str!("../../../shaders/attention_decode.wgsl");
+    let source = concat!(
+        include_str!("../../../shaders/attention_split.wgsl"),
+        include_str!("../../../shaders/attention_decode.wgsl")
+    );
     let pipeline = cache.get(gpu, "attention_decode", source, needs, &consts, &overrides);
     let bind_group = gpu.bind_group("attention_decode", &pipeline, &[qkv, k_cache, v_cache, partials, batch]);
     let (q_bytes, records) = (4 * c.q_dim() as u64, 4 * (c.n_heads * (c.head_dim + 2)) as u64);
@@ -87,21 +116,25 @@ pub fn attention_decode(
         pipeline,
         bind_group,
         groups: Groups {
-            fixed: [chunks as u32, c.n_kv_heads as u32, 1],
+            fixed: [splits as u32, c.n_kv_heads as u32, 1],
             tokens: Some((2, 1)),
             segment: Default::default(),
         },
-        // q, every key and value attended, the chunk records written.
+        // q, every key and value attended, the split records written.
         traffic: Traffic {
             activations: q_bytes,
             kv_per_key: 2 * c.kv_dim() as u64 * gpu.kv_bytes(),
-            records_per_chunk: records,
+            records_per_split: records,
+            splits,
             window: kind.window,
             ..Default::default()
         },
     };
-    let source = include_str!("../../../shaders/attention_combine.wgsl");
-    let overrides = [("MAX_CHUNKS", chunks as f64), window, ("SINKS", sinks.is_some() as u32 as f64)];
+    let source = concat!(
+        include_str!("../../../shaders/attention_split.wgsl"),
+        include_str!("../../../shaders/attention_combine.wgsl")
+    );
+    let overrides = [("SPLITS", splits as f64), window, ("SINKS", sinks.is_some() as u32 as f64)];
     let needs = Needs { batch: true, ..Default::default() };
     let pipeline = cache.get(gpu, "attention_combine", source, needs, &consts, &overrides);
     let bind_group = gpu.bind_group("attention_combine", &pipeline, &[partials, out, batch, sinks.unwrap_or(partials)]);
@@ -113,7 +146,8 @@ pub fn attention_decode(
         // The records read, the output written.
         traffic: Traffic {
             activations: q_bytes,
-            records_per_chunk: records,
+            records_per_split: records,
+            splits,
             window: kind.window,
             ..Default::default()
         },

@@ -19,7 +19,7 @@ mod top_k;
 
 pub use act_mul::{act_mul, bias_add};
 pub use argmax::{argmax, argmax_masked, mask_wgsl, mask_words, masks_bytes, Masks};
-pub use attention::{attention_decode, attention_prefill, decode_partials_len, DECODE_CHUNK};
+pub use attention::{attention_decode, attention_prefill, decode_partials_len, decode_splits_used, DECODE_CHUNK};
 pub use delta::{delta_out, delta_prep, delta_proj, delta_scan, gate_mul, sigmoid_add};
 pub use embed::embed;
 pub use gemma4::{ple_gate, ple_inputs, scale_rows};
@@ -205,8 +205,10 @@ pub struct Traffic {
     pub kv_written: u64,
     /// KV-cache bytes read per key attended.
     pub kv_per_key: u64,
-    /// Bytes of decode attention's chunk records per chunk of keys attended (written, then read).
-    pub records_per_chunk: u64,
+    /// Bytes of decode attention's split records per split holding keys (written, then read).
+    pub records_per_split: u64,
+    /// The splits decode attention spreads the keys over at most (0 for every other dispatch).
+    pub splits: usize,
     /// A sliding-window layer's window: the keys attended are the last `window`.
     pub window: Option<usize>,
 }
@@ -216,10 +218,11 @@ impl Traffic {
     pub fn at(&self, seq: usize) -> Ledger {
         let first = self.window.map_or(0, |w| seq.saturating_sub(w));
         let keys = (seq - first) as u64;
-        let chunks = if seq == 0 { 0 } else { ((seq - 1) / DECODE_CHUNK - first / DECODE_CHUNK + 1) as u64 };
+        // Only decode attention writes split records (its `splits` is never 0).
+        let splits = if self.splits == 0 { 0 } else { decode_splits_used(seq - first, self.splits) as u64 };
         Ledger {
             weights: self.weights,
-            activations: self.activations + self.records_per_chunk * chunks,
+            activations: self.activations + self.records_per_split * splits,
             kv_read: self.kv_per_key * keys,
             kv_written: self.kv_written,
         }

@@ -74,7 +74,8 @@ impl GpuModel {
     /// Time per kernel family for one pass of `n` tokens at `start`: where the time of a step
     /// goes. With timestamp queries each dispatch is timed on the GPU's clock in one submission
     /// (the sum is the GPU's busy time; a real step adds the gaps between dispatches); without,
-    /// each dispatch is submitted and waited for alone, so the sum exceeds a real step.
+    /// each dispatch is submitted and waited for alone, so the sum exceeds a real step. It uses
+    /// (and empties) the hand-driven sequence.
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn profile(&mut self, n: usize, start: usize) -> Result<Profile> {
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
@@ -138,6 +139,9 @@ impl GpuModel {
                 None => families.push((label, ms)),
             }
         }
+        // The pass wrote junk keys at start..start + n: give its blocks back to the pool, which
+        // a later run (`bench --context 512,4096 --profile`) may need whole.
+        self.truncate_sequence(main, 0);
         Ok(Profile { families, gpu_clock: self.gpu.timestamps })
     }
 
