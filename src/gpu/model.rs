@@ -698,7 +698,8 @@ impl GpuModel {
         let per_token = [c.kv_dim() * gpu.kv_bytes() as usize, c.rope_dim * 4, c.d_model * 4, delta];
         let max = gpu.max_binding() as usize;
         // The cache is whole blocks.
-        per_token.iter().map(|&b| max / b.max(1)).min().unwrap_or(0) / KV_BLOCK * KV_BLOCK
+        let fits = per_token.iter().map(|&b| max / b.max(1)).min().unwrap_or(0) / KV_BLOCK * KV_BLOCK;
+        fits.min(kernels::decode_max_context(gpu, c, max))
     }
 
     /// `context`: a sequence's positions (whole blocks); `pool_tokens`: the KV pool's.

@@ -53,6 +53,18 @@ pub fn decode_splits(gpu: &Gpu, context: usize) -> usize {
     context.div_ceil(DECODE_CHUNK).clamp(1, max_splits(gpu))
 }
 
+/// The longest context decode attention serves: unbounded on GPUs (their splits stop at 64),
+/// on CPU adapters as many tiles as a row's records fit in `max_binding` bytes and a dispatch
+/// has workgroups along x.
+pub fn decode_max_context(gpu: &Gpu, c: &ModelConfig, max_binding: usize) -> usize {
+    if max_splits(gpu) != usize::MAX {
+        return usize::MAX;
+    }
+    let tiles = (max_binding / (4 * c.n_heads * (c.head_dim + 2)).max(1))
+        .min(gpu.limits.max_compute_workgroups_per_dimension as usize);
+    tiles.saturating_mul(DECODE_CHUNK)
+}
+
 /// The splits holding keys when `keys` keys are attended over `splits` (the count
 /// shaders/attention_split.wgsl's `splits_used` makes on the GPU).
 pub fn decode_splits_used(keys: usize, splits: usize) -> usize {

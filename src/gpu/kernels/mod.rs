@@ -19,7 +19,9 @@ mod top_k;
 
 pub use act_mul::{act_mul, bias_add};
 pub use argmax::{argmax, argmax_masked, mask_wgsl, mask_words, masks_bytes, Masks};
-pub use attention::{attention_decode, attention_prefill, decode_partials_len, decode_splits_used, DECODE_CHUNK};
+pub use attention::{
+    attention_decode, attention_prefill, decode_max_context, decode_partials_len, decode_splits_used, DECODE_CHUNK,
+};
 pub use delta::{delta_out, delta_prep, delta_proj, delta_scan, gate_mul, sigmoid_add};
 pub use embed::embed;
 pub use gemma4::{ple_gate, ple_inputs, scale_rows};
