@@ -12,10 +12,13 @@
 // 3: the fused q|k|v rows of a decode step go through `rope_kv_pair` a pair of rows at a time
 // (gemv_rope_kv.wgsl: RoPE, then q to y and k, v to the cache; OUT and ROW_COUNT even). The host
 // appends `rope_kv_pair`, or an empty one for the other epilogues.
+// ARGMAX (the lm_head of a pass that takes its argmax; any epilogue but 3): the argmax's first
+// pass as well — each group of rows' largest value, written as a record (value bits, row) for
+// shaders/argmax.wgsl to finish. The host appends gemv_argmax.wgsl, or stubs without it.
 // CPU adapters (LANES 1) take CPU_ROWS adjacent rows an invocation: lavapipe loads a value once
 // per invocation, even one that every invocation shares, so x's loads cost more than the
 // weights' unless each serves several rows. A workgroup's 256 rows then take 256 / CPU_ROWS
-// invocations; the rest idle (whole SIMD groups of a CPU).
+// invocations; the rest idle (whole SIMD groups of a CPU). CPU_ROWS comes from the host.
 // INT8 (GPU-style kernels, 32-value integer blocks: `kernels::gemv_int8`): x comes as
 // quantize_x.wgsl's int8 records in binding 3 (normalized there: NORM is off; binding 1 is
 // unused), and each lane takes whole blocks,
@@ -43,8 +46,6 @@ override INT8: bool = false;
 
 // EPILOGUE 3: the workgroup's row results, so that a pair's even row sees its partner.
 var<workgroup> pair_rows: array<f32, 256>;
-
-const CPU_ROWS: u32 = 8u;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
@@ -136,6 +137,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                 }
             }
         }
+        if (ARGMAX) {
+            for (var j = 0u; j < hn; j++) {
+                argmax_rows(m0 + j, j < nb, group, lr, k == 0u && r < ROW_COUNT, a[j], r, lane.li);
+            }
+        }
     }
 }
 
@@ -190,6 +196,21 @@ fn cpu_rows(r0: u32, m0: u32, nb: u32, scale: array<f32, MB>) {
                 case 2u: { y[o] = act(a) * (acc_up[j][i] * scale[j]); }
                 default: { y[o] = a; }
             }
+        }
+        if (ARGMAX) {
+            // The invocation's rows are a record's (its first the lowest on ties; a non-finite
+            // value wins, so that the second pass flags it).
+            var bv = acc[j][0] * scale[j];
+            var bi = 0u;
+            for (var i = 1u; i < CPU_ROWS; i++) {
+                if (r0 + i >= ROW_COUNT) { break; }
+                let a = acc[j][i] * scale[j];
+                if (!argmax_non_finite(bv) && (argmax_non_finite(a) || a > bv)) {
+                    bv = a;
+                    bi = i;
+                }
+            }
+            argmax_store(m, r0 / CPU_ROWS, bv, r0 + bi);
         }
     }
 }

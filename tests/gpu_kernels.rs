@@ -1368,6 +1368,84 @@ gpu_test! {
     }
 }
 
+// The LM head's gemv doing the argmax's first pass (a record per group of rows) and the pass
+// over those records: each batch row's id is the argmax of the logits the same gemv stored (the
+// lowest id on ties, u32::MAX for a NaN or infinite logit anywhere), and those logits are the
+// CPU's product; over several weight types, a matrix split into parts, MB 1 and 8, 3 rows.
+gpu_test! {
+    async fn the_lm_head_gemv_takes_the_argmax_first_pass_with_ties_to_the_lowest_id() {
+        let mut rng = Rng::new(31);
+        let (vocab, cols, batch) = (1000, 256, 3);
+        for mut h in Harness::paths().await {
+            for (ty, binding) in [(GgmlType::F32, None), (GgmlType::Q8_0, Some(64 << 10)), (GgmlType::Q4_1, None), (GgmlType::Q6K, None)] {
+                let (info, bytes) = random_tensor(&mut rng, ty, vocab, cols);
+                let row_bytes = bytes.len() / vocab;
+                let x = random(&mut rng, batch * cols, 1.0);
+                // Cases: random rows; batch row 0's best row copied to two lower ids (a tie
+                // across groups and within one); a NaN in one row of an F32 matrix.
+                for case in ["random", "tie", "nan"] {
+                    if case == "nan" && ty != GgmlType::F32 {
+                        continue;
+                    }
+                    let mut file = bytes.clone();
+                    if case == "tie" {
+                        let w = dequantize(&info, &file).unwrap();
+                        let best = webgpu_llm::sampling::argmax(&reference_matmul(&w, &x[..cols], cols).0.iter().map(|&v| v as f32).collect::<Vec<_>>()) as usize;
+                        let low = best / 2;
+                        for to in [low, low + 1, low + 9] {
+                            if to < best {
+                                let src = file[best * row_bytes..][..row_bytes].to_vec();
+                                file[to * row_bytes..][..row_bytes].copy_from_slice(&src);
+                            }
+                        }
+                    }
+                    if case == "nan" {
+                        file[(vocab - 7) * row_bytes + 12..][..4].copy_from_slice(&f32::NAN.to_le_bytes());
+                    }
+                    if let Some(b) = binding {
+                        h.gpu.limits.max_storage_buffer_binding_size = b;
+                    }
+                    let lin = linear(&h, &info, &file).await;
+                    h.gpu.limits.max_storage_buffer_binding_size = 1 << 27;
+                    assert!(binding.is_none() || lin.parts.len() > 1, "{ty:?}: {} parts", lin.parts.len());
+                    let w = dequantize(&info, &file).unwrap();
+                    let per_row = kernels::argmax_records_per_row(&h.gpu, &lin);
+                    for mb in [1, 8] {
+                        let rows_at: Vec<(usize, usize)> = (0..batch).map(|r| (r, r)).collect();
+                        h.set_rows(&rows_at, batch, 16);
+                        let what = format!("{ty:?} {case}, {} parts, MB {mb}, {}", lin.parts.len(), h.path());
+                        let (xb, yb, ob) = (h.buf(&x), h.buf(&vec![0.0; batch * vocab]), h.u32_buf(&[7; 8]));
+                        let rb = h.gpu.storage("records", (batch * per_row * 8) as u64).unwrap();
+                        let records = kernels::ArgmaxRecords { buffer: &rb, per_row };
+                        let gb = GemvBatch { params: &h.params, mb, xq: None };
+                        let mut ops = kernels::gemv_argmax(&h.gpu, &mut h.cache, gb, &lin, records, None, &xb, &yb, vocab);
+                        ops.push(kernels::argmax_records(&h.gpu, &mut h.cache, &h.params, records, &ob, kernels::MAX_BATCH));
+                        h.run(&ops, batch);
+                        let logits = h.read(&yb, batch * vocab).await;
+                        let ids = h.gpu.read_buffer(&ob, 4 * batch as u64).await.unwrap();
+                        for r in 0..batch {
+                            let row = &logits[r * vocab..][..vocab];
+                            let got = u32::from_le_bytes(ids[4 * r..][..4].try_into().unwrap());
+                            let want = if row.iter().any(|v| !v.is_finite()) { u32::MAX } else { webgpu_llm::sampling::argmax(row) };
+                            assert_eq!(got, want, "{what}, row {r}");
+                            if case == "nan" {
+                                assert_eq!(want, u32::MAX, "{what}: the NaN row reached the logits");
+                                continue;
+                            }
+                            let (want, scale) = reference_matmul(&w, &x[r * cols..][..cols], cols);
+                            assert_close(&format!("{what}, row {r}'s logits"), row, &want, &scale, MATMUL_REL);
+                        }
+                        if case == "tie" {
+                            let best = ids[..4].try_into().map(u32::from_le_bytes).unwrap() as usize;
+                            assert!(logits[..vocab].iter().filter(|&&v| v == logits[best]).count() >= 2, "{what}: no tie at the top");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 // A mixture's expert products in a pass of several tokens, grouped by expert (each chosen
 // expert's rows read once for all its tokens; two of the six experts chosen by none), are
 // each token's own products bit for bit, and the CPU's from the dequantized rows: gate|up

@@ -196,6 +196,10 @@ struct Buffers {
     logits: wgpu::Buffer,
     /// An argmax per batch row.
     argmax: wgpu::Buffer,
+    /// The argmax's first pass, done by the lm_head's gemv (`kernels::gemv_argmax`):
+    /// `head_records` records a batch row.
+    argmax_records: wgpu::Buffer,
+    head_records: usize,
     /// A round's argmax, the tokens of the round chained to it (`submit_round`).
     chain: wgpu::Buffer,
     /// One cos/sin table per RoPE of the plan.
@@ -595,7 +599,8 @@ impl GpuModel {
         // (made before the beams they replace are freed), a beam search's prompt, and `main`.
         let max_seqs = 2 * max_batch + 2;
         let layout = BatchLayout { max_blocks: blocks, max_seqs };
-        let buf = Self::buffers(&gpu, &plan, blocks * KV_BLOCK, pool_tokens, layout, max_batch)?;
+        let head_records = kernels::argmax_records_per_row(&gpu, lm_head.as_ref().unwrap_or(&embd));
+        let buf = Self::buffers(&gpu, &plan, blocks * KV_BLOCK, pool_tokens, layout, max_batch, head_records)?;
         let mut pool = KvPool::new(pool_tokens, KV_BLOCK, max_seqs);
         let main = pool.create()?;
         debug_assert_eq!(main.0, 0, "main_rows holds slot 0's table");
@@ -710,6 +715,7 @@ impl GpuModel {
         pool_tokens: usize,
         layout: BatchLayout,
         max_batch: usize,
+        head_records: usize,
     ) -> Result<Buffers> {
         let c = &plan.config;
         let n = PREFILL_CHUNK as u64;
@@ -791,6 +797,8 @@ impl GpuModel {
             )?,
             logits: gpu.storage("logits", batch * c.vocab_size as u64 * f)?,
             argmax: gpu.storage("argmax", batch * 4)?,
+            argmax_records: gpu.storage("argmax_records", batch * head_records as u64 * 8)?,
+            head_records,
             chain: gpu.storage("chain", batch * 4)?,
             rope: plan
                 .ropes
@@ -1279,6 +1287,23 @@ impl GpuModel {
         let cap = |p: &mut PipelineCache, params: &wgpu::Buffer, all: bool, logits: &wgpu::Buffer, rows: usize| {
             plan.final_softcap.map(|cap| kernels::softcap_rows(gpu, p, params, vocab, cap, all, logits, rows))
         };
+        // The LM head's logits of the pass's rows (normed with `norm`, or normed already) and
+        // their argmax: its first pass in the gemv's epilogue and a pass over the records, or,
+        // with soft-capped logits, a pass over them all after the cap.
+        let lm_head_argmax = |p: &mut PipelineCache, gb: GemvBatch, norm, x| {
+            let params = gb.params;
+            let mut ops = Vec::new();
+            if plan.final_softcap.is_some() {
+                ops.extend(kernels::gemv(gpu, p, gb, head, act, Epilogue::Store, norm, x, &b.logits, vocab));
+                ops.extend(cap(p, params, false, &b.logits, max_rows));
+                ops.push(kernels::argmax(gpu, p, params, vocab, &b.logits, &b.argmax, max_rows));
+            } else {
+                let records = kernels::ArgmaxRecords { buffer: &b.argmax_records, per_row: b.head_records };
+                ops.extend(kernels::gemv_argmax(gpu, p, gb, head, records, norm, x, &b.logits, vocab));
+                ops.push(kernels::argmax_records(gpu, p, params, records, &b.argmax, max_rows));
+            }
+            ops
+        };
         if let Pass::AllLogits(logits) = pass {
             ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn));
             ops.extend(kernels::gemm(gpu, p, params, head, Epilogue::Store, &b.xn, logits, c.vocab_size));
@@ -1295,28 +1320,30 @@ impl GpuModel {
             );
             if tiled {
                 ops.extend(on(kernels::gemm(gpu, p, pd, head, Epilogue::Store, &b.xn, &b.logits, vocab)));
+                ops.extend(cap(p, pd, false, &b.logits, max_rows).map(|op| op.on(Segment::Decode)));
+                ops.push(kernels::argmax(gpu, p, pd, vocab, &b.logits, &b.argmax, max_rows).on(Segment::Decode));
             } else {
                 let gd = GemvBatch { params: pd, mb, xq: Some(&b.xq) };
-                ops.extend(on(kernels::gemv(gpu, p, gd, head, act, Epilogue::Store, None, &b.xn, &b.logits, vocab)));
+                ops.extend(on(lm_head_argmax(p, gd, None, &b.xn)));
             }
-            ops.extend(cap(p, pd, false, &b.logits, max_rows).map(|op| op.on(Segment::Decode)));
-            ops.push(kernels::argmax(gpu, p, pd, vocab, &b.logits, &b.argmax, max_rows).on(Segment::Decode));
             return ops;
         }
         if matches!(pass, Pass::WideDecode) {
             ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn));
             ops.extend(kernels::gemm(gpu, p, params, head, Epilogue::Store, &b.xn, &b.logits, vocab));
-        } else if fuse {
-            let norm = Some((output_norm, eps));
-            ops.extend(kernels::gemv(gpu, p, gb, head, act, Epilogue::Store, norm, &b.x, &b.logits, vocab));
+            ops.extend(cap(p, params, false, &b.logits, max_rows));
+            ops.push(kernels::argmax(gpu, p, params, vocab, &b.logits, &b.argmax, max_rows));
+            return ops;
+        }
+        let (norm, x) = if fuse {
+            (Some((output_norm, eps)), &b.x)
         } else {
             // Prefill takes the last token's row; decode every row of the batch.
             let out = if prefill { NormOut::StoreLast } else { NormOut::Store };
             ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, out, &b.x, output_norm, &b.xn));
-            ops.extend(kernels::gemv(gpu, p, gb, head, act, Epilogue::Store, None, &b.xn, &b.logits, vocab));
-        }
-        ops.extend(cap(p, params, false, &b.logits, max_rows));
-        ops.push(kernels::argmax(gpu, p, params, vocab, &b.logits, &b.argmax, max_rows));
+            (None, &b.xn)
+        };
+        ops.extend(lm_head_argmax(p, gb, norm, x));
         ops
     }
 

@@ -1,7 +1,7 @@
 //! Wrapper of shaders/argmax.wgsl (greedy decoding on the GPU), and the constraint masks' WGSL
 //! that it and the top-k selection read.
 
-use super::{reduce_width, Dispatch, Groups, Traffic};
+use super::{reduce_width, ArgmaxRecords, Dispatch, Groups, Traffic};
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::Gpu;
 
@@ -46,6 +46,16 @@ pub fn mask_wgsl(binding: Option<(u32, usize)>, vocab: usize) -> String {
     }
 }
 
+/// What argmax.wgsl reads: a row's `N` logits.
+const ARGMAX_LOGITS: &str = "@group(0) @binding(0) var<storage, read> logits: array<f32>;\n\
+    fn value_at(row: u32, i: u32) -> f32 { return logits[row * N + i]; }\n\
+    fn token_at(row: u32, i: u32) -> u32 { return i; }\n";
+
+/// What argmax.wgsl reads: a row's `N` records of the lm_head gemv (shaders/gemv_argmax.wgsl).
+const ARGMAX_RECORDS: &str = "@group(0) @binding(0) var<storage, read> records: array<vec2<u32>>;\n\
+    fn value_at(row: u32, i: u32) -> f32 { return bitcast<f32>(records[row * N + i].x); }\n\
+    fn token_at(row: u32, i: u32) -> u32 { return records[row * N + i].y; }\n";
+
 /// The argmax of each of the pass's rows of `n` logits into `out` (a u32 a row).
 pub fn argmax(
     gpu: &Gpu,
@@ -56,11 +66,41 @@ pub fn argmax(
     out: &wgpu::Buffer,
     max_rows: usize,
 ) -> Dispatch {
-    let kernel = mask_wgsl(None, n) + ARGMAX;
+    argmax_over(gpu, cache, params, ARGMAX_LOGITS, n, 4, logits, out, max_rows)
+}
+
+/// The argmax's second pass over the records an lm_head's `gemv_argmax` wrote (the largest
+/// logit of each group of rows, with its token): the same ids into `out` as `argmax` over the
+/// logits, non-finite logits flagged alike.
+pub fn argmax_records(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    params: &wgpu::Buffer,
+    records: ArgmaxRecords,
+    out: &wgpu::Buffer,
+    max_rows: usize,
+) -> Dispatch {
+    argmax_over(gpu, cache, params, ARGMAX_RECORDS, records.per_row, 8, records.buffer, out, max_rows)
+}
+
+/// argmax.wgsl over `n` values a row of `bytes` each, read as `reads` says.
+#[allow(clippy::too_many_arguments)]
+fn argmax_over(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    params: &wgpu::Buffer,
+    reads: &str,
+    n: usize,
+    bytes: u64,
+    values: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    max_rows: usize,
+) -> Dispatch {
+    let kernel = [&mask_wgsl(None, n), reads, ARGMAX].concat();
     let pipeline =
         cache.get(gpu, "argmax", &kernel, Needs::default(), &[("WG", reduce_width(gpu))], &[("N", n as f64)]);
-    let bind_group = gpu.bind_group("argmax", &pipeline, &[logits, out, params]);
-    let traffic = Traffic { activations: n as u64 * 4 + 4, ..Default::default() };
+    let bind_group = gpu.bind_group("argmax", &pipeline, &[values, out, params]);
+    let traffic = Traffic { activations: n as u64 * bytes + 4, ..Default::default() };
     Dispatch { label: "argmax", pipeline, bind_group, groups: Groups::fixed(1, max_rows as u32), traffic }
 }
 
@@ -76,7 +116,7 @@ pub fn argmax_masked(
     out: &wgpu::Buffer,
     masks: Masks,
 ) -> Dispatch {
-    let kernel = mask_wgsl(Some((3, masks.rows)), n) + ARGMAX;
+    let kernel = [&mask_wgsl(Some((3, masks.rows)), n), ARGMAX_LOGITS, ARGMAX].concat();
     let pipeline =
         cache.get(gpu, "argmax_masked", &kernel, Needs::default(), &[("WG", reduce_width(gpu))], &[("N", n as f64)]);
     let bind_group = gpu.bind_group("argmax_masked", &pipeline, &[logits, out, params, masks.buffer]);

@@ -10,6 +10,10 @@ use crate::quant::BlockFormat;
 const GEMV: &str = include_str!("../../../shaders/gemv.wgsl");
 const GEMV_ROPE_KV: &str = include_str!("../../../shaders/gemv_rope_kv.wgsl");
 const QUANTIZE_X: &str = include_str!("../../../shaders/quantize_x.wgsl");
+const GEMV_ARGMAX: &str = include_str!("../../../shaders/gemv_argmax.wgsl");
+
+/// Adjacent rows one invocation of a CPU-style gemv takes (shaders/gemv.wgsl's CPU_ROWS).
+const CPU_ROWS: u32 = 8;
 
 /// Bytes of one int8 activation record (shaders/quantize_x.wgsl): 32 values as bytes, then
 /// their scale and sum, padded to three vec4<u32>.
@@ -58,7 +62,25 @@ pub fn gemv(
     y: &wgpu::Buffer,
     y_stride: usize,
 ) -> Vec<Dispatch> {
-    gemv_with(gpu, cache, batch, w, act, epilogue, None, norm, x, y, y_stride)
+    gemv_with(gpu, cache, batch, w, act, epilogue, None, None, norm, x, y, y_stride)
+}
+
+/// An lm_head's `gemv` (stored, `norm` as there) that also does the argmax's first pass into
+/// `records` (`kernels::argmax_records` finishes it).
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_argmax(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    batch: GemvBatch,
+    w: &Linear,
+    records: ArgmaxRecords,
+    norm: Option<(&wgpu::Buffer, f32)>,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    y_stride: usize,
+) -> Vec<Dispatch> {
+    let (act, store) = (Activation::Silu, Epilogue::Store);
+    gemv_with(gpu, cache, batch, w, act, store, None, Some(records), norm, x, y, y_stride)
 }
 
 /// The decode step's q|k|v projection doing rope_kv's work in its epilogue (when
@@ -75,7 +97,7 @@ pub fn gemv_rope_kv(
     y: &wgpu::Buffer,
     y_stride: usize,
 ) -> Vec<Dispatch> {
-    gemv_with(gpu, cache, batch, w, Activation::Silu, Epilogue::Store, Some(fold), norm, x, y, y_stride)
+    gemv_with(gpu, cache, batch, w, Activation::Silu, Epilogue::Store, Some(fold), None, norm, x, y, y_stride)
 }
 
 /// The decode gemv's program for one part: the WGSL kernel, what it needs prepended, its
@@ -105,8 +127,8 @@ impl GemvProgram {
         y_stride: usize,
         int8: bool,
     ) -> Self {
-        let kernel = [GEMV, fold.map_or(NO_ROPE_KV, |_| GEMV_ROPE_KV)].concat();
-        let mut consts = vec![("MB", mb)];
+        let kernel = [GEMV, fold.map_or(NO_ROPE_KV, |_| GEMV_ROPE_KV), NO_ARGMAX].concat();
+        let mut consts = vec![("MB", mb), ("CPU_ROWS", CPU_ROWS)];
         consts.extend(fold.map(|f| f.consts()).into_iter().flatten());
         let mode = match (p.pair, epilogue, fold) {
             (_, _, Some(_)) => 3,
@@ -139,6 +161,43 @@ impl GemvProgram {
         let weight_fn = if int8 { ("q8w", 32) } else { ("dq8", 8) };
         Self { kernel, needs, consts, overrides, weight_fn }
     }
+
+    /// The program that also writes the argmax's records (shaders/gemv_argmax.wgsl): `per_row`
+    /// a batch row, this part's from `first` on.
+    fn with_argmax(mut self, per_row: usize, first: usize) -> Self {
+        self.kernel = self.kernel.replace(NO_ARGMAX, GEMV_ARGMAX);
+        self.overrides.extend([("RECORDS", per_row as f64), ("RECORD_OUT", first as f64)]);
+        self
+    }
+}
+
+/// gemv.wgsl without ARGMAX: the argmax's record functions do nothing.
+const NO_ARGMAX: &str = "const ARGMAX: bool = false;\n\
+    fn argmax_non_finite(v: f32) -> bool { return false; }\n\
+    fn argmax_store(m: u32, group: u32, v: f32, row: u32) {}\n\
+    fn argmax_rows(m: u32, store: bool, group: u32, lr: u32, has: bool, v: f32, r: u32, li: u32) {}\n";
+
+/// Where an lm_head gemv writes the argmax's first pass (`gemv_argmax`; read by
+/// `kernels::argmax_records`): the buffer, and the records a batch row takes.
+#[derive(Clone, Copy)]
+pub struct ArgmaxRecords<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub per_row: usize,
+}
+
+/// Weight rows one argmax record stands for: a GPU-style gemv workgroup's rows, a CPU-style
+/// invocation's.
+fn argmax_group_rows(gpu: &Gpu) -> usize {
+    match gpu.gemv_lanes() {
+        1 => CPU_ROWS as usize,
+        lanes => 256 / lanes as usize,
+    }
+}
+
+/// The argmax records a batch row of `w`'s gemv writes (each part's rows in whole groups).
+pub fn argmax_records_per_row(gpu: &Gpu, w: &Linear) -> usize {
+    let g = argmax_group_rows(gpu);
+    w.parts.iter().map(|p| p.rows.div_ceil(g)).sum()
 }
 
 /// gemv.wgsl's epilogue 3 when not folding RoPE in: it calls nothing.
@@ -153,6 +212,7 @@ fn gemv_with(
     act: Activation,
     epilogue: Epilogue,
     fold: Option<&RopeKvFold>,
+    argmax: Option<ArgmaxRecords>,
     norm: Option<(&wgpu::Buffer, f32)>,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
@@ -167,12 +227,19 @@ fn gemv_with(
     if let Some(xq) = xq.filter(|_| w.parts.iter().any(int8)) {
         ops.push(quantize_x(gpu, cache, batch.params, cols, rows, norm, x, xq));
     }
+    let group_rows = argmax_group_rows(gpu);
+    let mut first_record = 0;
     for p in &w.parts {
         let shape = p.shape;
         let int8 = int8(p);
         let norm_eps = norm.map(|n| n.1);
-        let program =
+        let mut program =
             GemvProgram::new(shape, gpu.gemv_lanes(), batch.mb, act, epilogue, fold, norm_eps, y_stride, int8);
+        let records = p.rows.div_ceil(group_rows);
+        if let Some(a) = argmax {
+            program = program.with_argmax(a.per_row, first_record);
+            first_record += records;
+        }
         let pipeline = cache.get(gpu, "gemv", &program.kernel, program.needs, &program.consts, &program.overrides);
         let nw = match xq {
             Some(xq) if int8 => xq,
@@ -185,14 +252,17 @@ fn gemv_with(
                 &pipeline,
                 &[&p.buffer, x, y, nw, params, f.table, f.k_cache, f.v_cache, f.batch],
             ),
-            None => gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, nw, params]),
+            None => match argmax {
+                Some(a) => gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, nw, params, a.buffer]),
+                None => gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, nw, params]),
+            },
         };
         let rows_per_group = 256 / gpu.gemv_lanes();
         let groups =
             Groups::spread((p.rows as u32).div_ceil(rows_per_group), gpu.limits.max_compute_workgroups_per_dimension);
         // The part's rows, x (or its int8 records; the norm weights), y written (and read first
         // when added to); folded, what rope_kv would have moved instead of y.
-        let out_rows = p.rows as u64 * 4;
+        let out_rows = p.rows as u64 * 4 + argmax.map_or(0, |_| records as u64 * 8);
         let outputs = match fold {
             Some(f) => f.traffic(p.out, p.rows, gpu.kv_bytes()),
             None => Traffic {

@@ -18,7 +18,7 @@ mod softcap;
 mod top_k;
 
 pub use act_mul::{act_mul, bias_add};
-pub use argmax::{argmax, argmax_masked, mask_wgsl, mask_words, masks_bytes, Masks};
+pub use argmax::{argmax, argmax_masked, argmax_records, mask_wgsl, mask_words, masks_bytes, Masks};
 pub use attention::{
     attention_decode, attention_prefill, decode_max_context, decode_partials_len, decode_splits_used, DECODE_CHUNK,
 };
@@ -26,7 +26,8 @@ pub use delta::{delta_out, delta_prep, delta_proj, delta_scan, gate_mul, sigmoid
 pub use embed::embed;
 pub use gemma4::{ple_gate, ple_inputs, scale_rows};
 pub use matmul::{
-    gemm, gemv, gemv_int8, gemv_rope_kv, int8_scratch_bytes, Epilogue, GemvBatch, GemvProgram, INT8_RECORD_BYTES,
+    argmax_records_per_row, gemm, gemv, gemv_argmax, gemv_int8, gemv_rope_kv, int8_scratch_bytes, ArgmaxRecords,
+    Epilogue, GemvBatch, GemvProgram, INT8_RECORD_BYTES,
 };
 pub use moe::{check_experts, moe_combine, moe_gemv, moe_group, moe_route, MoeGroups};
 pub use mtp::{concat_rows, hidden};
