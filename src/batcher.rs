@@ -225,6 +225,8 @@ pub struct Batcher {
     /// selections of top-k/top-p/min-p rows, the logits of rows that need them all (row after
     /// row, a vocabulary each; grown on first use).
     want: Vec<RowReadback>,
+    /// `want` of the round submitted ahead (its drawing rows' next uniforms).
+    want_ahead: Vec<RowReadback>,
     ids: Vec<u32>,
     top: Vec<Vec<(u32, f32)>>,
     tails: Vec<Tail>,
@@ -255,6 +257,7 @@ impl Batcher {
             ahead_rows: Vec::with_capacity(max_rows),
             gpu_rows: Vec::with_capacity(max_rows),
             want: Vec::with_capacity(max_rows),
+            want_ahead: Vec::with_capacity(max_rows),
             ids: vec![0; max_rows],
             // A row's selection grows to its k the first time it selects, then is reused.
             top: vec![Vec::new(); max_rows],
@@ -828,6 +831,13 @@ impl Batcher {
         let n = self.rows.len();
         self.want.clear();
         self.want.extend(self.rows.iter().map(|r| self.requests[r.request].seq.row_readback(on_gpu)));
+        // A row the GPU draws for takes its sampler's next uniform (or the one drawn for it
+        // when a round was submitted ahead).
+        for (w, row) in self.want.iter_mut().zip(&self.rows) {
+            if let RowReadback::Draw { draw, .. } = w {
+                draw.u = self.requests[row.request].seq.sampler.gpu_uniform(false);
+            }
+        }
         if self.want.contains(&RowReadback::Logits) || (!on_gpu && n > 0) {
             self.logits.resize(self.logits.len().max(n.max(1) * vocab), 0.0);
         }
@@ -887,7 +897,7 @@ impl Batcher {
                     && prefills.is_empty()
                     && self.waiting.is_empty()
                     && self.preempted.is_empty()
-                    && self.want.iter().all(|w| *w == RowReadback::Argmax)
+                    && self.want.iter().all(|w| matches!(w, RowReadback::Argmax | RowReadback::Draw { .. }))
                     && self
                         .rows
                         .iter()
@@ -916,7 +926,8 @@ impl Batcher {
                         let sampler = &mut self.requests[row.request].seq.sampler;
                         let Some(mask) = sampler.prepare_mask() else { continue };
                         match self.want[k] {
-                            RowReadback::Logits => continue,
+                            // A row drawing on the GPU has no constraint (`RowReadback::for_sampler`).
+                            RowReadback::Logits | RowReadback::Draw { .. } => continue,
                             RowReadback::Argmax => model.set_mask(k, mask),
                             RowReadback::Select { k: top, tail } => {
                                 model.set_mask(k, mask);
@@ -940,7 +951,19 @@ impl Batcher {
                         <= model.pool().free_blocks();
                 if look_ahead {
                     self.gpu_rows.iter_mut().for_each(|r| r.2 += 1);
-                    self.ahead = Some(model.submit_round(&[], &self.gpu_rows, &self.want, true, false)?);
+                    // Its drawing rows' uniforms: the next of each sampler, kept for the round
+                    // that chooses that token (this one, or one submitted in its place).
+                    self.want_ahead.clear();
+                    for (w, row) in self.want.iter().zip(&self.rows) {
+                        self.want_ahead.push(match *w {
+                            RowReadback::Draw { k, mut draw } => {
+                                draw.u = self.requests[row.request].seq.sampler.gpu_uniform(true);
+                                RowReadback::Draw { k, draw }
+                            }
+                            w => w,
+                        });
+                    }
+                    self.ahead = Some(model.submit_round(&[], &self.gpu_rows, &self.want_ahead, true, false)?);
                     self.ahead_rows.clear();
                     let requests = &self.requests;
                     self.ahead_rows.extend(self.rows.iter().map(|row| (requests[row.request].id, row.pos + 1)));

@@ -164,6 +164,8 @@ pub struct Sampler {
     failed: Option<Error>,
     /// `mask` is the constraint's for the tokens accepted so far (computed once a step).
     mask_ready: bool,
+    /// The uniform drawn for a token whose step was submitted ahead (`gpu_uniform`).
+    pending: Option<f64>,
 }
 
 impl Sampler {
@@ -186,6 +188,7 @@ impl Sampler {
             mask: Vec::new(),
             failed: None,
             mask_ready: false,
+            pending: None,
         })
     }
 
@@ -288,6 +291,23 @@ impl Sampler {
         let z = self.temper(None);
         self.cut(z);
         self.draw()
+    }
+
+    /// The uniform the next token's draw takes when the GPU draws it
+    /// (`gpu::RowReadback::Draw`, shaders/draw.wgsl: `sample_top_k` there): the number of the
+    /// seeded stream that `sample_top_k` would take, so a seed gives the same tokens either way.
+    /// `ahead`: for a step submitted before the current one's token is read (a pipelined
+    /// round): drawn now and kept, and the next call without `ahead` takes it again, so that
+    /// the token gets it whether that round or one submitted in its place chooses it.
+    pub fn gpu_uniform(&mut self, ahead: bool) -> f32 {
+        let u = match (ahead, self.pending.take()) {
+            (false, Some(u)) => u,
+            _ => self.rng.next_f64(),
+        };
+        if ahead {
+            self.pending = Some(u);
+        }
+        u as f32
     }
 
     /// Whether `sample_nucleus` can stand in for `sample`: no top-k, no penalties, and a top-p or

@@ -1368,6 +1368,134 @@ gpu_test! {
     }
 }
 
+// A top-k sampler's draw on the GPU (shaders/draw.wgsl, after the top-k selection) takes the
+// token the host's sampler draws from the same logits with the same seed (`Sampler::sample` on
+// all of them: top-k, temperature, top-p, min-p, the seeded draw), for samplers from k = 1 to
+// MAX_TOP_K, peaked and flat temperatures, an overflowing one, ties, and a row whose logits were
+// flagged non-finite (it stays flagged). The GPU's exp and f32 sums differ from the host's expf
+// and f64 sums by up to 6e-5 of the mass (an f32 sum of 1024 terms): a draw whose uniform falls
+// within 1e-4 of the mass of a boundary (of the draw, the top-p cut or the min-p cut, by an f64
+// count of the same sampler) is not compared, and such draws must stay few.
+gpu_test! {
+    async fn the_gpu_draw_takes_the_token_the_host_sampler_draws_with_the_same_seed() {
+        use webgpu_llm::sampling::{Sampler, SamplingParams};
+        let mut rng = Rng::new(41);
+        let mut h = Harness::new(false).await;
+        let (rows, n) = (4usize, 3000usize);
+        let cases: [(f32, usize, f32, f32); 9] = [
+            (0.8, 40, 0.9, 0.05),
+            (1.0, 1, 1.0, 0.0),
+            (1.5, 1024, 1.0, 0.0),
+            (0.3, 200, 0.95, 0.0),
+            (1.0, 50, 1.0, 0.1),
+            (4.0, 100, 1.0, 0.6),
+            (2.0, 777, 0.5, 0.0),
+            (1.0e-30, 40, 0.9, 0.0),
+            (0.7, 1024, 0.9, 0.02),
+        ];
+        let (mut compared, mut skipped) = (0, 0);
+        for (case, &(temperature, top_k, top_p, min_p)) in cases.iter().enumerate() {
+            for round in 0..6u64 {
+                let mut logits = random(&mut rng, rows * n, 6.0);
+                // Ties at the top of row 1: its largest logit at three ids.
+                let top1 = (0..n).max_by(|&a, &b| logits[n + a].total_cmp(&logits[n + b])).unwrap();
+                for i in [5, 6, n - 2] {
+                    logits[n + i] = logits[n + top1];
+                }
+                let params = |r: usize| SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    seed: 1000 * case as u64 + 10 * round + r as u64,
+                    ..SamplingParams::default()
+                };
+                let mut want = Vec::new();
+                let mut draws = Vec::new();
+                let mut margins = Vec::new();
+                for r in 0..rows {
+                    let row = &logits[r * n..][..n];
+                    let mut host = Sampler::new(params(r), n).unwrap();
+                    want.push(host.sample(&mut row.to_vec()));
+                    let mut gpu = Sampler::new(params(r), n).unwrap();
+                    let u = gpu.gpu_uniform(false);
+                    draws.extend([u.to_bits(), temperature.to_bits(), top_p.to_bits(), min_p.to_bits()]);
+                    margins.push(draw_margin(row, temperature, top_k, top_p, min_p, u as f64));
+                }
+                // Row 3's logits were flagged non-finite by the forward pass's argmax.
+                let flags = [0u32, 0, 0, u32::MAX];
+                let wants: Vec<u32> = (0..rows).flat_map(|_| [top_k.min(kernels::MAX_TOP_K) as u32, 0]).collect();
+                let (lb, wb, db, ob) = (h.buf(&logits), h.u32_buf(&wants), h.u32_buf(&draws), h.u32_buf(&flags));
+                let sel = h.gpu.storage("selection", (rows * kernels::TOP_K_WORDS * 4) as u64).unwrap();
+                let mask_buffer = h.u32_buf(&vec![0; (kernels::masks_bytes(n, rows) / 4) as usize]);
+                let masks = kernels::Masks { buffer: &mask_buffer, rows };
+                let select = kernels::top_k(&h.gpu, &mut h.cache, n, &lb, &wb, &sel, masks);
+                let draw = kernels::draw(&h.gpu, &mut h.cache, &sel, &db, &ob);
+                h.run(&[select, draw], rows);
+                let got: Vec<u32> = bytemuck::cast_slice(&h.gpu.read_buffer(&ob, 4 * rows as u64).await.unwrap()).to_vec();
+                assert_eq!(got[3], u32::MAX, "case {case}: a flagged row stays flagged");
+                for r in 0..3 {
+                    if margins[r] < 1e-4 {
+                        eprintln!("case {case}, round {round}, row {r}: margin {:.1e}, not compared", margins[r]);
+                        skipped += 1;
+                        continue;
+                    }
+                    compared += 1;
+                    assert_eq!(got[r], want[r], "case {case} {:?}, round {round}, row {r} (margin {:.2e})", cases[case], margins[r]);
+                }
+            }
+        }
+        // Most draws are compared (the flat distributions over hundreds of candidates put a cut
+        // within 1e-4 of the mass most often).
+        assert!(compared >= 100 && skipped * 5 <= compared, "{skipped} draws too close to a boundary to compare, {compared} compared");
+    }
+}
+
+/// How far (as a fraction of the kept mass) the draw of a top-k/top-p/min-p sampler with
+/// uniform `u` over `row` is from changing: the nearest boundary of the cumulative weights to
+/// u times their sum, and how close the top-p and min-p cuts came to keeping one token more or
+/// less. An f64 count, apart from the code under test. An overflowing temperature has no margin
+/// to lose (the largest logit takes it all): infinity.
+fn draw_margin(row: &[f32], t: f32, top_k: usize, top_p: f32, min_p: f32, u: f64) -> f64 {
+    let mut order: Vec<usize> = (0..row.len()).collect();
+    order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+    order.truncate(top_k.min(row.len()));
+    if order.iter().any(|&i| !(row[i] / t).is_finite()) {
+        return f64::INFINITY;
+    }
+    let top = row[order[0]] as f64 / t as f64;
+    let w: Vec<f64> = order.iter().map(|&i| (row[i] as f64 / t as f64 - top).exp()).collect();
+    let z: f64 = w.iter().sum();
+    let mut margin = f64::INFINITY;
+    let mut keep = w.len();
+    if top_p < 1.0 {
+        let goal = top_p as f64 * z;
+        let mut mass = 0.0;
+        for (i, &x) in w.iter().enumerate() {
+            mass += x;
+            margin = margin.min((mass - goal).abs() / z);
+            if mass >= goal {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    let kept: Vec<f64> = w[..keep].iter().copied().filter(|&x| x >= min_p as f64).collect();
+    for &x in &w[..keep] {
+        if min_p > 0.0 {
+            margin = margin.min((x - min_p as f64).abs());
+        }
+    }
+    let total: f64 = kept.iter().sum();
+    let r = u * total;
+    let mut mass = 0.0;
+    for &x in &kept {
+        mass += x;
+        margin = margin.min((mass - r).abs() / total);
+    }
+    margin
+}
+
 // The LM head's gemv doing the argmax's first pass (a record per group of rows) and the pass
 // over those records: each batch row's id is the argmax of the logits the same gemv stored (the
 // lowest id on ties, u32::MAX for a NaN or infinite logit anywhere), and those logits are the

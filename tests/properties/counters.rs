@@ -70,8 +70,9 @@ fn a_batched_decode_step_reads_back_each_row_what_its_sampler_needs() {
     // (options, bytes its row reads back a step beside its argmax)
     let rows: Vec<(GenerateOptions, u64)> = vec![
         (GenerateOptions { sampling: SamplingParams::greedy(), ..base.clone() }, 0),
-        (GenerateOptions { sampling: sampled(0.8, 40, 0.9, 1), ..base.clone() }, 40 * 8),
-        (GenerateOptions { sampling: sampled(1.0, 1024, 1.0, 2), ..base.clone() }, 1024 * 8),
+        // Top-k rows: the GPU draws their token (the id alone).
+        (GenerateOptions { sampling: sampled(0.8, 40, 0.9, 1), ..base.clone() }, 0),
+        (GenerateOptions { sampling: sampled(1.0, 1024, 1.0, 2), ..base.clone() }, 0),
         // A peaked distribution: its top-p cut falls within the selection at every step.
         (GenerateOptions { sampling: sampled(0.3, 0, 0.9, 3), ..base.clone() }, 8 + NUCLEUS_K as u64 * 8),
         (
@@ -172,7 +173,7 @@ fn a_batched_decode_step_reads_back_each_row_what_its_sampler_needs() {
 /// than the rounds read; every request still gives the CPU reference's tokens, also the one
 /// that ends first (its round submitted ahead is dropped).
 #[test]
-fn greedy_rounds_are_submitted_one_ahead_of_the_ids_read() {
+fn greedy_and_top_k_rounds_are_submitted_one_ahead_of_the_ids_read() {
     use webgpu_llm::batcher::{BatchEvent, Batcher};
     use webgpu_llm::engine::{BackendKind, Engine, GenerateOptions, LoadOptions, Prompt};
     use webgpu_llm::sampling::SamplingParams;
@@ -185,10 +186,24 @@ fn greedy_rounds_are_submitted_one_ahead_of_the_ids_read() {
         ignore_eos: true,
         ..Default::default()
     };
+    // Rows 1 and 3 sample from their top 40 (their tokens drawn on the GPU).
+    let top_k = |n, seed| GenerateOptions {
+        sampling: SamplingParams {
+            temperature: 0.9,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.02,
+            seed,
+            ..SamplingParams::default()
+        },
+        ..greedy(n)
+    };
     let lengths = [16, 16, 9, 16];
+    let options: Vec<GenerateOptions> =
+        (0..4).map(|i| if i % 2 == 1 { top_k(lengths[i], i as u64) } else { greedy(lengths[i]) }).collect();
     let mut b = Batcher::new(&e, usize::MAX);
     let ids: Vec<_> = (0..4)
-        .map(|i| b.enqueue(Batcher::prepare(&e, &Prompt::Tokens(prompts[i].clone()), &greedy(lengths[i])).unwrap()))
+        .map(|i| b.enqueue(Batcher::prepare(&e, &Prompt::Tokens(prompts[i].clone()), &options[i]).unwrap()))
         .collect();
     let mut got = vec![Vec::new(); 4];
     let mut step = |b: &mut Batcher, e: &mut Engine| {
@@ -211,10 +226,23 @@ fn greedy_rounds_are_submitted_one_ahead_of_the_ids_read() {
     while !b.is_empty() {
         step(&mut b, &mut e);
     }
-    // The closure's borrow of `got` ends with its last use above.
+    // The closure's borrow of `got` ends with its last use above. The greedy rows give the CPU
+    // reference's tokens; the sampled ones the tokens the same request draws alone on the host
+    // from all its logits (asking for candidates reads them), with the same seed.
     for (i, g) in got.iter().enumerate() {
-        let (want, _) = tiny::greedy(tiny::chat(), &prompts[i], lengths[i]);
-        assert_eq!(g, &want, "prompt {i}");
+        if i % 2 == 0 {
+            let (want, _) = tiny::greedy(tiny::chat(), &prompts[i], lengths[i]);
+            assert_eq!(g, &want, "prompt {i}");
+            continue;
+        }
+        let mut want = Vec::new();
+        let host = GenerateOptions { top_candidates: 3, ..options[i].clone() };
+        pollster::block_on(e.generate(&Prompt::Tokens(prompts[i].clone()), &host, &mut |ev| {
+            want.push(ev.id);
+            true
+        }))
+        .unwrap();
+        assert_eq!(g, &want, "prompt {i}, sampled");
     }
 }
 

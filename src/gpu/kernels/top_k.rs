@@ -36,3 +36,22 @@ pub fn top_k(
     // Sampling only: the greedy decode ledger never counts it.
     Dispatch { label: "top_k", pipeline, bind_group, groups: Groups::per_token(1, 0, 1), traffic: Traffic::default() }
 }
+
+/// A top-k sampler's seeded draw for each of a pass's rows whose `draws` entry has a temperature
+/// (shaders/draw.wgsl: u, T, top_p, min_p as f32 bits a row), from its selection in `selection`
+/// (`top_k`'s output), into `out` (the step's ids, where the argmax was; a row whose logits were
+/// not finite keeps its flag).
+pub fn draw(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    selection: &wgpu::Buffer,
+    draws: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+) -> Dispatch {
+    let overrides = [("OUT", TOP_K_WORDS as f64)];
+    let kernel = include_str!("../../../shaders/draw.wgsl");
+    let pipeline = cache.get(gpu, "draw", kernel, Needs::default(), &[], &overrides);
+    let bind_group = gpu.bind_group("draw", &pipeline, &[selection, draws, out]);
+    // Sampling only: the greedy decode ledger never counts it.
+    Dispatch { label: "draw", pipeline, bind_group, groups: Groups::per_token(1, 0, 1), traffic: Traffic::default() }
+}

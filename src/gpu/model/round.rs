@@ -15,6 +15,10 @@ pub enum RowReadback {
     /// The `k` largest logits (at most `kernels::MAX_TOP_K`), 8 bytes each; with a temperature,
     /// also what a top-p/min-p sampler needs of the rest (8 bytes; see `RowReadback::Select`).
     Select { k: usize, tail: Option<f32> },
+    /// The token a top-k sampler draws from its `k` largest logits, drawn on the GPU
+    /// (shaders/draw.wgsl: the host's `Sampler::sample_top_k` there) with the sampler's next
+    /// uniform `u`: 4 bytes read back, and the round can be chained as a greedy one.
+    Draw { k: usize, draw: GpuDraw },
     /// The whole row of logits (a sampler with penalties, candidates or log-probabilities).
     Logits,
 }
@@ -31,7 +35,11 @@ impl RowReadback {
         } else if !on_gpu {
             Self::Logits
         } else if let Some(k) = sampler.top_k_only().filter(|&k| k <= kernels::MAX_TOP_K) {
-            Self::Select { k, tail: None }
+            match sampler.constraint() {
+                // A constrained row's k is cut to what its mask allows, after the pass.
+                Some(_) => Self::Select { k, tail: None },
+                None => Self::Draw { k, draw: GpuDraw::of(sampler) },
+            }
         } else if sampler.nucleus_only() {
             Self::Select { k: kernels::NUCLEUS_K, tail: Some(sampler.params().temperature) }
         } else {
@@ -51,7 +59,7 @@ impl RowReadback {
         logits: &mut [f32],
     ) -> Option<u32> {
         match self {
-            Self::Argmax => Some(argmax),
+            Self::Argmax | Self::Draw { .. } => Some(argmax),
             Self::Select { tail: None, .. } => Some(sampler.sample_top_k(top)),
             Self::Select { tail: Some(_), .. } => {
                 let vocab = sampler.allowed_tokens();
@@ -59,6 +67,29 @@ impl RowReadback {
             }
             Self::Logits => Some(sampler.sample(logits)),
         }
+    }
+}
+
+/// What a top-k sampler's draw on the GPU takes (a row of shaders/draw.wgsl's `draws`): its
+/// temperature, top-p and min-p, and `u`, its next uniform (`Sampler::gpu_uniform`), set by the
+/// batcher for each round the row is in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuDraw {
+    pub u: f32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub min_p: f32,
+}
+
+impl GpuDraw {
+    fn of(sampler: &Sampler) -> Self {
+        let p = sampler.params();
+        // u is the batcher's to set, round by round (`encode_choice` checks it is).
+        Self { u: f32::NAN, temperature: p.temperature, top_p: p.top_p, min_p: p.min_p }
+    }
+
+    fn words(&self) -> [u32; 4] {
+        [self.u.to_bits(), self.temperature.to_bits(), self.top_p.to_bits(), self.min_p.to_bits()]
     }
 }
 
@@ -276,11 +307,17 @@ impl GpuModel {
                 op.encode_rows(&mut pass, &segments);
             }
         }
-        let slot = (d > 0 && !masked && want.iter().all(|w| *w == RowReadback::Argmax)).then(|| {
+        // Rows that read their id alone (the argmax, or a token drawn on the GPU) read it from
+        // one of two staging slots, in turn.
+        let ids_alone = want.iter().all(|w| matches!(w, RowReadback::Argmax | RowReadback::Draw { .. }));
+        let slot = (d > 0 && !masked && ids_alone).then(|| {
             let slot = self.next_slot;
             self.next_slot = 1 - slot;
             slot
         });
+        if slot.is_some() && want.iter().any(|w| matches!(w, RowReadback::Draw { .. })) {
+            self.encode_choice(&mut enc, want);
+        }
         if d > 0 {
             let b = &self.buf;
             // The next round's tokens when it is chained to this one.
@@ -438,14 +475,15 @@ impl GpuModel {
         self.gpu.read_mapped(&b.staging_logits, bytes, |v| out.copy_from_slice(bytemuck::cast_slice(v))).await
     }
 
-    /// A round's readback work after its decode pass (rows that read more than their argmax): the selection for the rows that
-    /// want one (their k and temperatures written first), then the copies of what each row
-    /// reads, one after another in the staging buffers (so that only those bytes are mapped).
-    pub(super) fn encode_rows(&mut self, enc: &mut wgpu::CommandEncoder, want: &[RowReadback]) -> Result<()> {
+    /// What a round encodes after its decode pass to choose its rows' tokens: the argmax again
+    /// for masked rows, the selection for the rows that want one (their k and temperatures
+    /// written first), and the draws of the rows that draw on the GPU (their parameters written
+    /// first) into the ids.
+    pub(super) fn encode_choice(&mut self, enc: &mut wgpu::CommandEncoder, want: &[RowReadback]) {
         let n = want.len();
         let b = &self.buf;
         let vocab = self.config.vocab_size;
-        let selects = want.iter().any(|w| matches!(w, RowReadback::Select { .. }));
+        let selects = want.iter().any(|w| matches!(w, RowReadback::Select { .. } | RowReadback::Draw { .. }));
         // The rows' mask flags: this round's (`set_mask`), or zeros over a past round's before
         // a selection reads them.
         let masked = self.mask_flags.iter().any(|&f| f != 0);
@@ -456,27 +494,54 @@ impl GpuModel {
         if masked {
             Self::encode_ops(enc, self.argmax_masked.as_slice(), n);
         }
-        if selects {
+        if !selects {
+            return;
+        }
+        self.row_words.clear();
+        for w in want {
+            let k = |k: usize| k.clamp(1, kernels::MAX_TOP_K.min(vocab)) as u32;
+            self.row_words.extend(match *w {
+                RowReadback::Select { k: top, tail } => {
+                    let t = tail.unwrap_or(0.0);
+                    debug_assert!(tail.is_none() || t > 0.0, "a tail needs a temperature");
+                    [k(top), t.to_bits()]
+                }
+                RowReadback::Draw { k: top, .. } => [k(top), 0],
+                _ => [0, 0],
+            });
+        }
+        self.gpu.queue.write_buffer(&b.top_k_want, 0, bytemuck::cast_slice(&self.row_words));
+        Self::encode_ops(enc, self.select.as_slice(), n);
+        if want.iter().any(|w| matches!(w, RowReadback::Draw { .. })) {
             self.row_words.clear();
             for w in want {
-                self.row_words.extend(match *w {
-                    RowReadback::Select { k, tail } => {
-                        let t = tail.unwrap_or(0.0);
-                        debug_assert!(tail.is_none() || t > 0.0, "a tail needs a temperature");
-                        [k.clamp(1, kernels::MAX_TOP_K.min(vocab)) as u32, t.to_bits()]
+                self.row_words.extend(match w {
+                    RowReadback::Draw { draw, .. } => {
+                        debug_assert!((0.0..=1.0).contains(&draw.u), "a drawing row's uniform is set");
+                        draw.words()
                     }
-                    _ => [0, 0],
+                    _ => [0; 4],
                 });
             }
-            self.gpu.queue.write_buffer(&b.top_k_want, 0, bytemuck::cast_slice(&self.row_words));
-            Self::encode_ops(enc, self.select.as_slice(), n);
+            self.gpu.queue.write_buffer(&b.draws, 0, bytemuck::cast_slice(&self.row_words));
+            Self::encode_ops(enc, self.draw.as_slice(), n);
         }
+    }
+
+    /// A round's readback work after its decode pass (rows that read more than their id): the
+    /// choice (`encode_choice`), then the copies of what each row reads, one after another in
+    /// the staging buffers (so that only those bytes are mapped).
+    pub(super) fn encode_rows(&mut self, enc: &mut wgpu::CommandEncoder, want: &[RowReadback]) -> Result<()> {
+        let n = want.len();
+        self.encode_choice(enc, want);
+        let b = &self.buf;
+        let vocab = self.config.vocab_size;
         enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_top_k, 0, 4 * n as u64);
         let (mut at, mut logits_at) = (4 * n as u64, 0u64);
         let (row_words, row_logits) = (kernels::TOP_K_WORDS as u64 * 4, vocab as u64 * 4);
         for (r, w) in want.iter().enumerate() {
             match *w {
-                RowReadback::Argmax => {}
+                RowReadback::Argmax | RowReadback::Draw { .. } => {}
                 RowReadback::Select { k, tail } => {
                     let (from, len) = (selection_offset(tail.is_some()), selection_bytes(k.min(vocab), tail.is_some()));
                     enc.copy_buffer_to_buffer(&b.top_k_out, r as u64 * row_words + from, &b.staging_top_k, at, len);

@@ -1,0 +1,125 @@
+// The seeded draw of a top-k sampler on the GPU, after shaders/top_k.wgsl's selection: what
+// `Sampler::sample_top_k` does on the host, so that a sampled row reads back its token alone and
+// the next step can be submitted before it is read (sampled decoding pipelined like greedy).
+// Per row, one workgroup: the selection's pairs sorted by logit, largest first (ties to the lower
+// id), each divided by T; a logit whose l / T is not finite leaves the largest alone (all the
+// mass on it); else weights exp(l / T - l_max / T); top-p keeps the first whose running weight
+// reaches top_p of their sum, min-p those of weight >= min_p; then the token where u times the
+// kept weight's sum falls. u is the sampler's next uniform, drawn by the host.
+// Bindings: 0 selection (top_k.wgsl's rows of OUT words: count, tail, tail, then the pairs),
+// 1 draws (per row: u, T, top_p, min_p as f32 bits; T's bits 0 = not a drawing row), 2 out (the
+// step's ids: the argmax's, 0xffffffff where the logits were not finite, which stays).
+// Dispatch: (rows, 1, 1).
+
+override OUT: u32;
+const SIZE: u32 = 1024u;
+const WG: u32 = 256u;
+const NONE: u32 = 0xffffffffu;
+
+@group(0) @binding(0) var<storage, read> selection: array<u32>;
+@group(0) @binding(1) var<storage, read> draws: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;
+
+var<workgroup> ids: array<u32, SIZE>;
+var<workgroup> vals: array<f32, SIZE>;
+// The row's candidate count (0: not a drawing row), read by every invocation as one.
+var<workgroup> row_n: u32;
+var<workgroup> overflow: atomic<u32>;
+
+fn non_finite(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u;
+}
+
+// Candidate a goes before b: a larger logit, or the same and a lower id; empty slots last.
+fn before(a: u32, b: u32) -> bool {
+    if (ids[a] == NONE) { return false; }
+    if (ids[b] == NONE) { return true; }
+    return vals[a] > vals[b] || (vals[a] == vals[b] && ids[a] < ids[b]);
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let row = wg.x;
+    let d = draws[row];
+    let base = row * OUT;
+    if (li == 0u) {
+        row_n = select(min(selection[base], SIZE), 0u, d.y == 0u || out[row] == NONE);
+        atomicStore(&overflow, 0u);
+    }
+    let n = workgroupUniformLoad(&row_n);
+    if (n == 0u) { return; }
+    let t = bitcast<f32>(d.y);
+    var size = 1u;
+    while (size < n) { size <<= 1u; }
+    for (var i = li; i < size; i += WG) {
+        ids[i] = select(NONE, selection[base + 3u + 2u * i], i < n);
+        vals[i] = select(0.0, bitcast<f32>(selection[base + 4u + 2u * i]), i < n);
+    }
+    workgroupBarrier();
+    // Bitonic sort of the `size` slots into `before` order.
+    for (var k = 2u; k <= size; k <<= 1u) {
+        for (var j = k >> 1u; j > 0u; j >>= 1u) {
+            for (var i = li; i < size; i += WG) {
+                let l = i ^ j;
+                if (l > i) {
+                    let first = (i & k) == 0u;
+                    if ((first && before(l, i)) || (!first && before(i, l))) {
+                        let id = ids[i];
+                        let v = vals[i];
+                        ids[i] = ids[l];
+                        vals[i] = vals[l];
+                        ids[l] = id;
+                        vals[l] = v;
+                    }
+                }
+            }
+            workgroupBarrier();
+        }
+    }
+    // The tempered logits' weights, as the host's `temper`.
+    let top = vals[0] / t;
+    workgroupBarrier();
+    for (var i = li; i < n; i += WG) {
+        let l = vals[i] / t;
+        if (non_finite(l)) { atomicStore(&overflow, 1u); }
+        vals[i] = exp(l - top);
+    }
+    workgroupBarrier();
+    if (li != 0u) { return; }
+    if (atomicLoad(&overflow) != 0u) {
+        out[row] = ids[0];
+        return;
+    }
+    // top-p: the first candidates whose running weight reaches top_p of the whole.
+    let top_p = bitcast<f32>(d.z);
+    let min_p = bitcast<f32>(d.w);
+    var keep = n;
+    if (top_p < 1.0) {
+        var z = 0.0;
+        for (var i = 0u; i < n; i++) { z += vals[i]; }
+        let goal = top_p * z;
+        var mass = 0.0;
+        for (var i = 0u; i < n; i++) {
+            mass += vals[i];
+            if (mass >= goal) {
+                keep = i + 1u;
+                break;
+            }
+        }
+    }
+    // min-p, then the draw over what is kept (the largest always is: its weight is 1).
+    var total = 0.0;
+    for (var i = 0u; i < keep; i++) {
+        if (vals[i] >= min_p) { total += vals[i]; }
+    }
+    var r = bitcast<f32>(d.x) * total;
+    var id = ids[0];
+    for (var i = 0u; i < keep; i++) {
+        if (vals[i] >= min_p) {
+            id = ids[i];
+            r -= vals[i];
+            if (r < 0.0) { break; }
+        }
+    }
+    out[row] = id;
+}
