@@ -9,11 +9,12 @@
 // Bindings: 0 selection (top_k.wgsl's rows of OUT words: count, tail, tail, then the pairs),
 // 1 draws (per row: u, T, top_p, min_p as f32 bits; T's bits 0 = not a drawing row), 2 out (the
 // step's ids: the argmax's, 0xffffffff where the logits were not finite, which stays).
-// Dispatch: (rows, 1, 1).
+// Dispatch: (rows, 1, 1). WG (invocations, a power of two) comes from the host: 256 on GPUs,
+// 8 on CPU adapters, where each barrier of the sort switches between all of a workgroup's SIMD
+// groups (kernels::reduce_width).
 
 override OUT: u32;
 const SIZE: u32 = 1024u;
-const WG: u32 = 256u;
 const NONE: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<storage, read> selection: array<u32>;

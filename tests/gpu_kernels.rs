@@ -1372,7 +1372,7 @@ gpu_test! {
 // token the host's sampler draws from the same logits with the same seed (`Sampler::sample` on
 // all of them: top-k, temperature, top-p, min-p, the seeded draw), for samplers from k = 1 to
 // MAX_TOP_K, peaked and flat temperatures, an overflowing one, ties, and a row whose logits were
-// flagged non-finite (it stays flagged). The GPU's exp and f32 sums differ from the host's expf
+// flagged non-finite (it stays flagged), with both kernel styles. The GPU's exp and f32 sums differ from the host's expf
 // and f64 sums by up to 6e-5 of the mass (an f32 sum of 1024 terms): a draw whose uniform falls
 // within 1e-4 of the mass of a boundary (of the draw, the top-p cut or the min-p cut, by an f64
 // count of the same sampler) is not compared, and such draws must stay few.
@@ -1396,6 +1396,8 @@ gpu_test! {
         let (mut compared, mut skipped) = (0, 0);
         for (case, &(temperature, top_k, top_p, min_p)) in cases.iter().enumerate() {
             for round in 0..6u64 {
+                // Both kernel styles (256 invocations sort on GPUs, 8 on CPU adapters).
+                h.gpu.style = if round % 2 == 0 { KernelStyle::Gpu } else { KernelStyle::Cpu };
                 let mut logits = random(&mut rng, rows * n, 6.0);
                 // Ties at the top of row 1: its largest logit at three ids.
                 let top1 = (0..n).max_by(|&a, &b| logits[n + a].total_cmp(&logits[n + b])).unwrap();

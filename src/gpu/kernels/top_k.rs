@@ -50,7 +50,7 @@ pub fn draw(
 ) -> Dispatch {
     let overrides = [("OUT", TOP_K_WORDS as f64)];
     let kernel = include_str!("../../../shaders/draw.wgsl");
-    let pipeline = cache.get(gpu, "draw", kernel, Needs::default(), &[], &overrides);
+    let pipeline = cache.get(gpu, "draw", kernel, Needs::default(), &[("WG", super::reduce_width(gpu))], &overrides);
     let bind_group = gpu.bind_group("draw", &pipeline, &[selection, draws, out]);
     // Sampling only: the greedy decode ledger never counts it.
     Dispatch { label: "draw", pipeline, bind_group, groups: Groups::per_token(1, 0, 1), traffic: Traffic::default() }
