@@ -1,15 +1,12 @@
-// Tiled matrix-matrix product for prefill: Y[t][OUT + r] (= or +=) dot(w[r], X[t]) for the
-// n_tokens rows of X and the ROW_COUNT weight rows of this part. A workgroup computes a tile of
-// 64 tokens x 64 rows, stepping through K in blocks of 32 values: the X tile and the dequantized
-// W tile go to workgroup memory (k-major, so 4 tokens or 4 rows are one vec4), and each
-// invocation accumulates a 4 x 4 block of outputs: 16 multiply-adds per two vec4 loads. COLS is
-// a multiple of 8; a last K block past COLS reads zeros.
-// DIRECT (CPU adapters): 64 invocations of 8 rows x 8 tokens, read straight from storage with
-// no workgroup memory and no barriers; the CPU's caches do the tiling.
+// Tiled matrix-matrix products for prefill, what their kernels share: Y[t][OUT + r] (= or +=)
+// dot(w[r], X[t]) for the n_tokens rows of X and the ROW_COUNT weight rows of this part, a
+// workgroup a tile of TM tokens x TN rows. The host appends one kernel: gemm_f32.wgsl (X in
+// f32) or gemm_int8.wgsl (X as int8 blocks).
 // PAIR: the part holds HALF gate rows then HALF up rows; row r >= HALF is written to column
 // PAIR_OFFSET + OUT + r - HALF (silu * mul follows in a separate pass).
 // EPILOGUE 0: store. 1: add (residual).
-// Bindings: 0 params, 1 w, 2 x (vec4), 3 y. Dispatch: (ceil(ROW_COUNT / 64), ceil(n_tokens / 64), 1).
+// Bindings: 0 params, 1 w, 2 x (the kernel's), 3 y. Dispatch: (ceil(ROW_COUNT / TN),
+// ceil(n_tokens / TM), 1).
 
 override COLS: u32;
 override ROW_WORDS: u32;
@@ -20,22 +17,13 @@ override EPILOGUE: u32 = 0u;
 override PAIR: bool = false;
 override HALF: u32 = 0u;
 override PAIR_OFFSET: u32 = 0u;
-override DIRECT: bool = false;
 
 const TM: u32 = 64u;
 const TN: u32 = 64u;
-const TK: u32 = 32u;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-
-var<workgroup> xs: array<vec4<f32>, 512>;  // [TK][TM / 4]
-var<workgroup> ws: array<vec4<f32>, 512>;  // [TK][TN / 4]
-
-// Invocations: 256, or 64 with DIRECT.
-override WG: u32 = 256u;
 
 // Output (token t, row r) of this part: its column (a gated pair's second half after
 // PAIR_OFFSET) and the epilogue.
@@ -44,90 +32,4 @@ fn store(t: u32, r: u32, v: f32) {
     if (PAIR && r >= HALF) { col = PAIR_OFFSET + OUT + r - HALF; }
     let o = t * Y_STRIDE + col;
     if (EPILOGUE == 1u) { y[o] = y[o] + v; } else { y[o] = v; }
-}
-
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let row0 = wg.x * TN;
-    let tok0 = wg.y * TM;
-    let n = params.n_tokens;
-    // This invocation's outputs: tokens tok0 + ty*4 .. +4, rows row0 + tx*4 .. +4.
-    let ty = li / 16u;
-    let tx = li % 16u;
-    var acc: array<vec4<f32>, 4>;
-    for (var i = 0u; i < 4u; i++) { acc[i] = vec4<f32>(0.0); }
-    // Loader roles: X values (token lt, k lk .. lk+8) and one W group of 8 (row wr, group wg8).
-    let lt = li / 4u;
-    let lk = (li % 4u) * 8u;
-    let wr = li / 4u;
-    let wg8 = li % 4u;
-    if (DIRECT) {
-        // 8 rows x 8 tokens per invocation (64 of them: WG): each dequantized group of 8
-        // weights serves 8 tokens, each x value loaded 8 rows.
-        let dx = li % 8u;
-        let dy = li / 8u;
-        // Invocations whose 8 tokens all lie past the prompt (a short prompt leaves most of the
-        // 64-token tile empty) skip the product: the 8 of them that share dy are a SIMD group on
-        // a CPU.
-        let live = tok0 + dy * 8u < n;
-        var acc8: array<array<f32, 8>, 8>;
-        for (var g = 0u; g < select(0u, COLS / 8u, live); g++) {
-            var wv: array<Dq8, 8>;
-            for (var j = 0u; j < 8u; j++) {
-                let r = min(row0 + dx * 8u + j, ROW_COUNT - 1u);
-                wv[j] = dq8(r * ROW_WORDS, g);
-            }
-            for (var i = 0u; i < 8u; i++) {
-                let t = min(tok0 + dy * 8u + i, n - 1u);
-                let xa = x[(t * COLS) / 4u + g * 2u];
-                let xb = x[(t * COLS) / 4u + g * 2u + 1u];
-                for (var j = 0u; j < 8u; j++) {
-                    acc8[i][j] += dot(wv[j].a, xa) + dot(wv[j].b, xb);
-                }
-            }
-        }
-        for (var i = 0u; i < 8u; i++) {
-            let t = tok0 + dy * 8u + i;
-            if (t >= n) { break; }
-            for (var j = 0u; j < 8u; j++) {
-                let r = row0 + dx * 8u + j;
-                if (r >= ROW_COUNT) { break; }
-                store(t, r, acc8[i][j]);
-            }
-        }
-        return;
-    }
-    for (var k0 = 0u; k0 < select(COLS, 0u, DIRECT); k0 += TK) {
-        let t = tok0 + lt;
-        for (var i = 0u; i < 8u; i++) {
-            let e = t * COLS + k0 + lk + i;
-            xs[(lk + i) * 16u + lt / 4u][lt % 4u] = select(0.0, x[e / 4u][e % 4u], t < n && k0 + lk + i < COLS);
-        }
-        var v = Dq8(vec4<f32>(0.0), vec4<f32>(0.0));
-        if (row0 + wr < ROW_COUNT && k0 + wg8 * 8u < COLS) { v = dq8((row0 + wr) * ROW_WORDS, k0 / 8u + wg8); }
-        let kb = wg8 * 8u;
-        for (var i = 0u; i < 4u; i++) {
-            ws[(kb + i) * 16u + wr / 4u][wr % 4u] = v.a[i];
-            ws[(kb + 4u + i) * 16u + wr / 4u][wr % 4u] = v.b[i];
-        }
-        workgroupBarrier();
-        for (var k = 0u; k < TK; k++) {
-            let xv = xs[k * 16u + ty];
-            let wv = ws[k * 16u + tx];
-            acc[0] += xv.x * wv;
-            acc[1] += xv.y * wv;
-            acc[2] += xv.z * wv;
-            acc[3] += xv.w * wv;
-        }
-        workgroupBarrier();
-    }
-    for (var i = 0u; i < 4u; i++) {
-        let t = tok0 + ty * 4u + i;
-        if (t >= n) { break; }
-        for (var j = 0u; j < 4u; j++) {
-            let r = row0 + tx * 4u + j;
-            if (r >= ROW_COUNT) { break; }
-            store(t, r, acc[i][j]);
-        }
-    }
 }

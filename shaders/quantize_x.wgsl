@@ -1,17 +1,18 @@
-// The int8 decode gemv's activations: each of the pass's `params.rows` rows of x (COLS values,
-// RMS-normalized here with NORM: weights nw, epsilon EPS, so the gemvs that read the record
-// need not) in blocks of 32 values, block b of row m as xq record (m * COLS / 32 + b): three
-// vec4<u32>, the 32 values as signed bytes (four to a word, in order), then (dx, sx, 0, 0) as
-// f32 bits: the values are dx * q_i (dx = the block's largest |value| / 127, q_i rounded to
-// nearest, ties to even) and sx = dx * sum(q_i) (llama.cpp's q8_1 blocks). One workgroup a row,
-// an invocation a block.
+// The int8 gemv's and gemm's activations: each of the pass's `params.rows` rows of x (with
+// TOKENS, the prefill gemm's `params.n_tokens`) of COLS values, RMS-normalized here with NORM
+// (weights nw, epsilon EPS, so the gemvs that read the record need not), in blocks of 32
+// values, block b of row m as xq record (m * COLS / 32 + b): three vec4<u32>, the 32 values
+// as signed bytes (four to a word, in order), then (dx, sx, 0, 0) as f32 bits: the values are
+// dx * q_i (dx = the block's largest |value| / 127, q_i rounded to nearest, ties to even) and
+// sx = dx * sum(q_i) (llama.cpp's q8_1 blocks). One workgroup a row, an invocation a block.
 // Bindings: 0 x (vec4), 1 nw (vec4; any buffer when not NORM), 2 xq, 3 params. Dispatch: a
-// workgroup per row the pass may have (those past params.rows return).
+// workgroup per row the pass may have (those past its rows return).
 
 override COLS: u32;
 override NORM: bool = false;
 override EPS: f32 = 0.0;
 override LANES: u32 = 32u;
+override TOKENS: bool = false;
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> nw: array<vec4<f32>>;
@@ -21,7 +22,7 @@ override LANES: u32 = 32u;
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, lane: Lane) {
     let m = wg.x;
-    if (m >= params.rows) { return; }
+    if (m >= select(params.rows, params.n_tokens, TOKENS)) { return; }
     let xo = m * (COLS / 4u);
     var scale = 1.0;
     if (NORM) {

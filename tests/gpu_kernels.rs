@@ -354,7 +354,7 @@ gpu_test! {
                 let (want, scale) = reference_matmul(&w, &x, cols);
                 let y0 = random(&mut rng, n * rows, 1.0);
                 let (xb, yb) = (h.buf(&x), h.buf(&y0));
-                let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, &lin, Epilogue::Add, &xb, &yb, rows);
+                let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, None, &lin, Epilogue::Add, &xb, &yb, rows);
                 h.run(&ops, n);
                 let added: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
                 let what = format!("gemm {ty:?} {cols} columns, {}", h.path());
@@ -391,7 +391,7 @@ gpu_test! {
             let (g, _) = reference_matmul(&dequantize(&gi, &gb).unwrap(), &x, cols);
             let (u, _) = reference_matmul(&dequantize(&ui, &ub).unwrap(), &x, cols);
             let (xb, gub, hb) = (h.buf(&x), h.buf(&vec![0.0; n * 2 * rows]), h.buf(&vec![0.0; n * rows]));
-            let mut ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, &pair, Epilogue::Store, &xb, &gub, 2 * rows);
+            let mut ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, None, &pair, Epilogue::Store, &xb, &gub, 2 * rows);
             let act = [Activation::Silu, Activation::GeluTanh][h.gpu.f16 as usize];
             ops.push(kernels::act_mul(&h.gpu, &mut h.cache, &h.params, act, rows, &gub, &hb));
             h.run(&ops, n);
@@ -1190,7 +1190,7 @@ gpu_test! {
             h.run(&ops, 1);
             assert_close("split gemv", &h.read(&y1, total).await, &want[..total], &scale[..total], MATMUL_REL);
             let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; n * total]));
-            let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, &lin, Epilogue::Store, &xb, &yb, total);
+            let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, None, &lin, Epilogue::Store, &xb, &yb, total);
             h.run(&ops, n);
             assert_close("split gemm", &h.read(&yb, n * total).await, &want, &scale, MATMUL_REL);
             let tokens = [0u32, 99, 100, 129, 42];
@@ -1308,28 +1308,15 @@ gpu_test! {
                     h.run(&ops, n);
                     let words: Vec<u32> = bytemuck::cast_slice(&h.read(&xq, n * blocks * 12).await).to_vec();
                     let what = format!("int8 gemv {ty:?}, {n} rows, MB {mb}, norm {}, {epilogue:?}, gated {gated}", norm.is_some());
-                    let mut values = Vec::new();
-                    for (m, row) in x.chunks_exact(cols).enumerate() {
+                    let mut rows_in = Vec::new();
+                    for row in x.chunks_exact(cols) {
                         let mut t = row.to_vec();
                         if norm.is_some() {
                             reference::rms_norm(&mut t, row, &nw, eps);
                         }
-                        for (b, tb) in t.chunks_exact(32).enumerate() {
-                            let r = &words[(m * blocks + b) * 12..][..12];
-                            let q: Vec<i8> = bytemuck::cast_slice::<u32, i8>(&r[..8]).to_vec();
-                            let (dx, sx) = (f32::from_bits(r[8]), f32::from_bits(r[9]));
-                            let amax = tb.iter().fold(0f32, |a, v| a.max(v.abs()));
-                            assert!((dx - amax / 127.0).abs() <= 1e-5 * amax / 127.0, "{what}: block {m}.{b} scale {dx}, max {amax}");
-                            for (i, (&v, &qi)) in tb.iter().zip(&q).enumerate() {
-                                let exact = if dx > 0.0 { v / dx } else { 0.0 };
-                                assert!((exact - qi as f32).abs() <= 0.5 + 1e-3, "{what}: value {m}.{b}.{i} {v} as {qi} x {dx}");
-                                values.push(dx as f64 * qi as f64);
-                            }
-                            let sum: i32 = q.iter().map(|&v| v as i32).sum();
-                            assert!((sx as f64 - dx as f64 * sum as f64).abs() <= 1e-6 * (dx as f64 * sum.abs() as f64) + 1e-12, "{what}: sum");
-                        }
+                        rows_in.extend(t);
                     }
-                    let xv: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+                    let xv = int8_record_values(&what, &words, &rows_in);
                     let (g, gs) = reference_matmul(&gw, &xv, cols);
                     let (want, scale): (Vec<f64>, Vec<f64>) = if gated {
                         let (u, us) = reference_matmul(&uw, &xv, cols);
@@ -1344,6 +1331,95 @@ gpu_test! {
                 }
             }
         }
+    }
+}
+
+/// The values quantize_x's records (`words`, three vec4<u32> a block) stand for, checked
+/// against their definition for the rows `x` they were made from: each block's values as
+/// q_i dx with dx = max |value| / 127 and q_i the nearest integer (within float rounding of
+/// x / dx; an all-zero block has dx 0), and sx = dx sum(q_i).
+fn int8_record_values(what: &str, words: &[u32], x: &[f32]) -> Vec<f32> {
+    let mut values = Vec::new();
+    for (k, tb) in x.chunks_exact(32).enumerate() {
+        let r = &words[k * 12..][..12];
+        let q: Vec<i8> = bytemuck::cast_slice::<u32, i8>(&r[..8]).to_vec();
+        let (dx, sx) = (f32::from_bits(r[8]), f32::from_bits(r[9]));
+        let amax = tb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        assert!((dx - amax / 127.0).abs() <= 1e-5 * amax / 127.0, "{what}: block {k} scale {dx}, max {amax}");
+        for (i, (&v, &qi)) in tb.iter().zip(&q).enumerate() {
+            let exact = if dx > 0.0 { v / dx } else { 0.0 };
+            assert!((exact - qi as f32).abs() <= 0.5 + 1e-3, "{what}: value {k}.{i} {v} as {qi} x {dx}");
+            values.push((dx as f64 * qi as f64) as f32);
+        }
+        let sum: i32 = q.iter().map(|&v| v as i32).sum();
+        assert!(
+            (sx as f64 - dx as f64 * sum as f64).abs() <= 1e-6 * (dx as f64 * sum.abs() as f64) + 1e-12,
+            "{what}: block {k} sum"
+        );
+    }
+    values
+}
+
+// The int8 prefill gemm (GPU-style kernels over 32-value integer blocks, shaders/gemm_int8.wgsl):
+// quantize_x's records of each token (checked against their definition), and each output the
+// product of the CPU's dequantized row with those records' values in f64 (the integer sums
+// exact, the scales in f32: the f32 bound of the other matrix products), past one tile of 64
+// tokens and of 64 rows, with an even and an odd number of blocks a row (the last step of two
+// blocks half past the row), added to the residual, and a gated pair's gate and up columns.
+gpu_test! {
+    async fn int8_gemm_takes_x_as_int8_blocks_and_sums_their_products_exactly() {
+        let mut rng = Rng::new(14);
+        let (n, rows) = (70, 130);
+        let mut h = Harness::new(false).await;
+        h.gpu.style = KernelStyle::Gpu;
+        h.gpu.int8 = true;
+        let xq = h.gpu.storage("xq", kernels::int8_scratch_bytes(kernels::MAX_ROWS, 288)).unwrap();
+        h.set(n, 0, 16);
+        for ty in types().filter(|&ty| webgpu_llm::quant::format(ty).unwrap().int8_fn().is_some()) {
+            for cols in [256, 288] {
+                let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
+                let w = dequantize(&info, &bytes).unwrap();
+                let lin = linear(&h, &info, &bytes).await;
+                let mut x = random(&mut rng, n * cols, 3.0);
+                x[32..64].iter_mut().for_each(|v| *v = 0.0);
+                let y0 = random(&mut rng, n * rows, 1.0);
+                let (xb, yb) = (h.buf(&x), h.buf(&y0));
+                let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, Some(&xq), &lin, Epilogue::Add, &xb, &yb, rows);
+                assert_eq!(ops[0].label, "quantize_x", "{ty:?}: the int8 path");
+                h.run(&ops, n);
+                let what = format!("int8 gemm {ty:?}, {cols} columns");
+                let words: Vec<u32> = bytemuck::cast_slice(&h.read(&xq, n * cols / 32 * 12).await).to_vec();
+                let xv = int8_record_values(&what, &words, &x);
+                let (want, scale) = reference_matmul(&w, &xv, cols);
+                let added: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
+                assert_close(&what, &h.read(&yb, n * rows).await, &added, &scale, MATMUL_REL);
+            }
+        }
+        let cols = 256;
+        let (gi, gb) = random_tensor(&mut rng, GgmlType::Q4_1, rows, cols);
+        let (ui, ub) = random_tensor(&mut rng, GgmlType::Q4_1, rows, cols);
+        let (up_info, file) = after(&gi, &gb, &ui, &ub);
+        let pair = Linear::gated_pair(&h.gpu, "gate_up", Rows::of(&gi).unwrap(), Rows::of(&up_info).unwrap(), &file[..])
+            .await
+            .unwrap()
+            .expect("same types pair up");
+        let x = random(&mut rng, n * cols, 3.0);
+        let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; n * 2 * rows]));
+        let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, Some(&xq), &pair, Epilogue::Store, &xb, &yb, 2 * rows);
+        h.run(&ops, n);
+        let words: Vec<u32> = bytemuck::cast_slice(&h.read(&xq, n * cols / 32 * 12).await).to_vec();
+        let xv = int8_record_values("int8 gemm, gated pair", &words, &x);
+        let (g, gs) = reference_matmul(&dequantize(&gi, &gb).unwrap(), &xv, cols);
+        let (u, us) = reference_matmul(&dequantize(&ui, &ub).unwrap(), &xv, cols);
+        let got = h.read(&yb, n * 2 * rows).await;
+        let (mut want, mut scale) = (Vec::new(), Vec::new());
+        for t in 0..n {
+            want.extend_from_slice(&g[t * rows..][..rows]);
+            want.extend_from_slice(&u[t * rows..][..rows]);
+            scale.extend_from_slice(&gs[t * rows..][..rows]);
+            scale.extend_from_slice(&us[t * rows..][..rows]);
+        }
+        assert_close("int8 gemm, gated pair", &got, &want, &scale, MATMUL_REL);
     }
 }
 

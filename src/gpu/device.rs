@@ -142,9 +142,9 @@ pub struct Gpu {
     pub counters: Counters,
     /// Chosen from the adapter's type; tests set it to check both variants on one adapter.
     pub style: KernelStyle,
-    /// GPU-style decode gemvs over 32-value integer blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) take
-    /// their activations quantized to int8 blocks and sum integer dot products
-    /// (`kernels::gemv_int8`): with INT8_ENV `1`, never on the forced f32 path. Off by default:
+    /// GPU-style decode gemvs and prefill gemms over 32-value integer blocks (Q4_0, Q4_1, Q5_0,
+    /// Q5_1, Q8_0) take their activations quantized to int8 blocks and sum integer dot products
+    /// (`kernels::takes_int8`): with INT8_ENV `1`, never on the forced f32 path. Off by default:
     /// llama.cpp's q8_1 activations cost SmolLM2 3% of perplexity against transformers (26.78
     /// to 27.58 over 96 decode steps; logits off by up to 0.16 where f16's bound is 0.05), most
     /// of it in the FFN's down projection, whose inputs have outliers that coarsen their blocks.

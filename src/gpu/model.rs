@@ -187,7 +187,8 @@ struct Buffers {
     h: wgpu::Buffer,
     /// A projection's output before its post-norm (architectures with post-norms).
     proj: wgpu::Buffer,
-    /// The int8 gemvs' activation records (`kernels::gemv_int8`; 16 bytes when none runs).
+    /// The int8 gemvs' and gemms' activation records (`kernels::takes_int8`; 16 bytes when none
+    /// runs).
     xq: wgpu::Buffer,
     moe: Option<MoeBuffers>,
     /// Decode attention's per-split records (see `kernels::decode_partials_len`).
@@ -777,7 +778,9 @@ impl GpuModel {
             proj: gpu.storage("proj", n * c.d_model as u64 * f)?,
             xq: {
                 let int8 = gpu.int8 && gpu.style == KernelStyle::Gpu;
-                let (rows, cols) = (max_batch.next_multiple_of(BATCH_MB as usize), qkv_row.max(attn_row).max(ffn));
+                // A decode batch's rows (rounded up to the gemv's MB), or a prefill pass's.
+                let rows = max_batch.next_multiple_of(BATCH_MB as usize).max(kernels::MAX_ROWS);
+                let cols = qkv_row.max(attn_row).max(ffn);
                 gpu.storage("xq", if int8 { kernels::int8_scratch_bytes(rows, cols.max(c.d_model)) } else { 16 })?
             },
             moe: match plan.layers.iter().find_map(|l| l.experts.as_ref()) {
@@ -910,7 +913,8 @@ impl GpuModel {
             Pass::Decode { .. } | Pass::WideDecode => &b.params,
         };
         let (params, eps, act) = (&b.params, c.rms_eps, plan.activation);
-        let gb = GemvBatch { params, mb, xq: Some(&b.xq) };
+        let xq = Some(&b.xq);
+        let gb = GemvBatch { params, mb, xq };
         let embed_scale = plan.embed_scale.unwrap_or(1.0);
         let mut ops = Vec::new();
         // The MTP head's input rows: eh_proj(enorm(embedding) | hnorm(hidden state)) into x.
@@ -932,7 +936,7 @@ impl GpuModel {
                 }
                 ops.push(kernels::rms_norm(gpu, p, params, d, eps, NormOut::Store, h, &m.hnorm, &b.proj));
                 ops.push(kernels::concat_rows(gpu, p, params, d, &b.xn, &b.proj, cat));
-                ops.extend(kernels::gemm(gpu, p, params, &m.eh_proj, Epilogue::Store, cat, &b.x, d));
+                ops.extend(kernels::gemm(gpu, p, params, xq, &m.eh_proj, Epilogue::Store, cat, &b.x, d));
                 Some((m, pm))
             }
             _ => None,
@@ -947,7 +951,7 @@ impl GpuModel {
                 let all = pe.width * c.n_layers;
                 ops.extend(kernels::embed(gpu, p, params, table, (pe.width as f32).sqrt(), &b.tokens, inputs));
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, model_proj, Epilogue::Store, &b.x, proj, all));
+                    ops.extend(kernels::gemm(gpu, p, params, xq, model_proj, Epilogue::Store, &b.x, proj, all));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, model_proj, act, Epilogue::Store, None, &b.x, proj, all));
                 }
@@ -998,7 +1002,7 @@ impl GpuModel {
                             post: &Option<wgpu::Buffer>| {
                 let (epilogue, out) = if post.is_some() { (Epilogue::Store, &b.proj) } else { (Epilogue::Add, &b.x) };
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, w, epilogue, x, out, c.d_model));
+                    ops.extend(kernels::gemm(gpu, p, params, xq, w, epilogue, x, out, c.d_model));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, w, act, epilogue, None, x, out, c.d_model));
                 }
@@ -1022,7 +1026,7 @@ impl GpuModel {
                 let (s, norm) = (&dn.shape, fuse.then_some((&l.attn_norm, eps)));
                 let width = kernels::delta_proj(s);
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, width));
+                    ops.extend(kernels::gemm(gpu, p, params, xq, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, width));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, &l.qkv, act, Epilogue::Store, norm, input, &b.qkv, width));
                 }
@@ -1071,7 +1075,7 @@ impl GpuModel {
                 // layer's state at each row's position; C * its convolution into `attn`.
                 let (d, norm) = (c.d_model, fuse.then_some((&l.attn_norm, eps)));
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, 3 * d));
+                    ops.extend(kernels::gemm(gpu, p, params, xq, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, 3 * d));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, &l.qkv, act, Epilogue::Store, norm, input, &b.qkv, 3 * d));
                 }
@@ -1086,7 +1090,7 @@ impl GpuModel {
                 let folded = fuse && fold.applies(&extras, &l.qkv);
                 let norm = fuse.then_some((&l.attn_norm, eps));
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
+                    ops.extend(kernels::gemm(gpu, p, params, xq, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
                 } else if folded {
                     ops.extend(kernels::gemv_rope_kv(gpu, p, gb, &l.qkv, &fold, norm, input, &b.qkv, qkv_stride));
                 } else {
@@ -1107,7 +1111,7 @@ impl GpuModel {
                     // Gated attention's gate, from the same input as q.
                     let q = c.q_dim();
                     if tiled {
-                        ops.extend(kernels::gemm(gpu, p, params, w, Epilogue::Store, &b.xn, gate, q));
+                        ops.extend(kernels::gemm(gpu, p, params, xq, w, Epilogue::Store, &b.xn, gate, q));
                     } else {
                         ops.extend(kernels::gemv(gpu, p, gb, w, act, Epilogue::Store, norm, input, gate, q));
                     }
@@ -1158,7 +1162,7 @@ impl GpuModel {
                 // experts' gated FFNs (their rows alone read), their weighted sum.
                 ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, &l.ffn_norm, &b.xn));
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, router, Epilogue::Store, &b.xn, &m.logits, e.count));
+                    ops.extend(kernels::gemm(gpu, p, params, xq, router, Epilogue::Store, &b.xn, &m.logits, e.count));
                 } else {
                     ops.extend(kernels::gemv(
                         gpu,
@@ -1201,10 +1205,10 @@ impl GpuModel {
                     let f = sh.ffn;
                     let pairs = gate_up.parts.iter().all(|part| part.pair);
                     if tiled {
-                        ops.extend(kernels::gemm(gpu, p, params, gate_up, Epilogue::Store, &b.xn, &b.gu, 2 * f));
+                        ops.extend(kernels::gemm(gpu, p, params, xq, gate_up, Epilogue::Store, &b.xn, &b.gu, 2 * f));
                         ops.push(kernels::act_mul(gpu, p, params, act, f, &b.gu, &b.h));
-                        ops.extend(kernels::gemm(gpu, p, params, down, Epilogue::Store, &b.h, &b.proj, d));
-                        ops.extend(kernels::gemm(gpu, p, params, gate, Epilogue::Store, &b.xn, &m.shared_gate, 1));
+                        ops.extend(kernels::gemm(gpu, p, params, xq, down, Epilogue::Store, &b.h, &b.proj, d));
+                        ops.extend(kernels::gemm(gpu, p, params, xq, gate, Epilogue::Store, &b.xn, &m.shared_gate, 1));
                     } else {
                         let (out, stride) = if pairs { (&b.h, f) } else { (&b.gu, 2 * f) };
                         ops.extend(kernels::gemv(gpu, p, gb, gate_up, act, Epilogue::Store, None, &b.xn, out, stride));
@@ -1234,7 +1238,7 @@ impl GpuModel {
             }
             let pairs = l.gate_up.parts.iter().all(|part| part.pair);
             if tiled {
-                ops.extend(kernels::gemm(gpu, p, params, &l.gate_up, Epilogue::Store, &b.xn, &b.gu, 2 * c.ffn_dim));
+                ops.extend(kernels::gemm(gpu, p, params, xq, &l.gate_up, Epilogue::Store, &b.xn, &b.gu, 2 * c.ffn_dim));
                 ops.push(kernels::act_mul(gpu, p, params, act, c.ffn_dim, &b.gu, &b.h));
             } else {
                 let norm = fuse.then_some((&l.ffn_norm, eps));
@@ -1250,13 +1254,13 @@ impl GpuModel {
                 // through proj and its norm, added to x.
                 let d = c.d_model;
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, gate, Epilogue::Store, &b.x, g, width));
+                    ops.extend(kernels::gemm(gpu, p, params, xq, gate, Epilogue::Store, &b.x, g, width));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, gate, act, Epilogue::Store, None, &b.x, g, width));
                 }
                 ops.push(kernels::ple_gate(gpu, p, params, act, c.n_layers, width, i, g, inputs));
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, proj, Epilogue::Store, g, &b.proj, d));
+                    ops.extend(kernels::gemm(gpu, p, params, xq, proj, Epilogue::Store, g, &b.proj, d));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, proj, act, Epilogue::Store, None, g, &b.proj, d));
                 }
@@ -1314,7 +1318,7 @@ impl GpuModel {
         };
         if let Pass::AllLogits(logits) = pass {
             ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn));
-            ops.extend(kernels::gemm(gpu, p, params, head, Epilogue::Store, &b.xn, logits, c.vocab_size));
+            ops.extend(kernels::gemm(gpu, p, params, xq, head, Epilogue::Store, &b.xn, logits, c.vocab_size));
             ops.extend(cap(p, params, true, logits, PREFILL_CHUNK));
             return ops;
         }
@@ -1327,7 +1331,7 @@ impl GpuModel {
                     .on(Segment::Decode),
             );
             if tiled {
-                ops.extend(on(kernels::gemm(gpu, p, pd, head, Epilogue::Store, &b.xn, &b.logits, vocab)));
+                ops.extend(on(kernels::gemm(gpu, p, pd, xq, head, Epilogue::Store, &b.xn, &b.logits, vocab)));
                 ops.extend(cap(p, pd, false, &b.logits, max_rows).map(|op| op.on(Segment::Decode)));
                 ops.push(kernels::argmax(gpu, p, pd, vocab, &b.logits, &b.argmax, max_rows).on(Segment::Decode));
             } else {
@@ -1338,7 +1342,7 @@ impl GpuModel {
         }
         if matches!(pass, Pass::WideDecode) {
             ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn));
-            ops.extend(kernels::gemm(gpu, p, params, head, Epilogue::Store, &b.xn, &b.logits, vocab));
+            ops.extend(kernels::gemm(gpu, p, params, xq, head, Epilogue::Store, &b.xn, &b.logits, vocab));
             ops.extend(cap(p, params, false, &b.logits, max_rows));
             ops.push(kernels::argmax(gpu, p, params, vocab, &b.logits, &b.argmax, max_rows));
             return ops;

@@ -11,6 +11,9 @@ const GEMV: &str = include_str!("../../../shaders/gemv.wgsl");
 const GEMV_ROPE_KV: &str = include_str!("../../../shaders/gemv_rope_kv.wgsl");
 const QUANTIZE_X: &str = include_str!("../../../shaders/quantize_x.wgsl");
 const GEMV_ARGMAX: &str = include_str!("../../../shaders/gemv_argmax.wgsl");
+const GEMM: &str = include_str!("../../../shaders/gemm.wgsl");
+const GEMM_F32: &str = include_str!("../../../shaders/gemm_f32.wgsl");
+const GEMM_INT8: &str = include_str!("../../../shaders/gemm_int8.wgsl");
 
 /// Adjacent rows one invocation of a CPU-style gemv takes (shaders/gemv.wgsl's CPU_ROWS).
 const CPU_ROWS: u32 = 8;
@@ -28,7 +31,7 @@ pub enum Epilogue {
 
 /// What a decode pass's matrix-vector products share: the pass's params (`rows` of x to take)
 /// and MB, the batch rows taken per pass over the weights (1 for a single sequence's step), and
-/// the int8 activations' scratch (`gemv_int8`; None: f32 activations everywhere).
+/// the int8 activations' scratch (`takes_int8`; None: f32 activations everywhere).
 #[derive(Clone, Copy)]
 pub struct GemvBatch<'a> {
     pub params: &'a wgpu::Buffer,
@@ -36,9 +39,9 @@ pub struct GemvBatch<'a> {
     pub xq: Option<&'a wgpu::Buffer>,
 }
 
-/// Whether a gemv over `format`'s weights takes int8 activations on `gpu`: GPU-style kernels
-/// (`Gpu::int8`) over 32-value integer blocks.
-pub fn gemv_int8(gpu: &Gpu, format: &BlockFormat) -> bool {
+/// Whether a gemv or gemm over `format`'s weights takes int8 activations on `gpu`: GPU-style
+/// kernels (`Gpu::int8`) over 32-value integer blocks.
+pub fn takes_int8(gpu: &Gpu, format: &BlockFormat) -> bool {
     gpu.int8 && gpu.style == KernelStyle::Gpu && format.int8_fn().is_some()
 }
 
@@ -113,7 +116,7 @@ pub struct GemvProgram {
 
 impl GemvProgram {
     /// `lanes` invocations a row (`Gpu::gemv_lanes`), `mb` batch rows a pass over the weights,
-    /// `norm_eps`: the RMS norm fused in, `int8`: x is int8 records (`gemv_int8`; normalized
+    /// `norm_eps`: the RMS norm fused in, `int8`: x is int8 records (`takes_int8`; normalized
     /// already).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -222,10 +225,10 @@ fn gemv_with(
     // Rows the pass may take: those of a batch rounded up to MB (a GPU's gemv reads MB at once).
     let rows = gpu.max_batch.next_multiple_of(batch.mb as usize);
     let xq = batch.xq.filter(|xq| xq.size() >= int8_scratch_bytes(rows, cols) && cols % 32 == 0);
-    let int8 = |p: &crate::gpu::weights::Part| xq.is_some() && gemv_int8(gpu, p.format);
+    let int8 = |p: &crate::gpu::weights::Part| xq.is_some() && takes_int8(gpu, p.format);
     let mut ops = Vec::new();
     if let Some(xq) = xq.filter(|_| w.parts.iter().any(int8)) {
-        ops.push(quantize_x(gpu, cache, batch.params, cols, rows, norm, x, xq));
+        ops.push(quantize_x(gpu, cache, batch.params, cols, Some(rows), norm, x, xq));
     }
     let group_rows = argmax_group_rows(gpu);
     let mut first_record = 0;
@@ -288,14 +291,15 @@ fn gemv_with(
 }
 
 /// x's rows as int8 records in `xq` (shaders/quantize_x.wgsl), RMS-normalized with `norm`: a
-/// workgroup for each of `rows` rows (those past the pass's return).
+/// workgroup for each of `rows` rows (a decode pass's: those past its `rows` return), or with
+/// None for each of the pass's tokens (a prefill gemm's).
 #[allow(clippy::too_many_arguments)]
 fn quantize_x(
     gpu: &Gpu,
     cache: &mut PipelineCache,
     params: &wgpu::Buffer,
     cols: usize,
-    rows: usize,
+    rows: Option<usize>,
     norm: Option<(&wgpu::Buffer, f32)>,
     x: &wgpu::Buffer,
     xq: &wgpu::Buffer,
@@ -305,16 +309,21 @@ fn quantize_x(
         ("NORM", norm.is_some() as u32 as f64),
         ("EPS", norm.map_or(0.0, |n| n.1 as f64)),
         ("LANES", crate::gpu::device::GPU_LANES as f64),
+        ("TOKENS", rows.is_none() as u32 as f64),
     ];
     let needs = Needs { reduce: true, ..Default::default() };
     let pipeline = cache.get(gpu, "quantize_x", QUANTIZE_X, needs, &[], &overrides);
     let nw = norm.map_or(x, |n| n.0);
     let bind_group = gpu.bind_group("quantize_x", &pipeline, &[x, nw, xq, params]);
+    let groups = match rows {
+        Some(rows) => Groups::spread(rows as u32, gpu.limits.max_compute_workgroups_per_dimension),
+        None => Groups::per_token(1, 0, 1),
+    };
     Dispatch {
         label: "quantize_x",
         pipeline,
         bind_group,
-        groups: Groups::spread(rows as u32, gpu.limits.max_compute_workgroups_per_dimension),
+        groups,
         // A row's values (and the norm weights), its records.
         traffic: Traffic {
             weights: norm.map_or(0, |_| 4 * cols as u64),
@@ -325,49 +334,62 @@ fn quantize_x(
 }
 
 /// Y = X W^T for the pass's tokens; `y_stride` is Y's row length. Gated-pair parts write gate
-/// values to columns [0, rows) and up values to [rows, 2 rows) (act_mul follows).
+/// values to columns [0, rows) and up values to [rows, 2 rows) (act_mul follows). With `xq`
+/// (scratch for MAX_ROWS rows of X's records), parts that `takes_int8` read X quantized into it
+/// (shaders/gemm_int8.wgsl), the others X itself (shaders/gemm_f32.wgsl).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     gpu: &Gpu,
     cache: &mut PipelineCache,
     params: &wgpu::Buffer,
+    xq: Option<&wgpu::Buffer>,
     w: &Linear,
     epilogue: Epilogue,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
     y_stride: usize,
 ) -> Vec<Dispatch> {
-    w.parts
-        .iter()
-        .map(|p| {
-            let rows = if p.pair { 2 * p.rows } else { p.rows };
-            let overrides = [
-                ("COLS", p.cols as f64),
-                ("ROW_WORDS", p.row_words as f64),
-                ("ROW_COUNT", rows as f64),
-                ("Y_STRIDE", y_stride as f64),
-                ("OUT", p.out as f64),
-                ("EPILOGUE", (epilogue == Epilogue::Add) as u32 as f64),
-                ("PAIR", p.pair as u32 as f64),
-                ("HALF", p.rows as f64),
-                ("PAIR_OFFSET", w.rows as f64),
-                ("DIRECT", (gpu.style == KernelStyle::Cpu) as u32 as f64),
-                ("WG", if gpu.style == KernelStyle::Cpu { 64.0 } else { 256.0 }),
-            ];
-            let needs = Needs { weights: Some(p.format), ..Default::default() };
-            let pipeline = cache.get(gpu, "gemm", include_str!("../../../shaders/gemm.wgsl"), needs, &[], &overrides);
-            let bind_group = gpu.bind_group("gemm", &pipeline, &[params, &p.buffer, x, y]);
-            Dispatch {
-                label: "gemm",
-                pipeline,
-                bind_group,
-                groups: Groups::per_token((rows as u32).div_ceil(64), 1, 64),
-                traffic: Traffic {
-                    weights: p.buffer.size(),
-                    activations: 4 * (p.cols + rows) as u64,
-                    ..Default::default()
-                },
-            }
-        })
-        .collect()
+    let cols = w.parts.first().map_or(0, |p| p.cols);
+    let xq = xq.filter(|xq| xq.size() >= int8_scratch_bytes(super::MAX_ROWS, cols) && cols % 32 == 0);
+    let int8 = |p: &crate::gpu::weights::Part| xq.is_some() && takes_int8(gpu, p.format);
+    let mut ops = Vec::new();
+    if let Some(xq) = xq.filter(|_| w.parts.iter().any(int8)) {
+        ops.push(quantize_x(gpu, cache, params, cols, None, None, x, xq));
+    }
+    for p in &w.parts {
+        let rows = if p.pair { 2 * p.rows } else { p.rows };
+        let int8 = int8(p);
+        let cpu = gpu.style == KernelStyle::Cpu;
+        let mut overrides = vec![
+            ("COLS", p.cols as f64),
+            ("ROW_WORDS", p.row_words as f64),
+            ("ROW_COUNT", rows as f64),
+            ("Y_STRIDE", y_stride as f64),
+            ("OUT", p.out as f64),
+            ("EPILOGUE", (epilogue == Epilogue::Add) as u32 as f64),
+            ("PAIR", p.pair as u32 as f64),
+            ("HALF", p.rows as f64),
+            ("PAIR_OFFSET", w.rows as f64),
+        ];
+        if !int8 {
+            overrides.extend([("DIRECT", cpu as u32 as f64), ("WG", if cpu { 64.0 } else { 256.0 })]);
+        }
+        let kernel = [GEMM, if int8 { GEMM_INT8 } else { GEMM_F32 }].concat();
+        let needs = Needs { weights: Some(p.format), int8, ..Default::default() };
+        let pipeline = cache.get(gpu, "gemm", &kernel, needs, &[], &overrides);
+        let xb = match xq {
+            Some(xq) if int8 => xq,
+            _ => x,
+        };
+        let bind_group = gpu.bind_group("gemm", &pipeline, &[params, &p.buffer, xb, y]);
+        let x_bytes = if int8 { int8_scratch_bytes(1, p.cols) } else { 4 * p.cols as u64 };
+        ops.push(Dispatch {
+            label: "gemm",
+            pipeline,
+            bind_group,
+            groups: Groups::per_token((rows as u32).div_ceil(64), 1, 64),
+            traffic: Traffic { weights: p.buffer.size(), activations: x_bytes + 4 * rows as u64, ..Default::default() },
+        });
+    }
+    ops
 }
