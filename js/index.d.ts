@@ -27,6 +27,8 @@ export interface LoadOptions {
 }
 
 export interface GenerateOptions {
+  /** Ends this generation alone, as abort() would (stop reason "aborted"). */
+  signal?: AbortSignal;
   /** 0 = greedy. Default 0.7. */
   temperature?: number;
   topP?: number;
@@ -410,8 +412,8 @@ export declare class Engine {
    */
   chat: ((messages: Message[], options?: GenerateOptions) => AsyncIterableIterator<TokenEvent>) & {
     completions: {
-      create(request: ChatCompletionRequest & { stream: true }): Promise<AsyncIterable<ChatCompletionChunk>>;
-      create(request: ChatCompletionRequest & { stream?: false }): Promise<ChatCompletion>;
+      create(request: ChatCompletionRequest & { stream: true }, options?: { signal?: AbortSignal }): Promise<AsyncIterable<ChatCompletionChunk>>;
+      create(request: ChatCompletionRequest & { stream?: false }, options?: { signal?: AbortSignal }): Promise<ChatCompletion>;
     };
   };
   /** Beam search (transformers' num_beams semantics) from a raw prompt or chat messages: the N best, best first. */

@@ -554,7 +554,7 @@ export class Engine {
     // engine.chat(messages, options) is the conversation (its KV cache reused across turns);
     // engine.chat.completions.create(request) is OpenAI's API, on the batch.
     const chat = (messages, options = {}) => this.#stream(messages, true, options);
-    chat.completions = { create: (request) => this.#create(request) };
+    chat.completions = { create: (request, options) => this.#create(request, options) };
     this.chat = chat;
   }
 
@@ -662,7 +662,7 @@ export class Engine {
    * reused across turns, one at a time) or the batch's (`batched`: requests running at once share
    * every decode step). The iterator's return value is the generation's stats.
    */
-  async *#stream(prompt, chat, options, batched = false) {
+  async *#stream(prompt, chat, { signal, ...options } = {}, batched = false) {
     const queue = [];
     let wake = null;
     let finished = false;
@@ -676,6 +676,10 @@ export class Engine {
     };
     const cancel = () => { cancelled = true; };
     if (batched) this.#cancels.add(cancel);
+    // An AbortSignal ends this generation alone, as abort() would (stop reason "aborted").
+    const onAbort = () => (batched ? cancel() : this.#inner.abort());
+    signal?.addEventListener("abort", onAbort, { once: true });
+    if (signal?.aborted) onAbort();
     const done = batched ? this.#inner.submit(prompt, chat, options, onToken) : this.#inner.generate(prompt, chat, options, onToken);
     done.then(
       (s) => { stats = s; this.#lastStats = s; finished = true; wake?.(); },
@@ -701,6 +705,7 @@ export class Engine {
         await done.catch(() => {});
       }
       this.#cancels.delete(cancel);
+      signal?.removeEventListener("abort", onAbort);
     }
   }
 
@@ -711,13 +716,14 @@ export class Engine {
    * the server's own), so the fields, their checks and the shapes are the server's: any field
    * it does not take is refused by name. Calls made while others run join them in one batch; a
    * call whose messages start as an earlier one's did (a chat's next turn) starts from the
-   * prefix cache and prefills only the rest.
+   * prefix cache and prefills only the rest. `options.signal` (an AbortSignal, as in OpenAI's
+   * client) ends this call alone, with finish reason as abort() gives.
    */
-  async #create(request) {
+  async #create(request, { signal } = {}) {
     const call = await this.#openai(request);
     // Speculation and candidates run as one-request batches of their own (`generate`).
     const options = call.options();
-    const tokens = this.#stream(call.messages(), true, options, !options.speculate);
+    const tokens = this.#stream(call.messages(), true, { ...options, signal }, !options.speculate);
     if (!call.stream) {
       let step;
       while (!(step = await tokens.next()).done) call.push(step.value);

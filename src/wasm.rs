@@ -285,7 +285,15 @@ impl WasmEngine {
     /// Model and device facts: name, architecture, context length, adapter, f16/subgroup use.
     pub fn info(&self) -> Result<JsValue, JsValue> {
         let guard = self.engine.try_borrow().map_err(|_| js_err("the engine is busy"))?;
-        let e = guard.as_ref().ok_or_else(|| js_err("the model was unloaded"))?;
+        // A running generation holds the engine: that is not an unloaded model.
+        let running = self.busy.get() || self.pumping.get();
+        let e = guard.as_ref().ok_or_else(|| {
+            js_err(if running {
+                "the engine is busy generating: ask for its info when the generation ends"
+            } else {
+                "the model was unloaded"
+            })
+        })?;
         let c = &e.config;
         let gpu = e.gpu_model().map(|m| &m.gpu);
         let info = JsInfo {

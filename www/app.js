@@ -1,8 +1,10 @@
 // The page's UI: checks a model before downloading it (what it is, what it needs, whether this
-// GPU can hold it), loads it in the worker (from a URL, the list of known models, a picked or
+// GPU can hold it), loads it in a worker through the package's WorkerEngine (from a URL, the list of known models, a picked or
 // dropped file, or the browser's cache), lists and deletes cached models, keeps the conversation,
 // streams tokens into the chat, shows stats and the "inside the engine" panel. Model output and
 // everything read from a model file are inserted as text, never as HTML.
+
+import { WorkerEngine } from "./pkg/worker.js";
 
 const DEFAULT_MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 const $ = (id) => document.getElementById(id);
@@ -21,7 +23,10 @@ const ui = {
 };
 const facts = Object.fromEntries(["architecture", "parameters", "quant", "size", "memory", "context", "fits", "note"].map((f) => [f, $(`fact-${f}`)]));
 
-let worker = null;
+// The engine, in a Web Worker of the page (WorkerEngine), once a model is loaded; `started` once
+// the page found a WebGPU adapter.
+let engine = null;
+let started = false;
 let info = null;
 let conversation = [];
 let generating = false;
@@ -159,7 +164,7 @@ function showModel(title, model) {
 
 /** Reads a model's header in the worker and shows what it is; `andLoad`: true, or "cached" (only when it needs no download). */
 function check(source, andLoad = false) {
-  if (loading || !worker) return;
+  if (loading || !started) return;
   ui.error.hidden = true;
   ui.modelInfo.hidden = true;
   checked = null;
@@ -167,7 +172,11 @@ function check(source, andLoad = false) {
   ui.load.textContent = "Download and load";
   setControls();
   ui.status.textContent = `Checking ${sourceName(source)}…`;
-  worker.postMessage({ type: "inspect", id: checking.id, ...(typeof source === "string" ? { url: source } : { file: source }) });
+  const id = checking.id;
+  WorkerEngine.inspect(source).then(
+    (model) => id === checking?.id && inspected(model),
+    (e) => failed({ during: "inspect", id, message: e.message, code: e.code }),
+  );
 }
 
 function inspected(model) {
@@ -194,7 +203,37 @@ function load(source) {
   loadedSource = source;
   ui.status.textContent = "Loading the model…";
   ui.progress.value = 0;
-  worker.postMessage(typeof source === "string" ? { type: "load", url: source } : { type: "load", file: source });
+  startLoad(source);
+}
+
+/** Frees the engine (and its worker) before the next load. */
+async function drop() {
+  const previous = engine;
+  engine = null;
+  await previous?.unload().catch(() => {});
+}
+
+async function startLoad(source) {
+  try {
+    await drop();
+    engine = await WorkerEngine.load(source, { onProgress: showProgress });
+    // The same facts as before the download, now at the context the engine holds (and read from
+    // the cache or the file: no network).
+    const model = await WorkerEngine.inspect(source, { contextLength: engine.info().contextLength }).catch(() => null);
+    loaded(engine.info(), model);
+  } catch (e) {
+    failed({ during: "load", message: e.message, code: e.code });
+  }
+  await listCache();
+}
+
+async function listCache(remove) {
+  try {
+    if (remove) await WorkerEngine.deleteCached(remove);
+    showCache(await WorkerEngine.cachedModels());
+  } catch (e) {
+    failed({ during: "cache", message: e.message, code: e.code });
+  }
 }
 
 function showCache(models) {
@@ -221,7 +260,7 @@ function showCache(models) {
       remove.className = "delete";
       remove.textContent = "Delete";
       remove.setAttribute("aria-label", `Delete ${sourceName(m.url)} from this browser`);
-      remove.addEventListener("click", () => worker.postMessage({ type: "cache", remove: m.url }));
+      remove.addEventListener("click", () => listCache(m.url));
       li.append(name, size, loadButton, remove);
       return li;
     }),
@@ -275,76 +314,85 @@ function showDraft(text, { accepted, rejected = [] }) {
   ui.draftsText.textContent = `${drafts.accepted} of ${all} drafted tokens accepted${all ? ` (${Math.round((100 * drafts.accepted) / all)}%)` : ""}`;
 }
 
-function startWorker() {
-  worker = new Worker("./worker.js", { type: "module" });
-  worker.onerror = (e) => showError(`The engine failed to start: ${e.message || "unknown error"}`);
-  worker.onmessage = ({ data }) => {
-    switch (data.type) {
-      case "inspected":
-        if (data.id === checking?.id) inspected(data.model);
-        break;
-      case "progress": {
-        const pct = data.total ? Math.round((100 * data.loaded) / data.total) : 0;
-        ui.progress.max = 1;
-        ui.progress.value = data.total ? data.loaded / data.total : 0;
-        ui.status.textContent = {
-          download: `Downloading the model… ${pct}%`,
-          prepare: "Reading the model's header and opening the GPU…",
-        }[data.phase] ?? `Uploading weights to the GPU… ${pct}%`;
-        break;
-      }
-      case "loaded":
-        info = data.info;
-        loading = false;
-        ui.status.textContent = `Ready: ${info.modelName}${info.fromCache ? " (from the browser cache)" : ""}`;
-        ui.progress.value = 1;
-        ui.adapter.textContent = `Running on ${info.backend}.`;
-        loadedFacts = data.model && [`${info.modelName} (${checked ? sourceName(checked.source) : "loaded"}), loaded`, data.model];
-        if (loadedFacts) showModel(...loadedFacts);
-        checked = null;
-        ui.load.textContent = "Download and load";
-        document.body.dataset.modelLoaded = "true";
-        document.body.dataset.fromCache = String(info.fromCache);
-        document.body.dataset.kvBytesPerValue = String(info.kvBytesPerValue);
-        showKv(0);
-        showPool(info.kvPool);
-        setControls();
-        break;
-      case "cache":
-        showCache(data.models);
-        break;
-      case "started":
-        document.body.dataset.lastRequest = JSON.stringify(data.options);
-        break;
-      case "token": {
-        const ev = data.ev;
-        if (ui.phase.textContent !== "decode") ui.phase.textContent = "decode";
-        replyText += ev.text;
-        reply.textContent = replyText;
-        showKv(ev.position);
-        if (ev.candidates) showCandidates(ev.candidates);
-        if (ev.speculation) showDraft(ev.text, ev.speculation);
-        if (ev.allowed != null) {
-          ui.allowedText.textContent = `${ev.allowed} of ${info.vocabSize} tokens allowed for “${ev.text}”`;
-        }
-        break;
-      }
-      case "done": {
-        const s = data.stats;
-        showPool(data.info && data.info.kvPool);
-        conversation.push({ role: "assistant", content: replyText });
-        ui.stats.textContent =
-          `TTFT ${s.ttftMs.toFixed(0)} ms · prefill ${s.prefillTokS.toFixed(1)} tok/s · decode ${s.decodeTokS.toFixed(1)} tok/s · ` +
-          `${s.promptTokens} prompt${s.prefilledTokens < s.promptTokens ? ` (${s.promptTokens - s.prefilledTokens} from the KV cache)` : ""} + ${s.generatedTokens} generated tokens (${s.stopReason})` +
-          (s.hostMsPerToken == null ? "" : ` · host ${s.hostMsPerToken.toFixed(2)} ms per decode step`);
-        finish();
-        break;
-      }
-      case "error":
-        failed(data);
-        break;
-    }
+function showProgress({ phase, loaded: done, total }) {
+  const pct = total ? Math.round((100 * done) / total) : 0;
+  ui.progress.max = 1;
+  ui.progress.value = total ? done / total : 0;
+  ui.status.textContent = {
+    download: `Downloading the model… ${pct}%`,
+    prepare: "Reading the model's header and opening the GPU…",
+  }[phase] ?? `Uploading weights to the GPU… ${pct}%`;
+}
+
+function loaded(engineInfo, model) {
+  info = engineInfo;
+  loading = false;
+  ui.status.textContent = `Ready: ${info.modelName}${info.fromCache ? " (from the browser cache)" : ""}`;
+  ui.progress.value = 1;
+  ui.adapter.textContent = `Running on ${info.backend}.`;
+  loadedFacts = model && [`${info.modelName} (${checked ? sourceName(checked.source) : "loaded"}), loaded`, model];
+  if (loadedFacts) showModel(...loadedFacts);
+  checked = null;
+  ui.load.textContent = "Download and load";
+  document.body.dataset.modelLoaded = "true";
+  document.body.dataset.fromCache = String(info.fromCache);
+  document.body.dataset.kvBytesPerValue = String(info.kvBytesPerValue);
+  showKv(0);
+  showPool(info.kvPool);
+  setControls();
+}
+
+function token(ev) {
+  if (ui.phase.textContent !== "decode") ui.phase.textContent = "decode";
+  replyText += ev.text;
+  reply.textContent = replyText;
+  showKv(ev.position);
+  if (ev.candidates) showCandidates(ev.candidates);
+  if (ev.speculation) showDraft(ev.text, ev.speculation);
+  if (ev.allowed != null) {
+    ui.allowedText.textContent = `${ev.allowed} of ${info.vocabSize} tokens allowed for “${ev.text}”`;
+  }
+}
+
+function done(s, engineInfo) {
+  showPool(engineInfo && engineInfo.kvPool);
+  conversation.push({ role: "assistant", content: replyText });
+  ui.stats.textContent =
+    `TTFT ${s.ttftMs.toFixed(0)} ms · prefill ${s.prefillTokS.toFixed(1)} tok/s · decode ${s.decodeTokS.toFixed(1)} tok/s · ` +
+    `${s.promptTokens} prompt${s.prefilledTokens < s.promptTokens ? ` (${s.promptTokens - s.prefilledTokens} from the KV cache)` : ""} + ${s.generatedTokens} generated tokens (${s.stopReason})` +
+    (s.hostMsPerToken == null ? "" : ` · host ${s.hostMsPerToken.toFixed(2)} ms per decode step`);
+  finish();
+}
+
+// The page's chat goes through OpenAI's API on the engine (`engine.chat.completions.create`),
+// as code written for the server would: each turn resends the conversation, and the engine
+// reuses the KV blocks of the turn before (only the new messages are prefilled).
+async function chat(messages, options) {
+  document.body.dataset.lastRequest = JSON.stringify(options);
+  const request = {
+    messages,
+    stream: true,
+    temperature: options.temperature,
+    top_p: options.topP,
+    top_k: options.topK,
+    min_p: options.minP,
+    max_tokens: options.maxTokens,
+    ...(options.candidates > 0 && { logprobs: true, top_logprobs: options.candidates }),
+    ...(options.speculate && { speculate: options.speculate }),
+    ...(options.responseFormat && { response_format: options.responseFormat }),
   };
+  try {
+    for await (const chunk of await engine.chat.completions.create(request)) {
+      const choice = chunk.choices[0];
+      if (!choice || choice.finish_reason) continue;
+      const entry = choice.logprobs?.content?.[0];
+      const candidates = entry?.top_logprobs.map((t) => ({ text: t.token, prob: Math.exp(t.logprob), kept: t.kept }));
+      token({ text: choice.delta.content ?? "", position: chunk.position, candidates, speculation: chunk.speculation, allowed: chunk.allowed });
+    }
+    done(engine.stats(), engine.info());
+  } catch (e) {
+    failed({ during: "chat", message: e.message, code: e.code });
+  }
 }
 
 function failed({ during, message, code, id }) {
@@ -377,8 +425,9 @@ function failed({ during, message, code, id }) {
   setControls();
 }
 
-/** The GPU device is gone and the worker has dropped the engine: offer to load the model again. */
+/** The GPU device is gone: the engine (and its worker) goes, and the page offers to load the model again. */
 function deviceLost(message) {
+  drop();
   if (reply) conversation.push({ role: "assistant", content: replyText });
   if (generating) finish();
   info = null;
@@ -442,7 +491,7 @@ function send(text) {
   drafts = { accepted: 0, rejected: 0 };
   ui.drafts.replaceChildren();
   ui.draftsText.textContent = ui.speculate.value ? "drafting…" : "off";
-  worker.postMessage({ type: "chat", messages: conversation, options });
+  chat(conversation, options);
 }
 
 ui.composer.addEventListener("submit", (e) => {
@@ -457,7 +506,7 @@ ui.prompt.addEventListener("keydown", (e) => {
     ui.composer.requestSubmit();
   }
 });
-ui.stop.addEventListener("click", () => worker.postMessage({ type: "abort" }));
+ui.stop.addEventListener("click", () => engine?.abort());
 ui.clear.addEventListener("click", () => {
   if (generating) return;
   conversation = [];
@@ -499,7 +548,7 @@ document.addEventListener("drop", (e) => {
   else check(picked(files), true);
 });
 
-/** Starts the engine's worker and checks the default model, unless this browser has no WebGPU adapter. */
+/** Checks the default model (in the engine's worker), unless this browser has no WebGPU adapter. */
 async function start() {
   const adapter = "gpu" in navigator ? await navigator.gpu.requestAdapter().catch(() => null) : null;
   if (!adapter) {
@@ -514,9 +563,9 @@ async function start() {
     );
     return;
   }
-  startWorker();
+  started = true;
   selectUrl(absolute(DEFAULT_MODEL));
-  worker.postMessage({ type: "cache" });
+  listCache();
   check(ui.url.value, "cached");
 }
 

@@ -352,9 +352,10 @@ test("after the GPU device is lost the page says so, keeps the conversation and 
   const browser = await launch();
   try {
     const context = await browser.newContext();
-    // The worker's GPU device is out of reach of init scripts: the worker script is served with
-    // a prologue that keeps every device it creates and destroys them when the first chat
-    // message arrives (its listener runs before the worker's own).
+    // The worker's GPU device is out of reach of init scripts: the engine's worker script
+    // (the package's engine-worker.js) is served, the first time, with a prologue that keeps
+    // every device it creates and destroys them when the first chat request arrives (its
+    // listener runs before the worker's own). The worker of the load after the loss is plain.
     const prologue = `
       const devices = [];
       const requestDevice = GPUAdapter.prototype.requestDevice;
@@ -365,16 +366,16 @@ test("after the GPU device is lost the page says so, keeps the conversation and 
       };
       let lose = true;
       addEventListener("message", ({ data }) => {
-        if (data.type !== "chat" || !lose) return;
+        if (data.op !== "create" || !lose) return;
         lose = false;
         for (const device of devices) device.destroy();
       });
     `;
     let injected = 0;
-    await context.route("**/worker.js", async (route) => {
+    await context.route("**/engine-worker.js", async (route) => {
       const response = await route.fetch();
       injected += 1;
-      await route.fulfill({ response, body: prologue + (await response.text()) });
+      await route.fulfill({ response, body: (injected === 1 ? prologue : "") + (await response.text()) });
     });
     const page = await context.newPage();
     const errors = [];
