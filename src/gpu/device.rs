@@ -149,6 +149,9 @@ pub struct Gpu {
     /// to 27.58 over 96 decode steps; logits off by up to 0.16 where f16's bound is 0.05), most
     /// of it in the FFN's down projection, whose inputs have outliers that coarsen their blocks.
     pub int8: bool,
+    /// The browser settles buffer maps only when it polls the device (Firefox: on a 100 ms timer
+    /// or a submit), so read-backs submit nothing every few ms while they wait.
+    pub kick_maps: bool,
     /// Rows a decode step should take at most (`GpuOptions::max_batch`).
     pub max_batch: usize,
     /// Tokens the KV pool should hold (`GpuOptions::kv_tokens`).
@@ -181,6 +184,11 @@ impl Gpu {
         let ms = options.request_deadline_ms.unwrap_or(DEVICE_REQUEST_DEADLINE_MS);
         for attempt in 1..=2 {
             match crate::deadline::within(Self::open(options), ms).await {
+                #[cfg(target_arch = "wasm32")]
+                Some(Ok(mut gpu)) => {
+                    gpu.kick_maps = gpu.maps_wait_for_a_poll().await;
+                    return Ok(gpu);
+                }
                 Some(gpu) => return gpu,
                 None => crate::deadline::warn(&format!(
                     "the GPU adapter and device request did not answer in {} s (attempt {attempt} of 2)",
@@ -283,9 +291,37 @@ impl Gpu {
             counters: Counters::default(),
             style,
             int8: !options.force_f32 && std::env::var(INT8_ENV).is_ok_and(|v| v == "1"),
+            kick_maps: false,
             failure,
             lost,
         })
+    }
+
+    /// Firefox settles `mapAsync` only when its GPU process polls the device: on a 100 ms timer,
+    /// or at once on a queue submit (Chromium settles it at once). Two maps of a small buffer
+    /// with no work pending tell which: the second taking over 20 ms means read-backs wait for
+    /// a poll, and `read_mapped_after` then submits nothing every few ms while one waits.
+    #[cfg(target_arch = "wasm32")]
+    async fn maps_wait_for_a_poll(&self) -> bool {
+        let probe = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("map probe"),
+            size: 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut slow = false;
+        for _ in 0..2 {
+            let start = js_sys::Date::now();
+            let (tx, rx) = futures_channel::oneshot::channel();
+            probe.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+            let mapped = crate::deadline::within(rx, 1000).await;
+            slow = !matches!(mapped, Some(Ok(Ok(())))) || js_sys::Date::now() - start > 20.0;
+            probe.unmap();
+        }
+        probe.destroy();
+        slow
     }
 
     /// Lanes that share one row in the matrix-vector kernel: a warp's worth on GPUs; one on CPU
@@ -511,7 +547,23 @@ impl Gpu {
         let _ = after;
         // A mapping that fails is most often a lost device: report that when it is the cause.
         let failed = |e: String| self.check().err().unwrap_or(Error::Gpu(e));
-        rx.await.map_err(|_| failed("the buffer mapping was dropped".into()))?.map_err(|e| failed(e.to_string()))?;
+        // Where maps wait for the device's poll (Firefox: `kick_maps`), an empty submit every few
+        // ms makes it poll: a read-back there takes ~4 ms instead of up to 100.
+        #[cfg(target_arch = "wasm32")]
+        let mapped = if self.kick_maps {
+            let mut rx = std::pin::pin!(rx);
+            loop {
+                match crate::deadline::within(rx.as_mut(), 2).await {
+                    Some(r) => break r,
+                    None => self.queue.submit([]),
+                };
+            }
+        } else {
+            rx.await
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        let mapped = rx.await;
+        mapped.map_err(|_| failed("the buffer mapping was dropped".into()))?.map_err(|e| failed(e.to_string()))?;
         // Unmapped on every path from here: a buffer left mapped would fail every later step
         // that copies into it.
         let out = self.check().and_then(|_| {
