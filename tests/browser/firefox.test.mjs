@@ -268,6 +268,38 @@ test("the package in Firefox ESR on lavapipe: f16, greedy chats and ids as the C
   }
 });
 
+test("WorkerEngine in Firefox ESR: a dedicated worker and a shared one give the CPU reference's tokens", { timeout: 600_000 }, async () => {
+  const dir = stage("firefox-worker", { "index.html": html(`import { WorkerEngine } from "./pkg/worker.js"; window.WorkerEngine = WorkerEngine; window.ready = true;`) });
+  const server = await serve(dir);
+  const ff = await launchFirefox();
+  try {
+    await ff.goto(`${server.url}index.html`);
+    await waitFor(ff, () => window.ready, () => 0, { stall: 60_000 });
+    for (const shared of [false, true]) {
+      const got = await ff.evaluate(async ([content, shared]) => {
+        try {
+          const engine = await window.WorkerEngine.load("./model.gguf", { shared });
+          const ids = [];
+          for await (const ev of engine.chat([{ role: "user", content }], { temperature: 0, maxTokens: 64 })) ids.push(ev.id);
+          const info = engine.info();
+          await engine.unload();
+          return { ids, shared: info.shared };
+        } catch (e) {
+          return { error: String(e && e.message), code: e && e.code };
+        }
+      }, [CHAT_A, shared]);
+      console.log(`worker (shared ${shared}):`, JSON.stringify({ ...got, ids: got.ids?.length }));
+      assert.equal(got.error, undefined, `shared ${shared}: ${got.error}`);
+      assert.deepEqual(got.ids, chatA.ids, `shared ${shared}`);
+      assert.equal(got.shared, shared);
+    }
+    assert.deepEqual(ff.errors, []);
+  } finally {
+    await ff.close();
+    server.close();
+  }
+});
+
 test("the page (dist/) in Firefox ESR: its worker loads the tiny model, the greedy answer is the CPU reference's, and a reload takes it from the cache", { timeout: 900_000 }, async () => {
   const dist = path.join(root, "dist");
   assert.ok(fs.existsSync(path.join(dist, "index.html")), "dist/ is not built (scripts/build-page)");
