@@ -32,8 +32,8 @@ class Client {
   #port;
   /** Streams running for this client: id -> the iterator to end on cancel. */
   #streams = new Map();
-  /** Engine keys this client holds (a load each, an unload each). */
-  #held = new Set();
+  /** The engines this client holds, by key (a load each, an unload each). */
+  #held = new Map();
   /** Each generation's AbortController and engine key, while it runs. */
   #aborts = new Map();
   #keys = new Map();
@@ -117,7 +117,7 @@ class Client {
     try {
       const engine = await entry.engine;
       entry.holders.add(this);
-      this.#held.add(key);
+      this.#held.set(key, entry);
       return { key, shared: entry.holders.size > 1, ...this.#state(engine) };
     } finally {
       entry.listeners.delete(listener);
@@ -125,8 +125,9 @@ class Client {
   }
 
   async #engine(key) {
-    const entry = this.#held.has(key) && engines.get(key);
+    const entry = this.#held.get(key);
     if (!entry) throw Object.assign(new Error("this engine has been unloaded: load the model again"), { code: "invalid-option" });
+    if (entry.lost) throw entry.lost;
     return entry.engine;
   }
 
@@ -155,8 +156,8 @@ class Client {
     try {
       answer = await engine.chat.completions.create(request, { signal: this.#signal(id) });
     } catch (e) {
-      this.#forget(id);
-      return this.#failed(id, e);
+      this.#failed(id, e);
+      return this.#forget(id);
     }
     if (!request?.stream) this.#forget(id);
     if (!request?.stream) return this.#post({ id, result: answer, ...this.#state(engine) });
@@ -195,12 +196,14 @@ class Client {
   }
 
   #failed(id, e) {
-    // A lost device takes every engine on it: drop them, so that the next load makes a new one.
-    if (e?.code === "device-lost") {
-      for (const [key, entry] of engines) {
-        engines.delete(key);
-        entry.engine.then((engine) => engine.unload()).catch(() => {});
-      }
+    // A lost device takes its engine: every holder's later call fails with the same error, and
+    // the next load of the model makes a new engine.
+    const key = this.#keys.get(id);
+    const entry = this.#held.get(key);
+    if (e?.code === "device-lost" && entry && !entry.lost) {
+      entry.lost = e;
+      if (engines.get(key) === entry) engines.delete(key);
+      entry.engine.then((engine) => engine.unload()).catch(() => {});
     }
     this.#post({ id, error: wireError(e) });
   }
@@ -226,12 +229,13 @@ class Client {
   }
 
   async #release(key) {
-    const entry = this.#held.delete(key) && engines.get(key);
+    const entry = this.#held.get(key);
     if (!entry) return;
+    this.#held.delete(key);
     entry.holders.delete(this);
     if (entry.holders.size === 0) {
-      engines.delete(key);
-      (await entry.engine).unload();
+      if (engines.get(key) === entry) engines.delete(key);
+      if (!entry.lost) (await entry.engine).unload();
     }
   }
 
@@ -239,7 +243,7 @@ class Client {
   async bye() {
     for (const id of [...this.#streams.keys()]) this.#cancel(id);
     await Promise.allSettled([...this.#running]);
-    for (const key of [...this.#held]) await this.#release(key).catch(() => {});
+    for (const key of [...this.#held.keys()]) await this.#release(key).catch(() => {});
   }
 }
 

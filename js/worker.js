@@ -102,6 +102,11 @@ class Connection {
     };
   }
 
+  /** Whether the worker failed (to start, or was ended): a later call makes a new one. */
+  get failed() {
+    return this.#failure !== null;
+  }
+
   #fail(error) {
     this.#failure = error;
     for (const pending of this.#pending.values()) pending.receive({ error });
@@ -143,7 +148,12 @@ class Connection {
 const live = new Set();
 let idle = null;
 let shared = null;
-const connection = (isShared, url) => (isShared ? (shared ??= new Connection(true, url)) : live.values().next().value ?? (idle ??= new Connection(false, url)));
+function connection(isShared, url) {
+  if (isShared) return shared && !shared.failed ? shared : (shared = new Connection(true, url));
+  const engine = live.values().next().value;
+  if (engine) return engine;
+  return idle && !idle.failed ? idle : (idle = new Connection(false, url));
+}
 
 export class WorkerEngine {
   #connection;
@@ -178,7 +188,7 @@ export class WorkerEngine {
     let conn;
     if (isShared) conn = connection(true, workerUrl);
     else {
-      conn = idle ?? new Connection(false, workerUrl);
+      conn = idle && !idle.failed ? idle : new Connection(false, workerUrl);
       idle = null;
       live.add(conn);
     }
