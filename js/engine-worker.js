@@ -3,7 +3,8 @@
 //
 // A client sends {id, op, args}; the worker answers {id, result} or {id, error}, and for a load
 // {id, progress} before its result. A stream ("stream", or "create" with `stream: true`) sends
-// {id, item} per token event or chunk and ends with {id, end}; {op: "cancel", id} ends it early.
+// {id, item} per token event or chunk and ends with {id, end}; {op: "cancel", id} ends it early
+// and silently, {op: "abortOne", args: [id]} as an abort would (stop reason "aborted").
 // Every answer that follows a generation carries the engine's `stats` and `info` (the client
 // keeps them, so its stats() and info() stay synchronous as Engine's are). {op: "bye"} (a tab
 // closing) ends that client's streams and lets go of its engines.
@@ -96,6 +97,8 @@ class Client {
       }
       case "abort":
         return this.#abort(args[0]);
+      case "abortOne":
+        return this.#aborts.get(args[0])?.abort();
       case "unload":
         return this.#release(args[0]);
     }
@@ -142,19 +145,18 @@ class Client {
 
   /** A generation's token events: `kind` "chat" (the conversation) or "generate" (the batch). */
   async #stream(id, key, kind, prompt, options) {
-    const engine = await this.#engine(key);
-    this.#keys.set(id, key);
-    const signal = this.#signal(id);
+    const signal = this.#signal(id, key);
+    const engine = await this.#engine(key).catch((e) => this.#forget(id) ?? Promise.reject(e));
     await this.#pump(id, engine, kind === "chat" ? engine.chat(prompt, { ...options, signal }) : engine.generate(prompt, { ...options, signal }));
   }
 
   /** OpenAI's chat completion: one answer, or (stream: true) its chunks as a stream. */
   async #create(id, key, request) {
-    const engine = await this.#engine(key);
-    this.#keys.set(id, key);
+    const signal = this.#signal(id, key);
+    const engine = await this.#engine(key).catch((e) => this.#forget(id) ?? Promise.reject(e));
     let answer;
     try {
-      answer = await engine.chat.completions.create(request, { signal: this.#signal(id) });
+      answer = await engine.chat.completions.create(request, { signal });
     } catch (e) {
       this.#failed(id, e);
       return this.#forget(id);
@@ -215,10 +217,12 @@ class Client {
     items?.return?.().catch(() => {});
   }
 
-  /** What abort() ends: the generation `id` (not another client's on the same engine). */
-  #signal(id) {
+  /** What abort() ends: the generation `id` on engine `key` (not another client's). Made before
+   * any await, so that an abortOne right behind the request finds it. */
+  #signal(id, key) {
     const controller = new AbortController();
     this.#aborts.set(id, controller);
+    this.#keys.set(id, key);
     return controller.signal;
   }
 

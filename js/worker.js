@@ -173,7 +173,7 @@ export class WorkerEngine {
     this.#shared = isShared;
     this.#state(loaded);
     const chat = (messages, options = {}) => this.#stream("chat", messages, options);
-    chat.completions = { create: (request) => this.#create(request) };
+    chat.completions = { create: (request, options) => this.#create(request, options) };
     this.chat = chat;
   }
 
@@ -230,17 +230,44 @@ export class WorkerEngine {
     return this.#stream("generate", prompt, options);
   }
 
-  async *#stream(kind, prompt, options) {
+  async *#stream(kind, prompt, { signal, ...options } = {}) {
     const pending = this.#connection.open("stream", [this.#key, kind, prompt, options], { onState: this.#state, streams: true });
-    return yield* pending.items(() => this.#connection.cancel(pending.id));
+    const stop = this.#follow(signal, pending);
+    try {
+      return yield* pending.items(() => this.#connection.cancel(pending.id));
+    } finally {
+      stop();
+    }
   }
 
   /** OpenAI's chat completion, as Engine's `chat.completions.create`. */
-  async #create(request) {
+  async #create(request, { signal } = {}) {
     const pending = this.#connection.open("create", [this.#key, request], { onState: this.#state, streams: !!request?.stream });
-    const answer = await pending.result;
+    const stop = this.#follow(signal, pending);
+    let answer;
+    try {
+      answer = await pending.result;
+    } finally {
+      if (!request?.stream) stop();
+    }
     if (!request?.stream) return answer;
-    return pending.items(() => this.#connection.cancel(pending.id));
+    const items = pending.items(() => this.#connection.cancel(pending.id));
+    return (async function* () {
+      try {
+        return yield* items;
+      } finally {
+        stop();
+      }
+    })();
+  }
+
+  /** An AbortSignal (which cannot cross to the worker) ends the generation there; returns its unfollow. */
+  #follow(signal, pending) {
+    if (!signal) return () => {};
+    const abort = () => this.#connection.call("abortOne", [pending.id]).catch(() => {});
+    if (signal.aborted) abort();
+    signal.addEventListener("abort", abort, { once: true });
+    return () => signal.removeEventListener("abort", abort);
   }
 
   async beamSearch(prompt, options = {}) {

@@ -113,6 +113,26 @@ test("WorkerEngine in a dedicated worker: the CPU reference's tokens through cha
     const after = await tab.evaluate((content) => window.complete(window.engine, content), CHAT_A);
     assert.equal(after.text, chatA.text);
 
+    // An AbortSignal (which cannot cross to the worker) ends its own generation only: the one
+    // beside it in the batch runs to the CPU reference's end.
+    const [cut, whole2] = await tab.evaluate(async ([prompt, content]) => {
+      const controller = new AbortController();
+      const one = (async () => {
+        const ids = [];
+        const tokens = window.engine.generate(prompt, { temperature: 0, maxTokens: 400, ignoreEos: true, signal: controller.signal });
+        let step;
+        while (!(step = await tokens.next()).done) {
+          ids.push(step.value.id);
+          if (ids.length === 3) controller.abort();
+        }
+        return { n: ids.length, stats: step.value };
+      })();
+      return Promise.all([one, window.complete(window.engine, content)]);
+    }, [RAW_A, CHAT_B]);
+    assert.ok(cut.n >= 3 && cut.n < 40, `${cut.n} tokens after the abort at 3`);
+    assert.equal(cut.stats.stopReason, "aborted");
+    assert.equal(whole2.text, chatB.text);
+
     // unload ends the worker: the engine is gone and says so.
     const gone = await tab.evaluate(async () => {
       await window.engine.unload();
