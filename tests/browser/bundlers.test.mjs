@@ -12,11 +12,10 @@ import path from "node:path";
 import { execFileSync } from "node:child_process";
 import { build as viteBuild } from "vite";
 import * as esbuild from "esbuild";
-import { root, artifacts, modelPath, cpu, serve, launch, waitWithProgress } from "./lib.mjs";
+import { root, artifacts, modelPath, serve, launch, waitWithProgress, CHAT_A, tinyAnswers } from "./lib.mjs";
 
-// The tiny model's chat answer that ends at its end-of-sequence token (package.test.mjs's CHAT_A).
-const CHAT = "ran name red me";
-const want = cpu(modelPath, { chat: CHAT }, { maxTokens: 64 });
+// The tiny model's chat answer that ends at its end-of-sequence token (lib.mjs: CHAT_A).
+const want = tinyAnswers().chatA;
 
 const work = path.join(artifacts, "bundlers");
 const app = path.join(work, "app");
@@ -44,7 +43,7 @@ async function run(dist, worker = false) {
   const tab = await browser.newPage();
   tab.on("console", (m) => console.log("page:", m.text()));
   try {
-    await tab.goto(`${server.url}index.html?${new URLSearchParams({ chat: CHAT, maxTokens: 64, ...(worker && { worker: 1 }) })}`);
+    await tab.goto(`${server.url}index.html?${new URLSearchParams({ chat: CHAT_A, maxTokens: 64, ...(worker && { worker: 1 }) })}`);
     await waitWithProgress(tab, () => window.result, () => document.getElementById("out").textContent, { stall: 60_000, poll: 200 });
     const result = await tab.evaluate(() => window.result);
     // The engine's wasm came from the build's output, not from anywhere else.

@@ -18,7 +18,7 @@ import { execFileSync } from "node:child_process";
 import { Builder, By } from "selenium-webdriver";
 import firefox from "selenium-webdriver/firefox.js";
 import LogInspector from "selenium-webdriver/bidi/logInspector.js";
-import { serve, stage, packageHtml as html, modelPath, defaultModel, root, artifacts, cpu } from "./lib.mjs";
+import { serve, stage, packageHtml as html, modelPath, defaultModel, root, artifacts, cpu, CHAT_A, CHAT_B, RAW_A, tinyAnswers } from "./lib.mjs";
 
 const FIREFOX = process.env.FIREFOX ?? "/usr/bin/firefox-esr";
 const GECKODRIVER = process.env.GECKODRIVER ?? findOnPath("geckodriver") ?? path.join(os.homedir(), ".cargo/bin/geckodriver");
@@ -27,12 +27,7 @@ const CACHE = "webgpu-llm-models-v1";
 const WEBGPU_PREFS = { "dom.webgpu.enabled": true, "gfx.webgpu.ignore-blocklist": true };
 const CHUNK_BYTES = 32 << 20;
 
-const CHAT_A = "ran name red me";
-const CHAT_B = "green red red on far";
-const RAW_A = "The Fibonacci numbers are 0, 1, 1, 2, 3, 5, 8,";
-const chatA = cpu(modelPath, { chat: CHAT_A }, { maxTokens: 64 });
-const chatB = cpu(modelPath, { chat: CHAT_B }, { maxTokens: 64 });
-const rawA = cpu(modelPath, RAW_A, { maxTokens: 10, ignoreEos: true });
+const { chatA, chatB, rawA } = tinyAnswers();
 
 function findOnPath(name) {
   for (const dir of (process.env.PATH ?? "").split(":")) {

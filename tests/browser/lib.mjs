@@ -53,6 +53,27 @@ export function cpu(model, prompt, { maxTokens = 64, ignoreEos = false, beams = 
   return { ids: tokens.map((t) => t.id), text: tokens.map((t) => t.text).join(""), stats: lines.at(-1).stats };
 }
 
+/**
+ * The tiny model's test prompts, one place: chat messages whose greedy answer ends at its
+ * end-of-sequence token (after 40 and 32 tokens: the tests check the reference says so, so a
+ * finish_reason "stop" is one) and raw prompts.
+ */
+export const CHAT_A = "ran name red me";
+export const CHAT_B = "green red red on far";
+export const RAW_A = "The Fibonacci numbers are 0, 1, 1, 2, 3, 5, 8,";
+export const RAW_B = "The first prime numbers are 2, 3, 5, 7,";
+let answers = null;
+/** What the CPU reference generates from each of those (greedy: 64 tokens a chat, 10 raw tokens past EOS), made once. */
+export function tinyAnswers() {
+  answers ??= {
+    chatA: cpu(modelPath, { chat: CHAT_A }, { maxTokens: 64 }),
+    chatB: cpu(modelPath, { chat: CHAT_B }, { maxTokens: 64 }),
+    rawA: cpu(modelPath, RAW_A, { maxTokens: 10, ignoreEos: true }),
+    rawB: cpu(modelPath, RAW_B, { maxTokens: 10, ignoreEos: true }),
+  };
+  return answers;
+}
+
 /** `bytes` as the page and the package write sizes (formatBytes in www/app.js): B, KiB, MiB, GiB. */
 export function formatBytes(n) {
   if (n < 1024) return `${n} B`;

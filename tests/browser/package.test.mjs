@@ -10,21 +10,12 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import path from "node:path";
-import { serve, launch, stage, modelPath, defaultModel, root, cpu, artifacts, packageHtml as html, openPackagePage, waitWithProgress } from "./lib.mjs";
+import { serve, launch, stage, modelPath, defaultModel, root, cpu, artifacts, packageHtml as html, openPackagePage, waitWithProgress, CHAT_A, CHAT_B, RAW_A, RAW_B, tinyAnswers } from "./lib.mjs";
 import { readGguf, splitGguf } from "./gguf.mjs";
 import { writeTinyGemma } from "./tiny-gemma.mjs";
 
-// Chat messages whose greedy answer on the tiny model ends at its end-of-sequence token (after
-// 40 and 32 tokens: checked below against the CPU reference, so a finish_reason "stop" is one),
-// raw prompts, and what the CPU reference generates from each.
-const CHAT_A = "ran name red me";
-const CHAT_B = "green red red on far";
-const RAW_A = "The Fibonacci numbers are 0, 1, 1, 2, 3, 5, 8,";
-const RAW_B = "The first prime numbers are 2, 3, 5, 7,";
-const chatA = cpu(modelPath, { chat: CHAT_A }, { maxTokens: 64 });
-const chatB = cpu(modelPath, { chat: CHAT_B }, { maxTokens: 64 });
-const rawA = cpu(modelPath, RAW_A, { maxTokens: 10, ignoreEos: true });
-const rawB = cpu(modelPath, RAW_B, { maxTokens: 10, ignoreEos: true });
+// The tiny model's prompts and the CPU reference's answers (lib.mjs).
+const { chatA, chatB, rawA, rawB } = tinyAnswers();
 
 test("the README snippet streams a seeded chat completion, the same text for the same seed", { timeout: 600_000 }, async () => {
   const snippet = `import { Engine } from "./pkg/index.js";

@@ -4,14 +4,9 @@
 // and inspections must be the main-thread Engine's own.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { serve, launch, stage, modelPath, cpu, packageHtml as html, waitWithProgress } from "./lib.mjs";
+import { serve, launch, stage, modelPath, cpu, packageHtml as html, waitWithProgress, CHAT_A, CHAT_B, RAW_A, tinyAnswers } from "./lib.mjs";
 
-const CHAT_A = "ran name red me";
-const CHAT_B = "green red red on far";
-const RAW_A = "The Fibonacci numbers are 0, 1, 1, 2, 3, 5, 8,";
-const chatA = cpu(modelPath, { chat: CHAT_A }, { maxTokens: 64 });
-const chatB = cpu(modelPath, { chat: CHAT_B }, { maxTokens: 64 });
-const rawA = cpu(modelPath, RAW_A, { maxTokens: 10, ignoreEos: true });
+const { chatA, chatB, rawA } = tinyAnswers();
 
 const page = html(`import { WorkerEngine } from "./pkg/worker.js";
 import { Engine } from "./pkg/index.js";
