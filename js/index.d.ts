@@ -10,16 +10,24 @@ export interface Progress {
   total: number;
 }
 
+/** Where downloads are kept: see LoadOptions.cache. */
+export type CacheChoice = boolean | "opfs" | "cache-storage";
+
 export interface LoadOptions {
   onProgress?: (p: Progress) => void;
-  /** Keep a downloaded model in Cache Storage and load it from there next time (default true). */
-  cache?: boolean;
+  /**
+   * Where a downloaded model is kept and loaded from next time: "opfs" (the Origin Private File
+   * System: one file, no 2 GiB limit), "cache-storage" (32 MiB chunks), true (the default: OPFS
+   * where the browser has it, else Cache Storage) or false (neither kept nor looked up). A URL
+   * kept in either store loads from there.
+   */
+  cache?: CacheChoice;
   /** Tokens the KV cache holds (default: min(model context, 4096)). */
   contextLength?: number;
   /** Run on the CPU reference forward pass instead of WebGPU (slow). */
   cpu?: boolean;
   /**
-   * Milliseconds a Cache Storage or file read, or a GPU adapter/device request, may take before
+   * Milliseconds a cache or file read, or a GPU adapter/device request, may take before
    * it is tried once more, then the load rejects with code "stalled"; also how long a download
    * may bring no byte (default 60000).
    */
@@ -282,8 +290,8 @@ export interface Info {
 export interface InspectOptions {
   /** The context (tokens) the memory figures assume (default: min(model context, 4096), as load). */
   contextLength?: number;
-  /** Read a URL from Cache Storage when it is there (default true). */
-  cache?: boolean;
+  /** Read a URL from the cache (either store) when it is there (default true; false: the network). */
+  cache?: CacheChoice;
 }
 
 /** What a GGUF file holds and needs, from its header alone. */
@@ -327,7 +335,7 @@ export interface AdapterLimits {
 
 /** `Engine.inspect`'s answer: the model's facts and whether this browser's GPU can hold it. */
 export interface Inspection extends ModelInfo {
-  /** Where the header was read: Cache Storage, the network (Range requests), a File/Blob, bytes. */
+  /** Where the header was read: the cache (either store), the network (Range requests), a File/Blob, bytes. */
   source: "cache" | "network" | "file" | "bytes";
   /** This browser's WebGPU adapter, or null when there is none. */
   adapter: AdapterLimits | null;
@@ -355,6 +363,8 @@ export interface CachedModel {
   url: string;
   /** Bytes kept (all cached parts of a split model). */
   bytes: number;
+  /** Which store keeps it: the Origin Private File System or Cache Storage (a model in both is listed twice). */
+  store: "opfs" | "cache-storage";
   /** A split model only: how many of its parts are cached, and how many it has. */
   parts?: number;
   of?: number;
@@ -393,14 +403,15 @@ export declare class Engine {
   /**
    * A model's facts and whether this GPU can hold it, from the header alone: a URL with Range
    * requests (or the start of the download, cancelled, from a server without them), a File/Blob
-   * as a slice, a cached URL from Cache Storage. Rejects with an Error in words for a file the
+   * as a slice, a cached URL from the cache. Rejects with an Error in words for a file the
    * engine cannot run or a server it cannot reach.
    */
   static inspect(source: ModelSource, options?: InspectOptions): Promise<Inspection>;
-  /** The models kept in Cache Storage by `load`. */
+  /** The models kept by `load`, in OPFS and in Cache Storage. */
   static cachedModels(): Promise<CachedModel[]>;
-  /** Removes one model (every part of a split one) from Cache Storage; resolves to whether it was there. */
+  /** Removes one model (every part of a split one) from both stores; resolves to whether it was there. */
   static deleteCached(url: string | URL): Promise<boolean>;
+  /** Removes every model kept by `load`, in both stores. */
   static clearCache(): Promise<void>;
   /** Bytes of the engine's wasm linear memory (its high-water mark: wasm memory never shrinks). */
   static wasmMemoryBytes(): Promise<number>;

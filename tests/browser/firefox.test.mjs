@@ -18,11 +18,10 @@ import { execFileSync } from "node:child_process";
 import { Builder, By } from "selenium-webdriver";
 import firefox from "selenium-webdriver/firefox.js";
 import LogInspector from "selenium-webdriver/bidi/logInspector.js";
-import { serve, stage, packageHtml as html, modelPath, defaultModel, root, artifacts, cpu, CHAT_A, CHAT_B, RAW_A, tinyAnswers } from "./lib.mjs";
+import { serve, stage, packageHtml as html, modelPath, defaultModel, root, artifacts, cpu, CHAT_A, CHAT_B, RAW_A, tinyAnswers, cacheKeys, opfsFiles } from "./lib.mjs";
 
 const FIREFOX = process.env.FIREFOX ?? "/usr/bin/firefox-esr";
 const GECKODRIVER = process.env.GECKODRIVER ?? findOnPath("geckodriver") ?? path.join(os.homedir(), ".cargo/bin/geckodriver");
-const CACHE = "webgpu-llm-models-v1";
 /** What turns WebGPU on in Firefox ESR on lavapipe: the first alone gives navigator.gpu and a null adapter (blocklisted). */
 const WEBGPU_PREFS = { "dom.webgpu.enabled": true, "gfx.webgpu.ignore-blocklist": true };
 const CHUNK_BYTES = 32 << 20;
@@ -94,7 +93,6 @@ async function waitFor(ff, done, progress, { stall = 240_000, poll = 1000 } = {}
 }
 
 const ggufGets = (server) => server.requests.filter((r) => r.path.endsWith(".gguf") && r.method === "GET");
-const cacheKeys = (ff) => ff.evaluate(async (name) => (await (await caches.open(name)).keys()).map((r) => r.url), CACHE);
 
 test("Firefox ESR gives a WebGPU adapter on lavapipe only with both its preferences, and the package says so in words without them, downloading nothing", { timeout: 300_000 }, async () => {
   const dir = stage("firefox-nogpu", { "index.html": html(`import { Engine } from "./pkg/index.js"; window.Engine = Engine; window.ready = true;`) });
@@ -144,9 +142,9 @@ test("Firefox ESR gives a WebGPU adapter on lavapipe only with both its preferen
   }
 });
 
-test("the package in Firefox ESR on lavapipe: f16, greedy chats and ids as the CPU reference, seeds, batches, beams, Cache Storage", { timeout: 900_000 }, async () => {
+test("the package in Firefox ESR on lavapipe: f16, greedy chats and ids as the CPU reference, SmolLM2 as transformers, seeds, batches, beams, Cache Storage and OPFS", { timeout: 900_000 }, async () => {
   const dir = stage("firefox-package", { "index.html": html(`import { Engine } from "./pkg/index.js"; window.Engine = Engine; window.ready = true;`) });
-  // The page's default model (98 MB, 3 chunks of Cache Storage), only downloaded and cached.
+  // The page's default model (98 MB: 3 chunks of Cache Storage, one OPFS file), only downloaded and cached.
   fs.symlinkSync(defaultModel, path.join(dir, "default.gguf"));
   const server = await serve(dir);
   const ff = await launchFirefox();
@@ -235,27 +233,46 @@ test("the package in Firefox ESR on lavapipe: f16, greedy chats and ids as the C
     assert.equal(again.text, chatA.text);
     assert.equal(ggufGets(server).length, downloads, "a cached model went to the network");
 
-    // A 98 MB model: stored as 32 MiB chunks within Firefox's quota, listed, inspected from the
-    // cache, deleted.
+    // A 98 MB model: stored in Cache Storage as 32 MiB chunks within Firefox's quota, and in the
+    // Origin Private File System (the default where the browser has it) as one file; listed,
+    // inspected from the cache, deleted.
     const size = fs.statSync(defaultModel).size;
     const quota = await ff.evaluate(() => navigator.storage.estimate());
     console.log("storage estimate:", JSON.stringify(quota));
     assert.ok(quota.quota > 2 * size, `quota ${quota.quota}`);
     const t1 = Date.now();
-    await ff.evaluate(async () => (await window.Engine.load("./default.gguf")).unload());
+    await ff.evaluate(async () => (await window.Engine.load("./default.gguf", { cache: "cache-storage" })).unload());
     console.log(`98 MB download and load: ${Date.now() - t1} ms`);
     const url = `${server.url}default.gguf`;
     const models = await ff.evaluate(() => window.Engine.cachedModels());
-    assert.deepEqual(models.find((m) => m.url === url), { url, bytes: size });
+    assert.deepEqual(models.find((m) => m.url === url), { url, bytes: size, store: "cache-storage" });
     const chunks = Array.from({ length: Math.ceil(size / CHUNK_BYTES) }, (_, i) => `${url}?webgpu-llm-chunk=${i}`);
     assert.deepEqual((await cacheKeys(ff)).filter((k) => k.startsWith(url)).sort(), [url, ...chunks].sort());
+    // Loaded from OPFS, SmolLM2 gives transformers' greedy tokens (the golden file's
+    // raw_primes case: its top-two logit margins stay above 0.29 over these 24 steps, far beyond
+    // the f16 path's 0.05 bound, so every id must match).
+    const golden = JSON.parse(fs.readFileSync(path.join(root, "../shared/golden/generations.json"), "utf8")).cases.find((c) => c.name === "raw_primes");
+    const smol = await ff.evaluate(async (prompt) => {
+      const engine = await window.Engine.load("./default.gguf?copy");
+      const ids = [];
+      for await (const ev of engine.generate(prompt, { temperature: 0, maxTokens: 24, ignoreEos: true })) ids.push(ev.id);
+      const info = engine.info();
+      engine.unload();
+      return { ids, f16: info.f16, stats: engine.stats() };
+    }, golden.prompt_text);
+    console.log(`SmolLM2 golden greedy: f16 ${smol.f16}, decode ${smol.stats.decodeTokS.toFixed(1)} tok/s`);
+    assert.deepEqual(smol.ids, golden.generated_ids.slice(0, 24));
+    assert.deepEqual((await ff.evaluate(() => window.Engine.cachedModels())).find((m) => m.url === `${url}?copy`), { url: `${url}?copy`, bytes: size, store: "opfs" });
     const count = ggufGets(server).length;
     assert.equal((await ff.evaluate(() => window.Engine.inspect("./default.gguf"))).source, "cache");
+    assert.equal((await ff.evaluate(() => window.Engine.inspect("./default.gguf?copy"))).source, "cache");
     assert.equal(ggufGets(server).length, count, "inspect of a cached model went to the network");
     assert.equal(await ff.evaluate(() => window.Engine.deleteCached("./default.gguf")), true);
+    assert.equal(await ff.evaluate(() => window.Engine.deleteCached("./default.gguf?copy")), true);
     assert.equal(await ff.evaluate(() => window.Engine.deleteCached("./model.gguf")), true);
     assert.deepEqual(await ff.evaluate(() => window.Engine.cachedModels()), []);
     assert.deepEqual(await cacheKeys(ff), []);
+    assert.deepEqual(await opfsFiles(ff), []);
     assert.deepEqual(ff.errors, []);
   } finally {
     await ff.close();

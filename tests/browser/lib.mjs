@@ -74,6 +74,20 @@ export function tinyAnswers() {
   return answers;
 }
 
+/**
+ * What the package keeps in a page's origin, read in the page (`target`: a Playwright page, or
+ * anything with the same evaluate(fn)): Cache Storage's keys, and the names in its OPFS folder
+ * (sorted; null when it has none).
+ */
+export const cacheKeys = (target) => target.evaluate(async () => (await (await caches.open("webgpu-llm-models-v1")).keys()).map((r) => r.url));
+export const opfsFiles = (target) => target.evaluate(async () => {
+  const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle("webgpu-llm-models").catch(() => null);
+  if (!dir) return null;
+  const names = [];
+  for await (const name of dir.keys()) names.push(name);
+  return names.sort();
+});
+
 /** `bytes` as the page and the package write sizes (formatBytes in www/app.js): B, KiB, MiB, GiB. */
 export function formatBytes(n) {
   if (n < 1024) return `${n} B`;

@@ -414,7 +414,7 @@ test("a cut download leaves nothing in Cache Storage; cachedModels lists a model
   try {
     const load = () => tab.evaluate(async () => {
       try {
-        const engine = await window.Engine.load("./model.gguf");
+        const engine = await window.Engine.load("./model.gguf", { cache: "cache-storage" });
         const info = engine.info();
         engine.unload();
         return { ok: info.fromCache };
@@ -436,7 +436,7 @@ test("a cut download leaves nothing in Cache Storage; cachedModels lists a model
     assert.deepEqual(await load(), { ok: false });
     console.log(`download and load: ${Date.now() - t0} ms`);
     const url = `${server.url}model.gguf`;
-    assert.deepEqual(await tab.evaluate(() => window.Engine.cachedModels()), [{ url, bytes: size }]);
+    assert.deepEqual(await tab.evaluate(() => window.Engine.cachedModels()), [{ url, bytes: size, store: "cache-storage" }]);
     // Stored as 32 MiB chunks and the entry that lists them: no entry near Chromium's 2 GiB limit.
     assert.deepEqual((await cacheKeys(tab)).sort(), [url, ...chunkKeys(url, size)].sort());
     const count = ggufRequests(server).length;
@@ -548,7 +548,7 @@ test("a split model (3 parts) loads from any part's URL, each part cached, and f
     const run = (source, prompt, n) => tab.evaluate(async ({ source, prompt, n }) => {
       try {
         let last = null;
-        const engine = await window.Engine.load(source === "picked" ? document.getElementById("file").files : source, { contextLength: 64, onProgress: (p) => (last = p) });
+        const engine = await window.Engine.load(source === "picked" ? document.getElementById("file").files : source, { cache: "cache-storage", contextLength: 64, onProgress: (p) => (last = p) });
         const ids = [];
         for await (const ev of engine.generate(prompt, { temperature: 0, maxTokens: n, ignoreEos: true })) ids.push(ev.id);
         const fromCache = engine.info().fromCache;
@@ -566,7 +566,7 @@ test("a split model (3 parts) loads from any part's URL, each part cached, and f
     assert.equal(byUrl.fromCache, false);
     assert.deepEqual(byUrl.last, { phase: "upload", loaded: byUrl.last.total, total: byUrl.last.total });
     const urls = parts.map((p) => `${server.url}${path.basename(p)}`);
-    assert.deepEqual(await tab.evaluate(() => window.Engine.cachedModels()), [{ url: urls[0], bytes: total, parts: 3, of: 3 }]);
+    assert.deepEqual(await tab.evaluate(() => window.Engine.cachedModels()), [{ url: urls[0], bytes: total, store: "cache-storage", parts: 3, of: 3 }]);
     assert.deepEqual((await cacheKeys(tab)).sort(), urls.flatMap((u, i) => [u, ...chunkKeys(u, sizes[i])]).sort());
 
     const count = ggufRequests(server).length;
@@ -811,7 +811,7 @@ test("a full storage quota loads the model without caching it and leaves nothing
   const c = { prompt: RAW_A, ids: rawA.ids }; // the CPU reference greedy
   try {
     const result = await tab.evaluate(async ({ prompt, n }) => {
-      const engine = await window.Engine.load("./model.gguf", { contextLength: 64 });
+      const engine = await window.Engine.load("./model.gguf", { cache: "cache-storage", contextLength: 64 });
       const ids = [];
       for await (const ev of engine.generate(prompt, { temperature: 0, maxTokens: n, ignoreEos: true })) ids.push(ev.id);
       const keys = (await (await caches.open("webgpu-llm-models-v1")).keys()).map((r) => r.url);

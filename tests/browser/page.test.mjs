@@ -13,7 +13,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import path from "node:path";
-import { launch, root, artifacts, modelPath, defaultModel, serve, cpu, formatBytes } from "./lib.mjs";
+import { launch, root, artifacts, modelPath, defaultModel, serve, cpu, formatBytes, cacheKeys, opfsFiles } from "./lib.mjs";
 import { readGguf } from "./gguf.mjs";
 
 const LOAD_TIMEOUT = 300_000;
@@ -37,7 +37,6 @@ function stageDist(name, models) {
 const serveDist = (models = { [DEFAULT_NAME]: modelPath, [PASTED_NAME]: modelPath }) => serve(stageDist("page-dist", models));
 const ggufGets = (server, name = null) => server.requests.filter((r) => r.path.endsWith(name ?? ".gguf") && r.method === "GET");
 const fullDownloads = (server) => ggufGets(server).filter((r) => !r.range);
-const cacheEntries = (page) => page.evaluate(async () => (await (await caches.open("webgpu-llm-models-v1")).keys()).map((r) => r.url));
 
 // A user message whose greedy answer on the tiny model ends at its end-of-sequence token (after
 // 40 tokens), and the CPU reference's answer.
@@ -283,11 +282,12 @@ test("the page shows the model before downloading it, loads it, chats, stops, ca
       assert.match(await page.textContent("#load-status"), /browser cache/);
       await assertFacts(page, facts);
 
-      // Delete it from the list: gone from Cache Storage, and the list says so.
+      // Delete it from the list: gone from the browser's storage, and the list says so.
       await page.waitForSelector("#cached-models li button.delete");
       await page.click("#cached-models li button.delete");
       await page.waitForSelector("#cache-empty:not([hidden])");
-      assert.deepEqual(await cacheEntries(page), []);
+      assert.deepEqual(await cacheKeys(page), []);
+      assert.deepEqual(await opfsFiles(page) ?? [], []);
       assert.equal(await page.$$eval("#cached-models li", (lis) => lis.length), 0);
 
       // A download cut off halfway: an error in words, nothing cached, and a second try works.
@@ -300,17 +300,18 @@ test("the page shows the model before downloading it, loads it, chats, stops, ca
       assert.match(cut, /could not be loaded: the model download from .* failed .*try again/);
       assert.ok(fullDownloads(server).at(-1).sent < fs.statSync(modelPath).size);
       await page.screenshot({ path: path.join(artifacts, "page-cut-download.png") });
-      assert.deepEqual(await cacheEntries(page), []);
+      assert.deepEqual(await cacheKeys(page), []);
+      assert.deepEqual(await opfsFiles(page) ?? [], []);
       assert.equal(await page.$$eval("#cached-models li", (lis) => lis.length), 0);
       await page.click("#load");
       await page.waitForFunction(() => document.body.dataset.modelLoaded === "true", null, { timeout: LOAD_TIMEOUT, polling: 500 });
       assert.equal(await page.isHidden("#error"), true);
       assert.equal(await page.getAttribute("body", "data-from-cache"), "false");
       await page.waitForSelector("#cached-models li");
-      // One model: the entry under its URL and its 32 MiB chunks.
-      const entries = await cacheEntries(page);
-      assert.equal(entries.filter((u) => !/[?&]webgpu-llm-chunk=\d+$/.test(u)).length, 1, JSON.stringify(entries));
-      assert.equal(entries.length, 1 + Math.ceil(fs.statSync(modelPath).size / (32 << 20)));
+      // One model, in OPFS (Chromium has it): the whole file and its record beside it.
+      assert.deepEqual(await cacheKeys(page), []);
+      const files = await opfsFiles(page);
+      assert.deepEqual(files.map((f) => path.extname(f)), [".gguf", ".json"], JSON.stringify(files));
 
       // The known models on Hugging Face: unreachable from this test machine, which the page says in words.
       const known = await page.$$eval("#known-models option", (os) => os.map((o) => o.value));
