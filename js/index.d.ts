@@ -29,7 +29,7 @@ export interface LoadOptions {
   /**
    * Milliseconds a cache or file read, or a GPU adapter/device request, may take before
    * it is tried once more, then the load rejects with code "stalled"; also how long a download
-   * may bring no byte (default 60000).
+   * may bring no byte and a write to OPFS may take (default 60000).
    */
   stallMs?: number;
 }

@@ -324,21 +324,34 @@ const opfs = {
       return entry?.url === url ? entry.file : null;
     }, ms);
   },
-  async put(url, response, counted, ms) {
+  async put(url, response, counted, ms = STALL_MS) {
     const dir = await opfsDir(true);
     const name = await opfsName(url);
     let writable = null;
+    // A write is not tried twice as a Cache Storage put is (it would append the bytes again):
+    // one that does not settle in `ms` fails the download, which then leaves nothing.
+    const bounded = (step) =>
+      within(
+        ms,
+        () => {
+          throw stalledError(`the browser did not finish writing the model to the Origin Private File System within ${ms / 1000} s: try again, and if it stays stuck restart the browser or pass cache: "cache-storage"`);
+        },
+        step,
+      );
     try {
-      writable = await (await dir.getFileHandle(`${name}.gguf`, { create: true })).createWritable();
+      writable = await bounded(async () => (await dir.getFileHandle(`${name}.gguf`, { create: true })).createWritable());
       // write() copies the bytes before it resolves, so the buffer can take the next chunk.
-      const { total } = await readChunks(response.body, CHUNK_BYTES, (bytes) => writable.write(bytes), counted, { ms });
-      await writable.close();
+      const { total } = await readChunks(response.body, CHUNK_BYTES, (bytes) => bounded(() => writable.write(bytes)), counted, { ms });
+      await bounded(() => writable.close());
       writable = null;
-      const meta = await (await dir.getFileHandle(`${name}.json`, { create: true })).createWritable();
-      await meta.write(JSON.stringify({ url, bytes: total }));
-      await meta.close();
+      await bounded(async () => {
+        const meta = await (await dir.getFileHandle(`${name}.json`, { create: true })).createWritable();
+        await meta.write(JSON.stringify({ url, bytes: total }));
+        await meta.close();
+      });
     } catch (e) {
-      await writable?.abort().catch(() => {});
+      // A stream whose write never settled may never settle its abort either: not waited for past `ms`.
+      if (writable) await bounded(() => writable.abort()).catch(() => {});
       await this.remove(url).catch(() => {});
       throw e;
     }

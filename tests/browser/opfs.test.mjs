@@ -1,7 +1,8 @@
 // The package's Origin Private File System cache (`cache: "opfs"`, issue 27) beside Cache
 // Storage, in headless Chromium: a load from OPFS gives the CPU reference's tokens, a reload
 // downloads nothing, cachedModels/deleteCached/clearCache cover both stores, a cut download or a
-// full quota leaves nothing. OPFS_BENCH=1 adds the measurement that picked the default store.
+// full quota leaves nothing, a write that hangs fails in time. OPFS_BENCH=1 adds the
+// measurement that picked the default store.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import fs from "node:fs";
@@ -131,6 +132,42 @@ test("a full quota in OPFS loads the model without keeping it and leaves nothing
     assert.deepEqual(await run(tab, "./model.gguf", "opfs"), { ids: reference.ids, fromCache: false });
     assert.deepEqual(await opfsFiles(tab), []);
     assert.deepEqual(await cachedModels(tab), []);
+  } finally {
+    await close();
+  }
+});
+
+test("a write to OPFS that never settles fails the load with code stalled after stallMs, leaves nothing, and the next load stores the model", { timeout: 600_000 }, async () => {
+  // `window.stallWrites`: how many of the next writes never settle, as a browser whose disk hangs.
+  const init = () => {
+    window.stallWrites = 0;
+    const write = FileSystemWritableFileStream.prototype.write;
+    FileSystemWritableFileStream.prototype.write = function (...args) {
+      return window.stallWrites-- > 0 ? new Promise(() => {}) : write.apply(this, args);
+    };
+  };
+  const { tab, close } = await openPackagePage("opfs-stall", { init });
+  try {
+    const stalled = await tab.evaluate(async () => {
+      window.stallWrites = 1;
+      const t0 = performance.now();
+      try {
+        await window.Engine.load("./model.gguf", { cache: "opfs", stallMs: 2000, contextLength: 64 });
+        return { loaded: true };
+      } catch (e) {
+        return { error: e.message, code: e.code, ms: performance.now() - t0 };
+      } finally {
+        window.stallWrites = 0;
+      }
+    });
+    console.log("stalled write:", JSON.stringify(stalled));
+    assert.equal(stalled.code, "stalled");
+    assert.match(stalled.error, /did not finish writing the model to the Origin Private File System within 2 s/);
+    assert.ok(stalled.ms < 30_000, `the stall took ${stalled.ms} ms to be reported`);
+    assert.deepEqual(await opfsFiles(tab), []);
+    assert.deepEqual(await cachedModels(tab), []);
+    assert.deepEqual(await run(tab, "./model.gguf", "opfs"), { ids: reference.ids, fromCache: false });
+    assert.equal((await cachedModels(tab))[0]?.store, "opfs");
   } finally {
     await close();
   }
