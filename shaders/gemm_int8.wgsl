@@ -1,31 +1,25 @@
 // The prefill gemm over int8 activations (appended to gemm.wgsl; GPU-style kernels over 32-value
-// integer blocks: `kernels::gemm`'s int8 path). X comes as quantize_x.wgsl's records (three
-// vec4<u32> a block: 32 signed bytes, then dx and sx as f32 bits), W through
+// integer blocks: `kernels::gemm`'s int8 path). X comes as quantize_x.wgsl's records (five
+// vec4<u32> a block: two slices of 32 signed bytes, then e and sx as f32 bits), W through
 // shaders/quant/int8.wgsl's `q8w` (the block's integers, d and m), and each output sums
-// d dx sum(q_i xq_i) + m sx over the blocks: the integer sums exact (dot4I8Packed), the scales
-// in f32, as the int8 decode gemv.
+// d e sum(q_i (254 xq_i + xr_i)) + m sx over the blocks: the integer sums exact
+// (dot4I8Packed), the scales in f32, as the int8 decode gemv.
 // A workgroup computes 64 tokens x 64 rows, KB blocks of K (KB x 32 values) a step: each of
 // the 256 invocations loads one record into workgroup memory (the first 128 a token's, the
 // others a row's; two neighbours take one token's or row's consecutive blocks), then
 // accumulates 4 tokens (ty * 4 ..) x 4 rows (tx, tx + 16, ..: a warp's loads of rows are
-// consecutive vec4s): 128 dot4I8Packed per 16 vec4 loads. A last step past the row's blocks
+// consecutive vec4s): 256 dot4I8Packed per 24 vec4 loads. A last step past the row's blocks
 // reads zeros.
 // Binding 2: xq (the records of the pass's rows, COLS / 32 a row).
 
-@group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> xq: array<XRec>;
 
 const KB: u32 = 2u;
 
-var<workgroup> xi: array<vec4<u32>, 256>;  // [block][half][token]: a record's two vec4s of bytes
+var<workgroup> xi: array<vec4<u32>, 512>;  // [block][quarter][token]: a record's four vec4s of bytes
 var<workgroup> wi: array<vec4<u32>, 256>;  // [block][half][row]: lo, hi
-var<workgroup> xsc: array<vec2<f32>, 128>;  // [block][token]: (dx, sx)
+var<workgroup> xsc: array<vec2<f32>, 128>;  // [block][token]: (e, sx)
 var<workgroup> wsc: array<vec2<f32>, 128>;  // [block][row]: (d, m)
-
-fn dot8(a0: vec4<u32>, a1: vec4<u32>, b0: vec4<u32>, b1: vec4<u32>) -> i32 {
-    return dot4I8Packed(a0.x, b0.x) + dot4I8Packed(a0.y, b0.y) + dot4I8Packed(a0.z, b0.z)
-        + dot4I8Packed(a0.w, b0.w) + dot4I8Packed(a1.x, b1.x) + dot4I8Packed(a1.y, b1.y)
-        + dot4I8Packed(a1.z, b1.z) + dot4I8Packed(a1.w, b1.w);
-}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -46,18 +40,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let b = b0 + lb;
         if (li < 128u) {
             let t = tok0 + lr;
-            var q0 = vec4<u32>(0u);
-            var q1 = vec4<u32>(0u);
-            var s = vec2<f32>(0.0);
-            if (t < n && b < blocks) {
-                let o = (t * blocks + b) * 3u;
-                q0 = xq[o];
-                q1 = xq[o + 1u];
-                s = bitcast<vec2<f32>>(xq[o + 2u].xy);
-            }
-            xi[(lb * 2u) * TM + lr] = q0;
-            xi[(lb * 2u + 1u) * TM + lr] = q1;
-            xsc[lb * TM + lr] = s;
+            var rec = XRec();
+            if (t < n && b < blocks) { rec = xq[t * blocks + b]; }
+            xi[(lb * 4u) * TM + lr] = rec.xa;
+            xi[(lb * 4u + 1u) * TM + lr] = rec.xb;
+            xi[(lb * 4u + 2u) * TM + lr] = rec.ra;
+            xi[(lb * 4u + 3u) * TM + lr] = rec.rb;
+            xsc[lb * TM + lr] = bitcast<vec2<f32>>(rec.s.xy);
         } else {
             let r = row0 + lr;
             var q = Q8W(vec4<u32>(0u), vec4<u32>(0u), 0.0, 0.0);
@@ -70,20 +59,23 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var k = 0u; k < KB; k++) {
             var xa: array<vec4<u32>, 4>;
             var xb: array<vec4<u32>, 4>;
+            var ra: array<vec4<u32>, 4>;
+            var rb: array<vec4<u32>, 4>;
             var xs: array<vec2<f32>, 4>;
             for (var i = 0u; i < 4u; i++) {
                 let t = ty * 4u + i;
-                xa[i] = xi[(k * 2u) * TM + t];
-                xb[i] = xi[(k * 2u + 1u) * TM + t];
+                xa[i] = xi[(k * 4u) * TM + t];
+                xb[i] = xi[(k * 4u + 1u) * TM + t];
+                ra[i] = xi[(k * 4u + 2u) * TM + t];
+                rb[i] = xi[(k * 4u + 3u) * TM + t];
                 xs[i] = xsc[k * TM + t];
             }
             for (var j = 0u; j < 4u; j++) {
                 let r = tx + 16u * j;
-                let wa = wi[(k * 2u) * TN + r];
-                let wb = wi[(k * 2u + 1u) * TN + r];
                 let ws = wsc[k * TN + r];
+                let q = Q8W(wi[(k * 2u) * TN + r], wi[(k * 2u + 1u) * TN + r], ws.x, ws.y);
                 for (var i = 0u; i < 4u; i++) {
-                    acc[i][j] += ws.x * xs[i].x * f32(dot8(wa, wb, xa[i], xb[i])) + ws.y * xs[i].y;
+                    acc[i][j] += q.d * xs[i].x * f32(q8_isum(q, xa[i], xb[i], ra[i], rb[i])) + q.m * xs[i].y;
                 }
             }
         }

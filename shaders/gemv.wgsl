@@ -37,11 +37,13 @@ override LANES: u32 = 32u;
 override NORM: bool = false;
 override EPS: f32 = 0.0;
 override INT8: bool = false;
+// INT8: x's records a row.
+override BLOCKS: u32 = COLS / 32u;
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<storage, read> nw: array<vec4<u32>>;
+// Binding 3 (nw) comes from the host with its accessors: `kernels::GemvProgram`.
 @group(0) @binding(4) var<uniform> params: Params;
 
 // EPILOGUE 3: the workgroup's row results, so that a pair's even row sees its partner.
@@ -87,17 +89,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         }
         if (INT8 && r < ROW_COUNT) {
             let base = r * ROW_WORDS;
-            for (var blk = k; blk < COLS / 32u; blk += LANES) {
+            for (var blk = k; blk < BLOCKS; blk += LANES) {
                 let v = q8w(base, blk);
                 var u = v;
                 if (EPILOGUE == 2u) { u = q8w(base + ROW_COUNT * ROW_WORDS, blk); }
                 for (var j = 0u; j < hn; j++) {
-                    let o = ((m0 + j) * (COLS / 32u) + blk) * 3u;
-                    let xa = nw[o];
-                    let xb = nw[o + 1u];
-                    let xs = bitcast<vec2<f32>>(nw[o + 2u].xy);
-                    a[j] += q8_dot(v, xa, xb, xs);
-                    if (EPILOGUE == 2u) { b[j] += q8_dot(u, xa, xb, xs); }
+                    let rec = x_record((m0 + j) * BLOCKS + blk);
+                    a[j] += q8_dot(v, rec);
+                    if (EPILOGUE == 2u) { b[j] += q8_dot(u, rec); }
                 }
             }
         } else if (r < ROW_COUNT) {
@@ -151,8 +150,8 @@ fn x_group(m: u32, g: u32) -> Dq8 {
     let xo = m * (COLS / 4u) + g * 2u;
     var v = Dq8(x[xo], x[xo + 1u]);
     if (NORM) {
-        v.a *= bitcast<vec4<f32>>(nw[g * 2u]);
-        v.b *= bitcast<vec4<f32>>(nw[g * 2u + 1u]);
+        v.a *= norm_weights(g * 2u);
+        v.b *= norm_weights(g * 2u + 1u);
     }
     return v;
 }

@@ -1264,9 +1264,8 @@ gpu_test! {
 }
 
 // The int8 decode gemv (GPU-style kernels over 32-value integer blocks): quantize_x's records
-// are each block's values (RMS-normalized first when the norm is fused) as q_i dx with
-// dx = max |value| / 127 and q_i the nearest integer (within float rounding of x / dx; an
-// all-zero block has dx 0), with sx = dx sum(q_i); the gemv's outputs are the products of the
+// are each block's values (RMS-normalized first when the norm is fused) in two int8 slices,
+// checked against their definition (`int8_record_values`); the gemv's outputs are the products of the
 // CPU's dequantized rows with those records' values, in f64 (the integer sums exact, the
 // scales in f32: the f32 bound of the other gemvs), for every epilogue, 1 and 3 batch rows,
 // MB 1 and 8.
@@ -1306,7 +1305,7 @@ gpu_test! {
                     let ops = kernels::gemv(&h.gpu, &mut h.cache, batch, w, act, epilogue, norm, &xb, &yb, rows);
                     assert_eq!(ops[0].label, "quantize_x", "{ty:?}: the int8 path");
                     h.run(&ops, n);
-                    let words: Vec<u32> = bytemuck::cast_slice(&h.read(&xq, n * blocks * 12).await).to_vec();
+                    let words: Vec<u32> = bytemuck::cast_slice(&h.read(&xq, n * blocks * INT8_RECORD_WORDS).await).to_vec();
                     let what = format!("int8 gemv {ty:?}, {n} rows, MB {mb}, norm {}, {epilogue:?}, gated {gated}", norm.is_some());
                     let mut rows_in = Vec::new();
                     for row in x.chunks_exact(cols) {
@@ -1334,26 +1333,43 @@ gpu_test! {
     }
 }
 
-/// The values quantize_x's records (`words`, three vec4<u32> a block) stand for, checked
+/// u32 words of a quantize_x record.
+const INT8_RECORD_WORDS: usize = (kernels::INT8_RECORD_BYTES / 4) as usize;
+
+/// The values quantize_x's records (`words`, five vec4<u32> a block) stand for, checked
 /// against their definition for the rows `x` they were made from: each block's values as
-/// q_i dx with dx = max |value| / 127 and q_i the nearest integer (within float rounding of
-/// x / dx; an all-zero block has dx 0), and sx = dx sum(q_i).
+/// e (254 q_i + r_i), with dx = max |value| / 127, q_i the nearest integer to value / dx and r_i
+/// the nearest to what is left over dx / 254 (each within float rounding; |r_i| <= 127), e =
+/// dx / 254 (an all-zero block has 0), and sx = e sum(254 q_i + r_i); so each value is held
+/// within dx / 508 (and float rounding), where one slice alone holds it within dx / 2.
 fn int8_record_values(what: &str, words: &[u32], x: &[f32]) -> Vec<f32> {
+    let record = INT8_RECORD_WORDS;
     let mut values = Vec::new();
     for (k, tb) in x.chunks_exact(32).enumerate() {
-        let r = &words[k * 12..][..12];
+        let r = &words[k * record..][..record];
         let q: Vec<i8> = bytemuck::cast_slice::<u32, i8>(&r[..8]).to_vec();
-        let (dx, sx) = (f32::from_bits(r[8]), f32::from_bits(r[9]));
+        let rest: Vec<i8> = bytemuck::cast_slice::<u32, i8>(&r[8..16]).to_vec();
+        let (e, sx) = (f32::from_bits(r[16]), f32::from_bits(r[17]));
         let amax = tb.iter().fold(0f32, |a, v| a.max(v.abs()));
-        assert!((dx - amax / 127.0).abs() <= 1e-5 * amax / 127.0, "{what}: block {k} scale {dx}, max {amax}");
-        for (i, (&v, &qi)) in tb.iter().zip(&q).enumerate() {
-            let exact = if dx > 0.0 { v / dx } else { 0.0 };
-            assert!((exact - qi as f32).abs() <= 0.5 + 1e-3, "{what}: value {k}.{i} {v} as {qi} x {dx}");
-            values.push((dx as f64 * qi as f64) as f32);
+        let dx = amax as f64 / 127.0;
+        assert!((e as f64 - dx / 254.0).abs() <= 1e-5 * dx / 254.0, "{what}: block {k} scale {e}, max {amax}");
+        let mut sum = 0i64;
+        for (i, ((&v, &qi), &ri)) in tb.iter().zip(&q).zip(&rest).enumerate() {
+            let exact = if dx > 0.0 { v as f64 / dx } else { 0.0 };
+            assert!((exact - qi as f64).abs() <= 0.5 + 1e-3, "{what}: value {k}.{i} {v} as {qi} x {dx}");
+            assert!(
+                ((exact - qi as f64) * 254.0 - ri as f64).abs() <= 0.5 + 1e-2 && ri != i8::MIN,
+                "{what}: value {k}.{i} {v}: {qi} leaves {}, held as {ri}",
+                (exact - qi as f64) * 254.0
+            );
+            let both = 254 * qi as i64 + ri as i64;
+            let held = e as f64 * both as f64;
+            assert!((held - v as f64).abs() <= dx / 508.0 * 1.03 + 1e-30, "{what}: value {k}.{i} {v} held as {held}");
+            sum += both;
+            values.push(held as f32);
         }
-        let sum: i32 = q.iter().map(|&v| v as i32).sum();
         assert!(
-            (sx as f64 - dx as f64 * sum as f64).abs() <= 1e-6 * (dx as f64 * sum.abs() as f64) + 1e-12,
+            (sx as f64 - e as f64 * sum as f64).abs() <= 1e-6 * (e as f64 * sum.abs() as f64) + 1e-12,
             "{what}: block {k} sum"
         );
     }
@@ -1388,7 +1404,7 @@ gpu_test! {
                 assert_eq!(ops[0].label, "quantize_x", "{ty:?}: the int8 path");
                 h.run(&ops, n);
                 let what = format!("int8 gemm {ty:?}, {cols} columns");
-                let words: Vec<u32> = bytemuck::cast_slice(&h.read(&xq, n * cols / 32 * 12).await).to_vec();
+                let words: Vec<u32> = bytemuck::cast_slice(&h.read(&xq, n * cols / 32 * INT8_RECORD_WORDS).await).to_vec();
                 let xv = int8_record_values(&what, &words, &x);
                 let (want, scale) = reference_matmul(&w, &xv, cols);
                 let added: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
@@ -1407,7 +1423,7 @@ gpu_test! {
         let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; n * 2 * rows]));
         let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, Some(&xq), &pair, Epilogue::Store, &xb, &yb, 2 * rows);
         h.run(&ops, n);
-        let words: Vec<u32> = bytemuck::cast_slice(&h.read(&xq, n * cols / 32 * 12).await).to_vec();
+        let words: Vec<u32> = bytemuck::cast_slice(&h.read(&xq, n * cols / 32 * INT8_RECORD_WORDS).await).to_vec();
         let xv = int8_record_values("int8 gemm, gated pair", &words, &x);
         let (g, gs) = reference_matmul(&dequantize(&gi, &gb).unwrap(), &xv, cols);
         let (u, us) = reference_matmul(&dequantize(&ui, &ub).unwrap(), &xv, cols);

@@ -3,15 +3,44 @@
 // gemvs that take int8 activations. Value i of block b of the row at word `base` is
 // d * q_i + m, q_i the signed byte i of lo (values 0..15) then hi (16..31), four to a word in
 // order. Its dot product with a block of int8 activations (a quantize_x.wgsl record: values
-// dx * xq_i and their sum sx) is d dx sum(q_i xq_i) + m sx: an exact integer sum, scaled in f32.
+// e (254 xq_i + xr_i), two slices of signed bytes, and their sum sx) is
+// d e (254 sum(q_i xq_i) + sum(q_i xr_i)) + m sx: exact integer sums, scaled in f32.
 
 struct Q8W { lo: vec4<u32>, hi: vec4<u32>, d: f32, m: f32 }
 
-fn q8_dot(q: Q8W, xa: vec4<u32>, xb: vec4<u32>, xs: vec2<f32>) -> f32 {
-    let i = dot4I8Packed(q.lo.x, xa.x) + dot4I8Packed(q.lo.y, xa.y) + dot4I8Packed(q.lo.z, xa.z)
-        + dot4I8Packed(q.lo.w, xa.w) + dot4I8Packed(q.hi.x, xb.x) + dot4I8Packed(q.hi.y, xb.y)
-        + dot4I8Packed(q.hi.z, xb.z) + dot4I8Packed(q.hi.w, xb.w);
-    return q.d * xs.x * f32(i) + q.m * xs.y;
+/// The integer dot product of two blocks of 32 signed bytes, each as two vec4<u32>.
+fn dot8(a0: vec4<u32>, a1: vec4<u32>, b0: vec4<u32>, b1: vec4<u32>) -> i32 {
+    return dot4I8Packed(a0.x, b0.x) + dot4I8Packed(a0.y, b0.y) + dot4I8Packed(a0.z, b0.z)
+        + dot4I8Packed(a0.w, b0.w) + dot4I8Packed(a1.x, b1.x) + dot4I8Packed(a1.y, b1.y)
+        + dot4I8Packed(a1.z, b1.z) + dot4I8Packed(a1.w, b1.w);
+}
+
+/// A weight block's integers against an activation record's two slices (xa, xb: q; ra, rb: r)
+/// as the one integer sum(q_i (254 xq_i + xr_i)).
+fn q8_isum(q: Q8W, xa: vec4<u32>, xb: vec4<u32>, ra: vec4<u32>, rb: vec4<u32>) -> i32 {
+    // Each weight word taken from its vector once for both slices.
+    let l0 = q.lo.x;
+    let l1 = q.lo.y;
+    let l2 = q.lo.z;
+    let l3 = q.lo.w;
+    let h0 = q.hi.x;
+    let h1 = q.hi.y;
+    let h2 = q.hi.z;
+    let h3 = q.hi.w;
+    let first = dot4I8Packed(l0, xa.x) + dot4I8Packed(l1, xa.y) + dot4I8Packed(l2, xa.z) + dot4I8Packed(l3, xa.w)
+        + dot4I8Packed(h0, xb.x) + dot4I8Packed(h1, xb.y) + dot4I8Packed(h2, xb.z) + dot4I8Packed(h3, xb.w);
+    let second = dot4I8Packed(l0, ra.x) + dot4I8Packed(l1, ra.y) + dot4I8Packed(l2, ra.z) + dot4I8Packed(l3, ra.w)
+        + dot4I8Packed(h0, rb.x) + dot4I8Packed(h1, rb.y) + dot4I8Packed(h2, rb.z) + dot4I8Packed(h3, rb.w);
+    return 254 * first + second;
+}
+
+// A quantize_x.wgsl record: the two slices' bytes (xq_i in xa then xb, xr_i in ra then rb),
+// then e and sx as f32 bits.
+struct XRec { xa: vec4<u32>, xb: vec4<u32>, ra: vec4<u32>, rb: vec4<u32>, s: vec4<u32> }
+
+fn q8_dot(q: Q8W, x: XRec) -> f32 {
+    let s = bitcast<vec2<f32>>(x.s.xy);
+    return q.d * s.x * f32(q8_isum(q, x.xa, x.xb, x.ra, x.rb)) + q.m * s.y;
 }
 
 fn words4(at: u32) -> vec4<u32> {

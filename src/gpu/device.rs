@@ -144,10 +144,11 @@ pub struct Gpu {
     pub style: KernelStyle,
     /// GPU-style decode gemvs and prefill gemms over 32-value integer blocks (Q4_0, Q4_1, Q5_0,
     /// Q5_1, Q8_0) take their activations quantized to int8 blocks and sum integer dot products
-    /// (`kernels::takes_int8`): with INT8_ENV `1`, never on the forced f32 path. Off by default:
-    /// llama.cpp's q8_1 activations cost SmolLM2 3% of perplexity against transformers (26.78
-    /// to 27.58 over 96 decode steps; logits off by up to 0.16 where f16's bound is 0.05), most
-    /// of it in the FFN's down projection, whose inputs have outliers that coarsen their blocks.
+    /// (`kernels::takes_int8`): with INT8_ENV `1`, never on the forced f32 path. Two int8 slices
+    /// a value (shaders/quantize_x.wgsl) hold the golden models to the f16 path's bounds
+    /// (tests/golden/gpu.rs), where one (llama.cpp's q8_1) moved SmolLM2's logits by 0.9. Off by
+    /// default until a GPU with native dot4I8Packed shows it pays (`scripts/device-bench`'s A/B):
+    /// on lavapipe it does (prefill 1.25x, decode 1.26x), but that is a CPU.
     pub int8: bool,
     /// The browser settles buffer maps only when it polls the device (Firefox: on a 100 ms timer
     /// or a submit), so read-backs submit nothing every few ms while they wait.

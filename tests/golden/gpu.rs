@@ -8,7 +8,10 @@
 //!   the browser) with f32 arithmetic;
 //! - GPU-style kernels (32 lanes per row, subgroup reductions, RMSNorm fused into the gemv, RoPE
 //!   and the KV write in the q|k|v epilogue, tiled prefill attention), forced on any adapter:
-//!   lavapipe is a CPU adapter, so the other paths run the CPU-style kernels there.
+//!   lavapipe is a CPU adapter, so the other paths run the CPU-style kernels there;
+//! - int8: the GPU-style kernels with int8 activations (`Gpu::int8`, `WEBGPU_LLM_INT8=1`: the
+//!   decode gemvs and prefill gemms over 32-value integer blocks sum dot4I8Packed products),
+//!   held to the f16 path's bounds on any adapter (its activations' rounding is its own).
 //!
 //! Each path runs its own golden prompts (one or two SmolLM2 prompts, one or two Gemma 3 prompts,
 //! so that the paths together cover every SmolLM2 case and five of Gemma's; the CPU reference runs
@@ -47,9 +50,10 @@ enum Path {
     F16,
     PackedF16Kv,
     GpuStyle,
+    Int8,
 }
 
-const PATHS: [Path; 4] = [Path::F32, Path::F16, Path::PackedF16Kv, Path::GpuStyle];
+const PATHS: [Path; 5] = [Path::F32, Path::F16, Path::PackedF16Kv, Path::GpuStyle, Path::Int8];
 
 /// The model on `path` with that path's bounds, or None (with a note) where the adapter lacks
 /// the path (the f16 path without shader-f16: asked of the adapter before the model uploads).
@@ -57,7 +61,7 @@ fn load(reference: Reference, path: Path) -> Option<(GpuModel, &'static Toleranc
     let options = match path {
         Path::F32 => GpuOptions { force_f32: true, ..Default::default() },
         Path::PackedF16Kv => GpuOptions { force_f32: true, packed_kv: true, ..Default::default() },
-        Path::F16 | Path::GpuStyle => GpuOptions::default(),
+        Path::F16 | Path::GpuStyle | Path::Int8 => GpuOptions::default(),
     };
     let mut gpu = pollster::block_on(Gpu::new(options)).expect("a GPU adapter (lavapipe in CI)");
     let tol = match path {
@@ -85,6 +89,11 @@ fn load(reference: Reference, path: Path) -> Option<(GpuModel, &'static Toleranc
                 &F32
             }
         }
+        Path::Int8 => {
+            gpu.style = KernelStyle::Gpu;
+            gpu.int8 = true;
+            &F16
+        }
     };
     eprintln!(
         "{reference:?} on the {path:?} path: f16 {}, subgroups {}, KV {:?}, {:?}-style kernels, int8 {}",
@@ -107,10 +116,12 @@ fn cases(reference: Reference, path: Path) -> &'static [usize] {
         (SmolLm2, Path::F16) => &[2, 6],
         (SmolLm2, Path::PackedF16Kv) => &[1, 3, 7],
         (SmolLm2, Path::GpuStyle) => &[4],
+        (SmolLm2, Path::Int8) => &[3],
         (Gemma3, Path::F32) => &[2, 4],
         (Gemma3, Path::F16) => &[5, 7],
         (Gemma3, Path::PackedF16Kv) => &[6],
         (Gemma3, Path::GpuStyle) => &[0],
+        (Gemma3, Path::Int8) => &[2],
     }
 }
 
@@ -296,6 +307,17 @@ fn gpu_style_kernels_give_the_golden_greedy_tokens_and_logits() {
     smollm2_generations(Path::GpuStyle);
 }
 
+/// The int8 activations (GPU-style kernels): a golden generation, and the passage's first 64
+/// positions, 0..56 from a prefill pass (the int8 gemm), 56..64 one decode step each (the
+/// int8 gemv).
+#[test]
+fn int8_path_greedy_tokens_logits_and_perplexity_match_the_golden_data() {
+    let _t = Timer::new("SmolLM2 generations and perplexity 0..64 on the Int8 path");
+    let (mut model, tol) = load(SmolLm2, Path::Int8).unwrap();
+    check_generations(SmolLm2, &mut model, tol, 8, cases(SmolLm2, Path::Int8));
+    check_perplexity(SmolLm2, &mut model, tol, 0, Some(56), Some(65));
+}
+
 /// Gemma 3 270M Q4_K_M: K-quants and the gemma3 plan (post-norms, q/k norms, GELU, NeoX RoPE,
 /// head_dim 256, the 262144-row tied head split across bindings) on the GPU. The f32 path's
 /// perplexity compares the passage's first 28 positions (each reads back a 262144-wide row):
@@ -326,6 +348,15 @@ fn gemma3_gpu_style_kernels_give_the_golden_greedy_tokens_and_logits() {
     let (mut model, tol) = load(Gemma3, Path::GpuStyle).unwrap();
     // 4 tokens (5 recorded steps): a Gemma token costs lavapipe seconds with these kernels.
     check_generations(Gemma3, &mut model, tol, 4, cases(Gemma3, Path::GpuStyle));
+}
+
+/// Gemma's tensors 640 values wide are Q5_0 and Q8_0 (not whole K-quant super-blocks of 256):
+/// those take int8 activations.
+#[test]
+fn gemma3_int8_path_gives_the_golden_greedy_tokens_and_logits() {
+    let _t = Timer::new("Gemma 3 generations on the Int8 path");
+    let (mut model, tol) = load(Gemma3, Path::Int8).unwrap();
+    check_generations(Gemma3, &mut model, tol, 4, cases(Gemma3, Path::Int8));
 }
 
 /// Every golden generation on every path, 32 tokens (SmolLM2) and 16 (Gemma): what CI ran

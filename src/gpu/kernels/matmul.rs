@@ -18,9 +18,9 @@ const GEMM_INT8: &str = include_str!("../../../shaders/gemm_int8.wgsl");
 /// Adjacent rows one invocation of a CPU-style gemv takes (shaders/gemv.wgsl's CPU_ROWS).
 const CPU_ROWS: u32 = 8;
 
-/// Bytes of one int8 activation record (shaders/quantize_x.wgsl): 32 values as bytes, then
-/// their scale and sum, padded to three vec4<u32>.
-pub const INT8_RECORD_BYTES: u64 = 48;
+/// Bytes of one int8 activation record (shaders/quantize_x.wgsl): two slices of 32 values as
+/// bytes, then their scale and sum, padded to five vec4<u32>.
+pub const INT8_RECORD_BYTES: u64 = 80;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Epilogue {
@@ -130,7 +130,8 @@ impl GemvProgram {
         y_stride: usize,
         int8: bool,
     ) -> Self {
-        let kernel = [GEMV, fold.map_or(NO_ROPE_KV, |_| GEMV_ROPE_KV), NO_ARGMAX].concat();
+        let nw = if int8 { NW_INT8 } else { NW_NORM };
+        let kernel = [GEMV, nw, fold.map_or(NO_ROPE_KV, |_| GEMV_ROPE_KV), NO_ARGMAX].concat();
         let mut consts = vec![("MB", mb), ("CPU_ROWS", CPU_ROWS)];
         consts.extend(fold.map(|f| f.consts()).into_iter().flatten());
         let mode = match (p.pair, epilogue, fold) {
@@ -173,6 +174,17 @@ impl GemvProgram {
         self
     }
 }
+
+/// gemv.wgsl's binding 3 as the fused norm's weights (vec4 bits; any buffer without the norm).
+const NW_NORM: &str = "@group(0) @binding(3) var<storage, read> nw: array<vec4<u32>>;\n\
+    fn norm_weights(i: u32) -> vec4<f32> { return bitcast<vec4<f32>>(nw[i]); }\n\
+    fn x_record(i: u32) -> XRec { return XRec(); }\n";
+
+/// gemv.wgsl's binding 3 as INT8's activation records (shaders/quant/int8.wgsl's XRec), each
+/// loaded whole.
+const NW_INT8: &str = "@group(0) @binding(3) var<storage, read> nw: array<XRec>;\n\
+    fn norm_weights(i: u32) -> vec4<f32> { return vec4<f32>(1.0); }\n\
+    fn x_record(i: u32) -> XRec { return nw[i]; }\n";
 
 /// gemv.wgsl without ARGMAX: the argmax's record functions do nothing.
 const NO_ARGMAX: &str = "const ARGMAX: bool = false;\n\
