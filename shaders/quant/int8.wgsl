@@ -8,13 +8,6 @@
 
 struct Q8W { lo: vec4<u32>, hi: vec4<u32>, d: f32, m: f32 }
 
-/// The integer dot product of two blocks of 32 signed bytes, each as two vec4<u32>.
-fn dot8(a0: vec4<u32>, a1: vec4<u32>, b0: vec4<u32>, b1: vec4<u32>) -> i32 {
-    return dot4I8Packed(a0.x, b0.x) + dot4I8Packed(a0.y, b0.y) + dot4I8Packed(a0.z, b0.z)
-        + dot4I8Packed(a0.w, b0.w) + dot4I8Packed(a1.x, b1.x) + dot4I8Packed(a1.y, b1.y)
-        + dot4I8Packed(a1.z, b1.z) + dot4I8Packed(a1.w, b1.w);
-}
-
 /// A weight block's integers against an activation record's two slices (xa, xb: q; ra, rb: r)
 /// as the one integer sum(q_i (254 xq_i + xr_i)).
 fn q8_isum(q: Q8W, xa: vec4<u32>, xb: vec4<u32>, ra: vec4<u32>, rb: vec4<u32>) -> i32 {
