@@ -5,7 +5,7 @@
 // PAIR: the part holds HALF gate rows then HALF up rows; row r >= HALF is written to column
 // PAIR_OFFSET + OUT + r - HALF (silu * mul follows in a separate pass).
 // EPILOGUE 0: store. 1: add (residual).
-// Bindings: 0 params, 1 w, 2 x (the kernel's), 3 y. Dispatch: (ceil(ROW_COUNT / TN),
+// Bindings: 0 params, 1 w, 2 x (the kernel's), 3 y (4: gemm_int8's). Dispatch: (ceil(ROW_COUNT / TN),
 // ceil(n_tokens / TM), 1).
 
 override COLS: u32;

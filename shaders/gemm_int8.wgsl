@@ -10,9 +10,13 @@
 // accumulates 4 tokens (ty * 4 ..) x 4 rows (tx, tx + 16, ..: a warp's loads of rows are
 // consecutive vec4s): 256 dot4I8Packed per 24 vec4 loads. A last step past the row's blocks
 // reads zeros.
-// Binding 2: xq (the records of the pass's rows, COLS / 32 a row).
+// Binding 2: xq (the records of the pass's rows, COLS / 32 a row); 4: the weights' buffer
+// again, as vec4s (int8.wgsl's `body4`).
 
 @group(0) @binding(2) var<storage, read> xq: array<XRec>;
+@group(0) @binding(4) var<storage, read> wv: array<vec4<u32>>;
+
+fn weight_vec(i: u32) -> vec4<u32> { return wv[i]; }
 
 const KB: u32 = 2u;
 

@@ -20,11 +20,11 @@
 // weights' unless each serves several rows. A workgroup's 256 rows then take 256 / CPU_ROWS
 // invocations; the rest idle (whole SIMD groups of a CPU). CPU_ROWS comes from the host.
 // INT8 (GPU-style kernels, 32-value integer blocks: `kernels::gemv_int8`): x comes as
-// quantize_x.wgsl's int8 records in binding 3 (normalized there: NORM is off; binding 1 is
-// unused), and each lane takes whole blocks,
-// their products summed as integers by dot4I8Packed (shaders/quant/int8.wgsl's `q8w`, `q8_dot`).
-// Bindings: 0 w, 1 x (vec4 rows of COLS), 2 y (rows of Y_STRIDE), 3 nw (the norm weights as
-// vec4 bits; INT8: the records; any buffer when neither), 4 params. Dispatch: ceil(ROW_COUNT / (256 / LANES)) workgroups, spread over x and y.
+// quantize_x.wgsl's int8 records in binding 3 (normalized there: NORM is off), binding 1 is the
+// weights' buffer again, read as vec4s, and each lane takes whole blocks, their products summed
+// as integers by dot4I8Packed (shaders/quant/int8.wgsl's `q8w`, `q8_dot_add`).
+// Bindings: 0 w, 1 x (vec4 rows of COLS; INT8: w as vec4s), 2 y (rows of Y_STRIDE), 3 nw (the
+// norm weights as vec4 bits; INT8: the records; any buffer when neither), 4 params. Dispatch: ceil(ROW_COUNT / (256 / LANES)) workgroups, spread over x and y.
 // MB comes from the host.
 
 override COLS: u32;
@@ -41,9 +41,10 @@ override INT8: bool = false;
 override BLOCKS: u32 = COLS / 32u;
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-// Binding 3 (nw) comes from the host with its accessors: `kernels::GemvProgram`.
+// Bindings 1 and 3 come from the host with their accessors (`kernels::GemvProgram`): x and the
+// norm weights (`x_vec`, `norm_weights`), or with INT8 the weights again as vec4s and the
+// records (`weight_vec`, `x_record`).
 @group(0) @binding(4) var<uniform> params: Params;
 
 // EPILOGUE 3: the workgroup's row results, so that a pair's even row sees its partner.
@@ -74,7 +75,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                 let xo = (m0 + j) * (COLS / 4u);
                 var ss = 0.0;
                 for (var i = lane.li; i < COLS / 4u; i += 256u) {
-                    let v = x[xo + i];
+                    let v = x_vec(xo + i);
                     ss += dot(v, v);
                 }
                 scale[j] = inverseSqrt(block_sum(ss, lane) / f32(COLS) + EPS);
@@ -89,14 +90,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         }
         if (INT8 && r < ROW_COUNT) {
             let base = r * ROW_WORDS;
+            let rec0 = m0 * BLOCKS;
             for (var blk = k; blk < BLOCKS; blk += LANES) {
                 let v = q8w(base, blk);
                 var u = v;
                 if (EPILOGUE == 2u) { u = q8w(base + ROW_COUNT * ROW_WORDS, blk); }
+                // Batch row m0 + j's record of this block.
+                var ri = rec0 + blk;
                 for (var j = 0u; j < hn; j++) {
-                    let rec = x_record((m0 + j) * BLOCKS + blk);
-                    a[j] += q8_dot(v, rec);
-                    if (EPILOGUE == 2u) { b[j] += q8_dot(u, rec); }
+                    let rec = x_record(ri);
+                    a[j] = q8_dot_add(a[j], v, rec);
+                    if (EPILOGUE == 2u) { b[j] = q8_dot_add(b[j], u, rec); }
+                    ri += BLOCKS;
                 }
             }
         } else if (r < ROW_COUNT) {
@@ -148,7 +153,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 // is applied to the sums).
 fn x_group(m: u32, g: u32) -> Dq8 {
     let xo = m * (COLS / 4u) + g * 2u;
-    var v = Dq8(x[xo], x[xo + 1u]);
+    var v = Dq8(x_vec(xo), x_vec(xo + 1u));
     if (NORM) {
         v.a *= norm_weights(g * 2u);
         v.b *= norm_weights(g * 2u + 1u);

@@ -4,8 +4,8 @@
 // COLS values (the kernel's override) starts at word `base`; `dq8(base, g)` returns the row's
 // values 8g .. 8g+7. Block layouts are ggml's, except that the formats whose blocks do not fill
 // whole words have their scale moved to the head of the row (src/quant's `scale_at`): the row
-// is its blocks' scales, two f16 per word (MXFP4: four E8M0 bytes per word), then the blocks
-// without them.
+// is its blocks' scales, two f16 per word (MXFP4: four E8M0 bytes per word), padded to whole
+// vec4s, then the blocks without them.
 
 struct Dq8 { a: vec4<f32>, b: vec4<f32> }
 
@@ -46,7 +46,14 @@ fn split_scale(base: u32, b: u32) -> f32 {
     return unpack2x16float(w[base + (b >> 1u)])[b & 1u];
 }
 
-// The first word of block b's remaining `body_words` in such a row of `values`-value blocks.
-fn split_body(base: u32, b: u32, values: u32, body_words: u32) -> u32 {
-    return base + (COLS / values + 1u) / 2u + b * body_words;
+// Words of such a row's head: its blocks' scales (32-value blocks' f16, 256-value blocks' f16,
+// MXFP4's bytes), padded to whole vec4s so that the bodies start on one (src/quant's
+// `head_words`). Overrides, so that they are constants in the compiled kernel.
+override SPLIT_HEAD_32: u32 = (COLS / 32u * 2u + 15u) / 16u * 4u;
+override SPLIT_HEAD_256: u32 = (COLS / 256u * 2u + 15u) / 16u * 4u;
+override SPLIT_HEAD_E8M0: u32 = (COLS / 32u + 15u) / 16u * 4u;
+
+// The first word of block b's remaining `body_words` in such a row with a head of `head` words.
+fn split_body(base: u32, b: u32, head: u32, body_words: u32) -> u32 {
+    return base + head + b * body_words;
 }

@@ -11,15 +11,17 @@ struct Q8W { lo: vec4<u32>, hi: vec4<u32>, d: f32, m: f32 }
 /// A weight block's integers against an activation record's two slices (xa, xb: q; ra, rb: r)
 /// as the one integer sum(q_i (254 xq_i + xr_i)).
 fn q8_isum(q: Q8W, xa: vec4<u32>, xb: vec4<u32>, ra: vec4<u32>, rb: vec4<u32>) -> i32 {
-    // Each weight word taken from its vector once for both slices.
-    let l0 = q.lo.x;
-    let l1 = q.lo.y;
-    let l2 = q.lo.z;
-    let l3 = q.lo.w;
-    let h0 = q.hi.x;
-    let h1 = q.hi.y;
-    let h2 = q.hi.z;
-    let h3 = q.hi.w;
+    // Each weight vector taken from the block once, each word from it once for both slices.
+    let lo = q.lo;
+    let hi = q.hi;
+    let l0 = lo.x;
+    let l1 = lo.y;
+    let l2 = lo.z;
+    let l3 = lo.w;
+    let h0 = hi.x;
+    let h1 = hi.y;
+    let h2 = hi.z;
+    let h3 = hi.w;
     let first = dot4I8Packed(l0, xa.x) + dot4I8Packed(l1, xa.y) + dot4I8Packed(l2, xa.z) + dot4I8Packed(l3, xa.w)
         + dot4I8Packed(h0, xb.x) + dot4I8Packed(h1, xb.y) + dot4I8Packed(h2, xb.z) + dot4I8Packed(h3, xb.w);
     let second = dot4I8Packed(l0, ra.x) + dot4I8Packed(l1, ra.y) + dot4I8Packed(l2, ra.z) + dot4I8Packed(l3, ra.w)
@@ -31,9 +33,17 @@ fn q8_isum(q: Q8W, xa: vec4<u32>, xb: vec4<u32>, ra: vec4<u32>, rb: vec4<u32>) -
 // then e and sx as f32 bits.
 struct XRec { xa: vec4<u32>, xb: vec4<u32>, ra: vec4<u32>, rb: vec4<u32>, s: vec4<u32> }
 
-fn q8_dot(q: Q8W, x: XRec) -> f32 {
-    let s = bitcast<vec2<f32>>(x.s.xy);
-    return q.d * s.x * f32(q8_isum(q, x.xa, x.xb, x.ra, x.rb)) + q.m * s.y;
+/// acc plus the block's dot product with the record, in two fused multiply-adds.
+fn q8_dot_add(acc: f32, q: Q8W, x: XRec) -> f32 {
+    let s = bitcast<vec4<f32>>(x.s);
+    return fma(q.d * s.x, f32(q8_isum(q, x.xa, x.xb, x.ra, x.rb)), fma(q.m, s.y, acc));
+}
+
+// A body of four words starting at a word that is a multiple of 4 (the split formats' bodies,
+// after a head padded to whole vec4s), in one vector load: `weight_vec` is the kernel's view of
+// the weights as vec4s (host snippets: kernels::matmul).
+fn body4(at: u32) -> vec4<u32> {
+    return weight_vec(at >> 2u);
 }
 
 fn words4(at: u32) -> vec4<u32> {
@@ -53,7 +63,7 @@ fn fifth_bits(qh: u32, first: u32) -> vec4<u32> {
 
 fn q8w_q4_0(base: u32, b: u32) -> Q8W {
     let d = split_scale(base, b);
-    let q = words4(split_body(base, b, 32u, 4u));
+    let q = body4(split_body(base, b, SPLIT_HEAD_32, 4u));
     return Q8W(q & LOW_NIBBLES, (q >> vec4<u32>(4u)) & LOW_NIBBLES, d, -8.0 * d);
 }
 
@@ -66,7 +76,7 @@ fn q8w_q4_1(base: u32, b: u32) -> Q8W {
 
 fn q8w_q5_0(base: u32, b: u32) -> Q8W {
     let d = split_scale(base, b);
-    let bw = split_body(base, b, 32u, 5u);
+    let bw = split_body(base, b, SPLIT_HEAD_32, 5u);
     let qh = w[bw];
     let q = words4(bw + 1u);
     let lo = (q & LOW_NIBBLES) | fifth_bits(qh, 0u);
@@ -86,6 +96,6 @@ fn q8w_q5_1(base: u32, b: u32) -> Q8W {
 
 fn q8w_q8_0(base: u32, b: u32) -> Q8W {
     let d = split_scale(base, b);
-    let bw = split_body(base, b, 32u, 8u);
-    return Q8W(words4(bw), words4(bw + 4u), d, 0.0);
+    let bw = split_body(base, b, SPLIT_HEAD_32, 8u);
+    return Q8W(body4(bw), body4(bw + 4u), d, 0.0);
 }

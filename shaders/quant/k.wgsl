@@ -25,7 +25,7 @@ fn dq8_q2_k(base: u32, g: u32) -> Dq8 {
 // Q3_K: 2 low bits as Q2_K (qs at byte 32); high bit v / 32 of hmask[v % 32], clear meaning -4;
 // 16 six-bit scales minus 32.
 fn dq8_q3_k(base: u32, g: u32) -> Dq8 {
-    let bw = split_body(base, g >> 5u, 256u, 27u);
+    let bw = split_body(base, g >> 5u, SPLIT_HEAD_256, 27u);
     let gg = g & 31u;
     let d = split_scale(base, g >> 5u);
     let s = gg / 2u;
@@ -86,7 +86,7 @@ fn dq8_q5_k(base: u32, g: u32) -> Dq8 {
 // Q6_K: value v = 128 h + u: nibble u / 64 of ql[64 h + u % 64], bits 2 (u / 32) of
 // qh[32 h + u % 32] as bits 4-5, minus 32; signed 8-bit scales per 16 values.
 fn dq8_q6_k(base: u32, g: u32) -> Dq8 {
-    let bw = split_body(base, g >> 5u, 256u, 52u);
+    let bw = split_body(base, g >> 5u, SPLIT_HEAD_256, 52u);
     let gg = g & 31u;
     let d = split_scale(base, g >> 5u);
     let h = gg / 16u;

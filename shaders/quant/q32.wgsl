@@ -27,7 +27,7 @@ fn q5_high(qh: u32, j: u32) -> Dq8 {
 fn dq8_q4_0(base: u32, g: u32) -> Dq8 {
     let b = g >> 2u;
     let d = split_scale(base, b);
-    let q = q4_group(split_body(base, b, 32u, 4u), g & 3u);
+    let q = q4_group(split_body(base, b, SPLIT_HEAD_32, 4u), g & 3u);
     return Dq8((q.a - 8.0) * d, (q.b - 8.0) * d);
 }
 
@@ -41,7 +41,7 @@ fn dq8_q4_1(base: u32, g: u32) -> Dq8 {
 fn dq8_q5_0(base: u32, g: u32) -> Dq8 {
     let b = g >> 2u;
     let d = split_scale(base, b);
-    let bw = split_body(base, b, 32u, 5u);
+    let bw = split_body(base, b, SPLIT_HEAD_32, 5u);
     let q = q4_group(bw + 1u, g & 3u);
     let h = q5_high(w[bw], g & 3u);
     return Dq8((q.a + h.a - 16.0) * d, (q.b + h.b - 16.0) * d);
@@ -58,14 +58,14 @@ fn dq8_q5_1(base: u32, g: u32) -> Dq8 {
 fn dq8_q8_0(base: u32, g: u32) -> Dq8 {
     let b = g >> 2u;
     let d = split_scale(base, b);
-    let i = split_body(base, b, 32u, 8u) + (g & 3u) * 2u;
+    let i = split_body(base, b, SPLIT_HEAD_32, 8u) + (g & 3u) * 2u;
     return Dq8(bytes_i8(w[i]) * d, bytes_i8(w[i + 1u]) * d);
 }
 
 fn dq8_iq4_nl(base: u32, g: u32) -> Dq8 {
     let b = g >> 2u;
     let d = split_scale(base, b);
-    let word = split_body(base, b, 32u, 4u) + (g & 1u) * 2u;
+    let word = split_body(base, b, SPLIT_HEAD_32, 4u) + (g & 1u) * 2u;
     let shift = ((g & 3u) >> 1u) * 4u;
     return Dq8(iq4(field4(w[word], shift, 15u)) * d, iq4(field4(w[word + 1u], shift, 15u)) * d);
 }
@@ -85,7 +85,7 @@ fn dq8_mxfp4(base: u32, g: u32) -> Dq8 {
     let small = e < 2u;
     let d = bitcast<f32>(select(e - 1u, e + 1u, small) << 23u);
     let post = select(1.0, 0.25, small);
-    let word = base + (COLS / 32u + 3u) / 4u + b * 4u + (g & 1u) * 2u;
+    let word = base + SPLIT_HEAD_E8M0 + b * 4u + (g & 1u) * 2u;
     let shift = ((g & 3u) >> 1u) * 4u;
     return Dq8(mxfp4(field4(w[word], shift, 15u)) * d * post, mxfp4(field4(w[word + 1u], shift, 15u)) * d * post);
 }

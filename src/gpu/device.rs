@@ -464,11 +464,22 @@ impl Gpu {
         pipeline: &wgpu::ComputePipeline,
         buffers: &[&wgpu::Buffer],
     ) -> wgpu::BindGroup {
+        let numbered: Vec<(u32, &wgpu::Buffer)> = buffers.iter().enumerate().map(|(i, &b)| (i as u32, b)).collect();
+        self.bind_group_at(label, pipeline, &numbered)
+    }
+
+    /// `bind_group` with each buffer's binding named (for a kernel that leaves a binding out:
+    /// one its code does not use for these weights is not in the pipeline's layout).
+    pub fn bind_group_at(
+        &self,
+        label: &str,
+        pipeline: &wgpu::ComputePipeline,
+        buffers: &[(u32, &wgpu::Buffer)],
+    ) -> wgpu::BindGroup {
         self.counters.bind_groups.fetch_add(1, Ordering::Relaxed);
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+            .map(|&(i, b)| wgpu::BindGroupEntry { binding: i, resource: b.as_entire_binding() })
             .collect();
         self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(label),

@@ -34,7 +34,7 @@ pub struct Needs {
     pub rope: bool,
     /// Calls `softcap` (shaders/softcap.wgsl; the pipeline sets its SOFTCAP override).
     pub softcap: bool,
-    /// Calls `q8w` and `q8_dot` (shaders/quant/int8.wgsl) for `weights` (a stub `q8w` for
+    /// Calls `q8w` and `q8_dot_add` (shaders/quant/int8.wgsl) for `weights` (a stub `q8w` for
     /// formats without int8 blocks, whose kernels never call it).
     pub int8: bool,
 }

@@ -119,9 +119,19 @@ impl BlockFormat {
         }
     }
 
-    /// Words at the head of a row of `blocks` blocks holding their moved scales.
+    /// Whether the int8 kernels' `q8w` reads this format's block bodies as vec4s (int8.wgsl's
+    /// `body4`, through a second binding of the weights): the int8 formats whose blocks, their
+    /// scale moved to the head, are whole vec4s (Q4_0, Q8_0).
+    pub fn int8_reads_vec4s(&self) -> bool {
+        let (_, bytes) = self.block();
+        self.int8_fn().is_some() && self.scale_at.is_some() && (bytes - self.scale_bytes) % 16 == 0
+    }
+
+    /// Words at the head of a row of `blocks` blocks holding their moved scales, padded to
+    /// whole 16-byte vectors so that the bodies after it start on one (the int8 kernels read a
+    /// Q4_0 or Q8_0 body as vec4s; shaders/quant/common.wgsl's SPLIT_HEAD_*).
     pub fn head_words(&self, blocks: usize) -> usize {
-        (blocks * self.scale_bytes).div_ceil(4)
+        (blocks * self.scale_bytes).div_ceil(16) * 4
     }
 
     /// Whole rows of `cols` values in the GPU layout (borrowed when it is the GGUF layout).

@@ -175,15 +175,22 @@ impl GemvProgram {
     }
 }
 
-/// gemv.wgsl's binding 3 as the fused norm's weights (vec4 bits; any buffer without the norm).
-const NW_NORM: &str = "@group(0) @binding(3) var<storage, read> nw: array<vec4<u32>>;\n\
+/// gemv.wgsl's bindings 1 and 3 as x and the fused norm's weights (vec4 bits; any buffer
+/// without the norm).
+const NW_NORM: &str = "@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;\n\
+    @group(0) @binding(3) var<storage, read> nw: array<vec4<u32>>;\n\
+    fn x_vec(i: u32) -> vec4<f32> { return x[i]; }\n\
     fn norm_weights(i: u32) -> vec4<f32> { return bitcast<vec4<f32>>(nw[i]); }\n\
+    fn weight_vec(i: u32) -> vec4<u32> { return vec4<u32>(); }\n\
     fn x_record(i: u32) -> XRec { return XRec(); }\n";
 
-/// gemv.wgsl's binding 3 as INT8's activation records (shaders/quant/int8.wgsl's XRec), each
-/// loaded whole.
-const NW_INT8: &str = "@group(0) @binding(3) var<storage, read> nw: array<XRec>;\n\
+/// gemv.wgsl's bindings 1 and 3 for INT8: the weights again as vec4s (shaders/quant/int8.wgsl's
+/// `body4`) and the activation records (int8.wgsl's XRec), each loaded whole.
+const NW_INT8: &str = "@group(0) @binding(1) var<storage, read> wv: array<vec4<u32>>;\n\
+    @group(0) @binding(3) var<storage, read> nw: array<XRec>;\n\
+    fn x_vec(i: u32) -> vec4<f32> { return vec4<f32>(); }\n\
     fn norm_weights(i: u32) -> vec4<f32> { return vec4<f32>(1.0); }\n\
+    fn weight_vec(i: u32) -> vec4<u32> { return wv[i]; }\n\
     fn x_record(i: u32) -> XRec { return nw[i]; }\n";
 
 /// gemv.wgsl without ARGMAX: the argmax's record functions do nothing.
@@ -256,22 +263,20 @@ fn gemv_with(
             first_record += records;
         }
         let pipeline = cache.get(gpu, "gemv", &program.kernel, program.needs, &program.consts, &program.overrides);
-        let nw = match xq {
-            Some(xq) if int8 => xq,
-            _ => norm.map_or(x, |n| n.0),
+        // INT8: binding 1 is the weights as vec4s (left out where q8w does not read them so),
+        // binding 3 the records.
+        let (x, nw) = match xq {
+            Some(xq) if int8 => (p.format.int8_reads_vec4s().then_some(&p.buffer), xq),
+            _ => (Some(x), norm.map_or(x, |n| n.0)),
         };
-        let params = batch.params;
-        let bind_group = match fold {
-            Some(f) => gpu.bind_group(
-                "gemv",
-                &pipeline,
-                &[&p.buffer, x, y, nw, params, f.table, f.k_cache, f.v_cache, f.batch],
-            ),
-            None => match argmax {
-                Some(a) => gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, nw, params, a.buffer]),
-                None => gpu.bind_group("gemv", &pipeline, &[&p.buffer, x, y, nw, params]),
-            },
-        };
+        let mut bindings = vec![(0, &p.buffer), (2, y), (3, nw), (4, batch.params)];
+        bindings.extend(x.map(|x| (1, x)));
+        match (fold, argmax) {
+            (Some(f), _) => bindings.extend([(5, f.table), (6, f.k_cache), (7, f.v_cache), (8, f.batch)]),
+            (None, Some(a)) => bindings.push((5, a.buffer)),
+            (None, None) => {}
+        }
+        let bind_group = gpu.bind_group_at("gemv", &pipeline, &bindings);
         let rows_per_group = 256 / gpu.gemv_lanes();
         let groups =
             Groups::spread((p.rows as u32).div_ceil(rows_per_group), gpu.limits.max_compute_workgroups_per_dimension);
@@ -393,7 +398,11 @@ pub fn gemm(
             Some(xq) if int8 => xq,
             _ => x,
         };
-        let bind_group = gpu.bind_group("gemm", &pipeline, &[params, &p.buffer, xb, y]);
+        let mut bindings = vec![(0, params), (1, &p.buffer), (2, xb), (3, y)];
+        if int8 && p.format.int8_reads_vec4s() {
+            bindings.push((4, &p.buffer));
+        }
+        let bind_group = gpu.bind_group_at("gemm", &pipeline, &bindings);
         let x_bytes = if int8 { int8_scratch_bytes(1, p.cols) } else { 4 * p.cols as u64 };
         ops.push(Dispatch {
             label: "gemm",
