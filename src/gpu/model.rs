@@ -1082,12 +1082,13 @@ impl GpuModel {
                 ops.extend(kernels::short_conv(gpu, p, params, d, sc.kernel, &b.qkv, state, taps, &b.attn, &b.batch));
                 residual(&mut ops, p, &l.wo, None, &b.attn, &l.post_attn_norm);
             } else {
-                // Decode on GPUs hands RoPE and the cache write to the projection's epilogue where it
-                // can; CPU adapters keep the separate pass (the epilogue's barrier costs them 13% of
-                // a decode step on lavapipe: 4.1-4.4 against 5.0-5.1 tok/s).
+                // Decode hands RoPE and the cache write to the projection's epilogue where it can:
+                // one dispatch less a layer. A CPU adapter's invocation holds both rows of a pair
+                // (gemv.wgsl's cpu_rows), so its epilogue needs no barrier (lavapipe, 2026-12-06:
+                // the same decode speed, 5% less host time a step).
                 let fold =
                     RopeKvFold { config: c, rope, batch: &b.batch, table: &b.rope[lp.rope], k_cache: kc, v_cache: vc };
-                let folded = fuse && fold.applies(&extras, &l.qkv);
+                let folded = !tiled && fold.applies(&extras, &l.qkv);
                 let norm = fuse.then_some((&l.attn_norm, eps));
                 if tiled {
                     ops.extend(kernels::gemm(gpu, p, params, xq, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
