@@ -4,7 +4,7 @@
 //! cache on the CPU backend), and the queue of those waiting to start. `step` runs one round:
 //! the waiting requests are admitted in order while the batch has a row and the pool has the
 //! blocks their prompt needs; then up to `prefill_budget` prompt tokens of requests still being
-//! prefilled (in pieces of at most `PREFILL_CHUNK`, oldest request first), then one decode step
+//! prefilled (in pieces of at most the engine's `pass_rows`, oldest request first), then one decode step
 //! of every prefilled request the caller says is ready, as one batch (each weight read once for
 //! all rows); finished ones leave at the end of the round and give their blocks back. Greedy
 //! output of a request is what it gives alone; a sampled request draws with its own seed what it
@@ -37,7 +37,7 @@ use crate::engine::{
     TokenCandidate, TokenEvent, TokenLogprob, TokenSpeculation,
 };
 use crate::error::{Error, Result};
-use crate::gpu::{Readback, RoundFlight, RowReadback, RowsReadback, PREFILL_CHUNK, ROUND_PASSES};
+use crate::gpu::{Readback, RoundFlight, RowReadback, RowsReadback, ROUND_PASSES};
 use crate::kv_pool::SeqId;
 use crate::model::{CpuKvCache, Logits};
 use crate::sampling::{all_finite, argmax, Sampler, Tail};
@@ -620,7 +620,7 @@ impl Batcher {
     /// One round: admit waiting requests, then one pass of the model over rows of every kind:
     /// a decode row of every running request for which `ready(id)` (a request whose reader is
     /// behind waits; its state is kept), and up to `prefill_budget` prompt tokens of requests
-    /// still being prefilled (in chunks of at most `PREFILL_CHUNK`, oldest request first),
+    /// still being prefilled (in chunks of at most `Engine::pass_rows`, oldest request first),
     /// whose prompt's last token is a row of the decode step, which chooses its first token.
     /// On the GPU the round is one submission (`GpuModel::submit_round`). Then the finished
     /// requests leave. Events go to `on_event`. Returns the decode step's rows. An error here
@@ -787,8 +787,9 @@ impl Batcher {
         // after it only when nothing else would run this round).
         self.chunks.clear();
         let mut budget = self.prefill_budget;
-        // A round is one pass of at most MAX_ROWS rows: its decode rows and its chunks' tokens.
-        let mut room = crate::gpu::kernels::MAX_ROWS.saturating_sub(self.rows.len());
+        // A round is one pass of at most `pass_rows` rows: its decode rows and its chunks' tokens.
+        let rows = engine.pass_rows();
+        let mut room = rows.saturating_sub(self.rows.len());
         let mut i = 0;
         while i < self.requests.len() && budget > 0 && room > 0 && self.chunks.len() + 1 < ROUND_PASSES {
             i += 1;
@@ -796,7 +797,7 @@ impl Batcher {
             if computed == len || self.requests[i - 1].seq.failed.is_some() {
                 continue;
             }
-            let n = budget.min(PREFILL_CHUNK).min(len - computed).min(room);
+            let n = budget.min(rows).min(len - computed).min(room);
             // Blocks are taken when the round runs: this chunk's come after those already
             // counted for it.
             let needed = committed + self.blocks_to_grow(engine, i - 1, computed + n);
@@ -1296,7 +1297,7 @@ impl Engine {
                 });
             }
         }
-        // Every prompt is prefilled in the first round (prompts over PREFILL_CHUNK tokens take a
+        // Every prompt is prefilled in the first round (prompts over `pass_rows` tokens take a
         // pass per chunk per round).
         let budget = prepared.iter().map(Prepared::prompt_tokens).sum();
         let mut batcher = Batcher::new(self, budget);
@@ -1469,10 +1470,11 @@ async fn draft_pass(
     match (backend, kv) {
         (Backend::Gpu(model), &mut SeqState::Gpu(seq)) => {
             let mut id = 0;
-            let chunks = tokens.chunks(PREFILL_CHUNK).count();
-            for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            let rows = model.pass_rows();
+            let chunks = tokens.chunks(rows).count();
+            for (i, chunk) in tokens.chunks(rows).enumerate() {
                 let readback = if i + 1 == chunks { Readback::Argmax } else { Readback::None };
-                id = model.step_in(seq, chunk, start + i * PREFILL_CHUNK, readback).await?.unwrap_or(0);
+                id = model.step_in(seq, chunk, start + i * rows, readback).await?.unwrap_or(0);
             }
             Ok(id)
         }

@@ -17,7 +17,6 @@ use crate::tools::{ToolFormat, Tools};
 use std::sync::Arc;
 
 pub use crate::arch::DEFAULT_CONTEXT;
-pub use crate::gpu::PREFILL_CHUNK;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
@@ -345,6 +344,15 @@ impl Engine {
         match &self.backend {
             Backend::Cpu { model } => model.has_mtp(),
             Backend::Gpu(model) => model.has_mtp(),
+        }
+    }
+
+    /// Tokens a step runs at most in one pass: the longest prompt chunk (`GpuModel::pass_rows`;
+    /// the CPU backend takes `kernels::BASE_ROWS`).
+    pub fn pass_rows(&self) -> usize {
+        match &self.backend {
+            Backend::Cpu { .. } => crate::gpu::kernels::BASE_ROWS,
+            Backend::Gpu(model) => model.pass_rows(),
         }
     }
 

@@ -512,7 +512,7 @@ async fn pump(
         return;
     };
     let kept = batch.borrow_mut().take();
-    let mut batcher = kept.unwrap_or_else(|| crate::batcher::Batcher::new(&e, crate::engine::PREFILL_CHUNK));
+    let mut batcher = kept.unwrap_or_else(|| crate::batcher::Batcher::new(&e, e.pass_rows()));
     let mut live = std::collections::HashMap::new();
     loop {
         let taken: Vec<Submitted> = submitted.borrow_mut().drain(..).collect();

@@ -75,7 +75,7 @@ impl Paging {
     }
 }
 
-const LAYOUT: BatchLayout = BatchLayout { max_blocks: 2048, max_seqs: 8 };
+const LAYOUT: BatchLayout = BatchLayout { rows: kernels::BASE_ROWS, max_blocks: 2048, max_seqs: 8 };
 
 impl Harness {
     async fn new(force_f32: bool) -> Self {
@@ -1389,7 +1389,7 @@ gpu_test! {
         let mut h = Harness::new(false).await;
         h.gpu.style = KernelStyle::Gpu;
         h.gpu.int8 = true;
-        let xq = h.gpu.storage("xq", kernels::int8_scratch_bytes(kernels::MAX_ROWS, 288)).unwrap();
+        let xq = h.gpu.storage("xq", kernels::int8_scratch_bytes(kernels::BASE_ROWS, 288)).unwrap();
         h.set(n, 0, 16);
         for ty in types().filter(|&ty| webgpu_llm::quant::format(ty).unwrap().int8_fn().is_some()) {
             for cols in [256, 288] {

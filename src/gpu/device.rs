@@ -25,6 +25,10 @@ pub const GEMV_LANES_ENV: &str = "WEBGPU_LLM_GEMV_LANES";
 /// A/B measurements of the int8 dot-product path (off by default: see `Gpu::int8`).
 pub const INT8_ENV: &str = "WEBGPU_LLM_INT8";
 
+/// Environment variable setting the rows of a pass (a prefill chunk) on any adapter, for A/B
+/// measurements of `kernels::default_pass_rows`: a multiple of 64 from 256 to 4096.
+pub const PASS_ROWS_ENV: &str = "WEBGPU_LLM_PASS_ROWS";
+
 /// Environment variable: `1` keeps naga's runtime checks in the kernels natively (loop bounding,
 /// index clamps on private and workgroup arrays, division guards), which `Gpu::pipeline` leaves
 /// out by default. (In the browser the browser decides.)
@@ -51,9 +55,12 @@ pub struct GpuOptions {
     /// once more, then fails as stalled (default `DEVICE_REQUEST_DEADLINE_MS`).
     pub request_deadline_ms: Option<u32>,
     /// Rows a decode step takes at most (default `kernels::MAX_BATCH`, at most
-    /// `kernels::MAX_ROWS`; the GPU's binding size may allow fewer): its logits, selection and
+    /// `kernels::BASE_ROWS`; the GPU's binding size may allow fewer): its logits, selection and
     /// attention buffers are sized for them. A server asks for its `--max-batch`.
     pub max_batch: Option<usize>,
+    /// Rows a pass takes at most, a prefill chunk (default `kernels::default_pass_rows`, or
+    /// PASS_ROWS_ENV's): a multiple of 64 from 256 to 4096.
+    pub pass_rows: Option<usize>,
     /// Tokens the KV pool holds, every sequence together (default, and at least, the context
     /// length: one sequence at its longest). A server sized for many streams asks for more.
     pub kv_tokens: Option<usize>,
@@ -62,7 +69,9 @@ pub struct GpuOptions {
 impl GpuOptions {
     pub fn from_env() -> Self {
         let force = std::env::var(FORCE_F32_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
-        Self { force_f32: force, ..Default::default() }
+        // A value that is no number is 0 here, refused with the others by `Gpu::new`.
+        let pass_rows = std::env::var(PASS_ROWS_ENV).ok().map(|v| v.trim().parse().unwrap_or(0));
+        Self { force_f32: force, pass_rows, ..Default::default() }
     }
 }
 
@@ -155,6 +164,9 @@ pub struct Gpu {
     pub kick_maps: bool,
     /// Rows a decode step should take at most (`GpuOptions::max_batch`).
     pub max_batch: usize,
+    /// Rows a pass should take at most (a prefill chunk: `kernels::default_pass_rows`, or
+    /// PASS_ROWS_ENV); a model takes fewer where its activations would not fit a binding.
+    pub pass_rows: usize,
     /// Tokens the KV pool should hold (`GpuOptions::kv_tokens`).
     pub kv_tokens: Option<usize>,
     /// The first error the device reported asynchronously (validation, out of memory, lost).
@@ -272,6 +284,7 @@ impl Gpu {
             _ if adapter_info.device_type == wgpu::DeviceType::Cpu => KernelStyle::Cpu,
             _ => KernelStyle::Gpu,
         };
+        let max_buffer_size = limits.max_buffer_size;
         Ok(Self {
             device,
             queue,
@@ -287,7 +300,18 @@ impl Gpu {
             },
             subgroups,
             timestamps,
-            max_batch: options.max_batch.unwrap_or(super::kernels::MAX_BATCH).clamp(1, super::kernels::MAX_ROWS),
+            max_batch: options.max_batch.unwrap_or(super::kernels::MAX_BATCH).clamp(1, super::kernels::BASE_ROWS),
+            pass_rows: match options.pass_rows {
+                Some(r) if (256..=4096).contains(&r) && r % 64 == 0 => r,
+                Some(r) => {
+                    return Err(Error::InvalidOption {
+                        name: "pass_rows",
+                        value: r.to_string(),
+                        expected: format!("a multiple of 64 from 256 to 4096 (also {PASS_ROWS_ENV})"),
+                    })
+                }
+                None => super::kernels::default_pass_rows(style, max_buffer_size),
+            },
             kv_tokens: options.kv_tokens,
             counters: Counters::default(),
             style,

@@ -9,4 +9,4 @@ pub mod spirv;
 pub mod weights;
 
 pub use device::{CounterSnapshot, Gpu, GpuOptions, KernelStyle, KvStore, FORCE_F32_ENV};
-pub use model::{GpuModel, InFlight, Readback, RoundFlight, RowReadback, RowsReadback, PREFILL_CHUNK, ROUND_PASSES};
+pub use model::{GpuModel, InFlight, Readback, RoundFlight, RowReadback, RowsReadback, ROUND_PASSES};

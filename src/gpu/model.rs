@@ -8,8 +8,7 @@
 //! drive by hand.
 
 use super::kernels::{
-    self, BatchLayout, Dispatch, Epilogue, GemvBatch, Ledger, NormOut, Params, QkvExtras, RopeKvFold, Segment,
-    KV_BLOCK, MAX_ROWS,
+    self, BatchLayout, Dispatch, Epilogue, GemvBatch, Ledger, NormOut, Params, QkvExtras, RopeKvFold, Segment, KV_BLOCK,
 };
 use super::shader::PipelineCache;
 use super::weights::{Linear, Rows};
@@ -41,8 +40,14 @@ async fn fetch<'g>(
     Ok(out)
 }
 
-/// Tokens per prefill pass; longer prompts run in several passes.
-pub const PREFILL_CHUNK: usize = kernels::MAX_ROWS;
+/// Floats a pass row takes in the activation buffers (`GpuModel::widths`).
+struct Widths {
+    qkv: usize,
+    attn: usize,
+    ffn: usize,
+    /// The widest of every buffer's row, these three included.
+    widest: usize,
+}
 
 /// Batch rows per pass over the weights in a batched decode step (gemv.wgsl's MB).
 const BATCH_MB: u32 = 8;
@@ -604,7 +609,10 @@ impl GpuModel {
         // Sequences the pool holds at once: a full batch, as many again for beam search's forks
         // (made before the beams they replace are freed), a beam search's prompt, and `main`.
         let max_seqs = 2 * max_batch + 2;
-        let layout = BatchLayout { max_blocks: blocks, max_seqs };
+        // A pass's rows (a prefill chunk): the GPU's, fewer where the widest activation row
+        // would not fit one binding.
+        let rows = kernels::fit_rows(gpu.pass_rows, Self::widths(&plan).widest as u64 * 4, gpu.max_binding());
+        let layout = BatchLayout { rows, max_blocks: blocks, max_seqs };
         let head_records = kernels::argmax_records_per_row(&gpu, lm_head.as_ref().unwrap_or(&embd));
         let buf = Self::buffers(&gpu, &plan, blocks * KV_BLOCK, pool_tokens, layout, max_batch, head_records)?;
         let mut pool = KvPool::new(pool_tokens, KV_BLOCK, max_seqs);
@@ -673,7 +681,7 @@ impl GpuModel {
             main,
             dirty: vec![false; max_seqs],
             copies: Vec::new(),
-            row_words: Vec::with_capacity(4 * PREFILL_CHUNK),
+            row_words: Vec::with_capacity(4 * rows),
             round_tokens: Vec::with_capacity(max_batch),
             params_now: Params::default(),
             max_batch,
@@ -715,6 +723,35 @@ impl GpuModel {
         fits.min(kernels::decode_max_context(gpu, c, max))
     }
 
+    /// The floats of a pass row in each activation buffer `buffers` makes `rows` of.
+    fn widths(plan: &Plan) -> Widths {
+        let c = &plan.config;
+        // A short convolution's in_proj (3 d a row) and output (d), a Gated DeltaNet's input
+        // projection and output (its value heads) share q|k|v's and attention's.
+        let conv = plan.layers.iter().any(|l| l.conv.is_some());
+        let (mut qkv, mut attn) = match conv {
+            true => ((c.q_dim() + 2 * c.kv_dim()).max(3 * c.d_model), c.q_dim().max(c.d_model)),
+            false => (c.q_dim() + 2 * c.kv_dim(), c.q_dim()),
+        };
+        let delta = plan.layers.iter().find_map(|l| l.delta.as_ref()).map(|dn| dn.shape);
+        if let Some(s) = &delta {
+            qkv = qkv.max(kernels::delta_proj(s));
+            attn = attn.max(s.value_dim());
+        }
+        // The gated FFN's width: the layers', or a mixture's shared expert's when wider.
+        let shared = plan.layers.iter().filter_map(|l| l.experts.as_ref()?.shared.as_ref()).map(|sh| sh.ffn);
+        let ffn = shared.fold(c.ffn_dim, usize::max);
+        // The rest: a mixture's per-expert rows, the per-layer embeddings' inputs, MTP's concat.
+        let experts = plan
+            .layers
+            .iter()
+            .filter_map(|l| l.experts.as_ref())
+            .map(|e| (e.used * c.ffn_dim.max(c.d_model)).max(e.count));
+        let ple = plan.ple.as_ref().map_or(0, |pe| pe.width * c.n_layers);
+        let others = [2 * ffn, 2 * c.d_model, ple, delta.map_or(0, |s| s.key_dim())];
+        Widths { qkv, attn, ffn, widest: experts.chain(others).fold(qkv.max(attn), usize::max) }
+    }
+
     /// `context`: a sequence's positions (whole blocks); `pool_tokens`: the KV pool's.
     fn buffers(
         gpu: &Gpu,
@@ -726,7 +763,7 @@ impl GpuModel {
         head_records: usize,
     ) -> Result<Buffers> {
         let c = &plan.config;
-        let n = PREFILL_CHUNK as u64;
+        let n = layout.rows as u64;
         let f = 4u64;
         let kv_bytes = (pool_tokens * c.kv_dim()) as u64 * gpu.kv_bytes();
         // Each attention layer's keys and values at its own size (Gemma 4's differ by layer; its
@@ -740,22 +777,9 @@ impl GpuModel {
                 })
                 .collect()
         };
-        // A short convolution's in_proj (3 d a row) and output (d), a Gated DeltaNet's input
-        // projection and output (its value heads) share q|k|v's and attention's.
-        let conv = plan.layers.iter().any(|l| l.conv.is_some());
-        let (mut qkv_row, mut attn_row) = match conv {
-            true => ((c.q_dim() + 2 * c.kv_dim()).max(3 * c.d_model), c.q_dim().max(c.d_model)),
-            false => (c.q_dim() + 2 * c.kv_dim(), c.q_dim()),
-        };
+        let Widths { qkv: qkv_row, attn: attn_row, ffn, .. } = Self::widths(plan);
         let delta_shape = plan.layers.iter().find_map(|l| l.delta.as_ref()).map(|dn| dn.shape);
-        if let Some(s) = &delta_shape {
-            qkv_row = qkv_row.max(kernels::delta_proj(s));
-            attn_row = attn_row.max(s.value_dim());
-        }
         let slots = layout.max_seqs as u64;
-        // The gated FFN's width: the layers', or a mixture's shared expert's when wider.
-        let shared = plan.layers.iter().filter_map(|l| l.experts.as_ref()?.shared.as_ref()).map(|sh| sh.ffn);
-        let ffn = shared.fold(c.ffn_dim, usize::max);
         let batch = max_batch as u64;
         Ok(Buffers {
             params: gpu.uniform("params", std::mem::size_of::<Params>() as u64),
@@ -779,7 +803,7 @@ impl GpuModel {
             xq: {
                 let int8 = gpu.int8 && gpu.style == KernelStyle::Gpu;
                 // A decode batch's rows (rounded up to the gemv's MB), or a prefill pass's.
-                let rows = max_batch.next_multiple_of(BATCH_MB as usize).max(kernels::MAX_ROWS);
+                let rows = max_batch.next_multiple_of(BATCH_MB as usize).max(layout.rows);
                 let cols = qkv_row.max(attn_row).max(ffn);
                 gpu.storage("xq", if int8 { kernels::int8_scratch_bytes(rows, cols.max(c.d_model)) } else { 16 })?
             },
@@ -1320,7 +1344,7 @@ impl GpuModel {
         if let Pass::AllLogits(logits) = pass {
             ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn));
             ops.extend(kernels::gemm(gpu, p, params, xq, head, Epilogue::Store, &b.xn, logits, c.vocab_size));
-            ops.extend(cap(p, params, true, logits, PREFILL_CHUNK));
+            ops.extend(cap(p, params, true, logits, layout.rows));
             return ops;
         }
         if round {
@@ -1456,6 +1480,12 @@ impl GpuModel {
     /// Decode rows one step takes at most.
     pub fn max_batch(&self) -> usize {
         self.max_batch
+    }
+
+    /// Rows a pass takes at most: the longest prompt chunk a step runs (`Gpu::pass_rows`, fewer
+    /// where this model's activations would not fit a binding).
+    pub fn pass_rows(&self) -> usize {
+        self.layout.rows
     }
 
     pub fn new_sequence(&mut self) -> Result<SeqId> {

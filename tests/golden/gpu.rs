@@ -222,8 +222,9 @@ fn check_perplexity(
     let decode_from = decode_from.unwrap_or(ids.len()).clamp(from, ids.len());
     let vocab = model.config.vocab_size;
     let start = std::time::Instant::now();
-    for (c, tokens) in ids[..from].chunks(webgpu_llm::gpu::PREFILL_CHUNK).enumerate() {
-        pollster::block_on(model.step(tokens, c * webgpu_llm::gpu::PREFILL_CHUNK, Readback::None)).unwrap();
+    let rows = model.pass_rows();
+    for (c, tokens) in ids[..from].chunks(rows).enumerate() {
+        pollster::block_on(model.step(tokens, c * rows, Readback::None)).unwrap();
     }
     // Submitted is not done: the time printed below is the prefill's, not the next phase's.
     model.gpu.device.poll(wgpu::PollType::wait_indefinitely()).unwrap();

@@ -96,10 +96,12 @@ fn a_batched_decode_step_reads_back_each_row_what_its_sampler_needs() {
         .unwrap();
         alone.push(ids);
     }
-    // 256 prompt tokens a round, and a round is one pass of at most 256 rows (the decode rows
-    // and the prompt's tokens): a 512-token prompt joining at step 4 beside the 6 streams is
-    // prefilled over three rounds (250, 250, then 11 and its last token as a decode row).
-    let mut batcher = Batcher::new(&e, 256);
+    // A round is one pass of at most the engine's rows a pass (the decode rows and the prompt's
+    // tokens), and as many prompt tokens a round: a 512-token prompt joining at step 4 beside
+    // the 6 streams is prefilled over 512 / (rows - 6) rounds rounded up (at 512 rows a pass:
+    // 506, then 5 and its last token as a decode row; at 256: 250, 250, then 11 and the last).
+    let pass = e.pass_rows();
+    let mut batcher = Batcher::new(&e, pass);
     let mut ids = Vec::new();
     for (i, (o, _)) in rows.iter().enumerate() {
         let p = Batcher::prepare(&e, &Prompt::Tokens(prompts[i].clone()), o).unwrap();
@@ -144,7 +146,7 @@ fn a_batched_decode_step_reads_back_each_row_what_its_sampler_needs() {
         match step {
             0 => assert_eq!(n, rows.len()),
             // The round that ends the prompt: its last token is a row, reading its argmax.
-            _ if step == 4 + 512usize.div_ceil(256 - rows.len()) - 1 => {
+            _ if step == 4 + 512usize.div_ceil(pass - rows.len()) - 1 => {
                 assert_eq!((n, d.bytes_read_back), (rows.len() + 1, want_bytes + 4), "step {step}: the prompt's row")
             }
             _ => assert_eq!((n, d.bytes_read_back), (rows.len(), want_bytes), "step {step}"),
@@ -159,7 +161,7 @@ fn a_batched_decode_step_reads_back_each_row_what_its_sampler_needs() {
     let plain: Vec<f64> =
         round_ms.iter().enumerate().filter(|(i, _)| ![0, 4, 5, 6].contains(i)).map(|r| *r.1).collect();
     println!(
-        "round times (ms): {:.1} alone on average, {:.1}, {:.1} and {:.1} with the 512-token prompt joining (each one pass of 256 rows)",
+        "round times (ms): {:.1} alone on average, {:.1}, {:.1} and {:.1} with the 512-token prompt joining (each one pass of up to {pass} rows)",
         plain.iter().sum::<f64>() / plain.len() as f64,
         round_ms[4],
         round_ms[5],

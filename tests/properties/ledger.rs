@@ -154,15 +154,36 @@ fn logits(model: &mut GpuModel, prompt: &[u32]) -> Vec<f32> {
 /// (norms fused into the matrix products; lavapipe's own are the CPU-style ones).
 const PATHS: [(GpuOptions, Option<KernelStyle>); 3] = [
     (
-        GpuOptions { force_f32: false, packed_kv: false, request_deadline_ms: None, max_batch: None, kv_tokens: None },
+        GpuOptions {
+            force_f32: false,
+            packed_kv: false,
+            request_deadline_ms: None,
+            max_batch: None,
+            pass_rows: None,
+            kv_tokens: None,
+        },
         None,
     ),
     (
-        GpuOptions { force_f32: true, packed_kv: false, request_deadline_ms: None, max_batch: None, kv_tokens: None },
+        GpuOptions {
+            force_f32: true,
+            packed_kv: false,
+            request_deadline_ms: None,
+            max_batch: None,
+            pass_rows: None,
+            kv_tokens: None,
+        },
         None,
     ),
     (
-        GpuOptions { force_f32: false, packed_kv: false, request_deadline_ms: None, max_batch: None, kv_tokens: None },
+        GpuOptions {
+            force_f32: false,
+            packed_kv: false,
+            request_deadline_ms: None,
+            max_batch: None,
+            pass_rows: None,
+            kv_tokens: None,
+        },
         Some(KernelStyle::Gpu),
     ),
 ];
@@ -301,7 +322,7 @@ fn the_decode_ledger_counts_the_padded_rows_the_gpu_reads() {
 /// A matrix larger than one storage binding is split by rows into parts (the 1B's 147 MB Q4_0
 /// lm_head is on lavapipe's 128 MiB bindings, Gemma's 168 MB one everywhere): here bindings of
 /// 700 KB, which the activation buffers still fit (32 rows of 5000 logits, 256 prefill rows of
-/// 640 q|k|v values), split the tied Q8_0 head (5000 rows of 416 bytes) in three; the logits are
+/// 640 q|k|v values: a pass's 512 rows halved to fit), split the tied Q8_0 head (5000 rows of 416 bytes) in three; the logits are
 /// the unsplit upload's and the CPU reference's.
 #[test]
 fn a_head_split_over_storage_bindings_gives_the_same_logits() {
@@ -329,6 +350,9 @@ fn a_head_split_over_storage_bindings_gives_the_same_logits() {
     // Each part is a buffer of its own: 2 more for the head.
     let buffers = |m: &GpuModel| m.gpu.counters().buffers;
     assert_eq!(buffers(&split_model), buffers(&whole_model) + 2);
+    // q|k|v's 640 floats a row: 512 rows are 1.31 MB, over the binding; 256 are 655 KB.
+    assert!(whole_model.pass_rows() >= 512);
+    assert_eq!(split_model.pass_rows(), 256);
     let (whole, split) = (logits(&mut whole_model, &prompt), logits(&mut split_model, &prompt));
     assert_eq!(split, whole);
     let diff = whole.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);

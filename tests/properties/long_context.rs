@@ -3,7 +3,8 @@
 //! answer do (prefill chunks that read no logits, then prefill passes that read every position's
 //! logits across key 1024, then one decode step at a time past it), on the f32 path with the
 //! CPU-style kernels (one query an invocation) and with the GPU-style ones (tiled prefill
-//! attention, decode attention split across invocations); and the same with a sliding window
+//! attention, decode attention split across invocations; also at 1024 rows a pass, as large
+//! GPUs prefill: the prefix in one chunk); and the same with a sliding window
 //! that starts dropping keys inside the compared positions. Every compared row is the whole
 //! vocabulary.
 //! The golden models check the same paths at shorter lengths against transformers
@@ -12,7 +13,7 @@
 
 use crate::common::tiny::{self, Tiny};
 use webgpu_llm::gguf::{Gguf, Value};
-use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, Readback, PREFILL_CHUNK};
+use webgpu_llm::gpu::{Gpu, GpuModel, GpuOptions, KernelStyle, Readback};
 use webgpu_llm::model::{CpuModel, Logits};
 
 /// Two layers, two query heads of 64 over one KV head (grouped), 2048 positions.
@@ -62,12 +63,17 @@ fn check(what: &str, bytes: &[u8], specials: std::ops::Range<u32>) {
     let apart = want[..vocab].iter().zip(&want[(LEN - 1) * vocab..]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     assert!(apart > 0.1, "{what}: the first and last rows differ by {apart}");
 
-    for style in [KernelStyle::Cpu, KernelStyle::Gpu] {
-        let mut gpu = pollster::block_on(Gpu::new(GpuOptions { force_f32: true, ..Default::default() })).unwrap();
+    // Each style at this adapter's rows a pass (512: the prefix in two passes), and the
+    // GPU-style kernels at a large GPU's (1024: the prefix in one).
+    for (style, pass_rows) in [(KernelStyle::Cpu, None), (KernelStyle::Gpu, None), (KernelStyle::Gpu, Some(1024))] {
+        let options = GpuOptions { force_f32: true, pass_rows, ..Default::default() };
+        let mut gpu = pollster::block_on(Gpu::new(options)).unwrap();
         gpu.style = style;
         let mut model = pollster::block_on(GpuModel::load(gpu, &gguf, bytes, LEN, &mut |_, _| {})).unwrap();
-        for (c, tokens) in ids[..PREFIX].chunks(PREFILL_CHUNK).enumerate() {
-            pollster::block_on(model.step(tokens, c * PREFILL_CHUNK, Readback::None)).unwrap();
+        let rows = model.pass_rows();
+        assert_eq!(rows, pass_rows.unwrap_or(rows), "{what}: the rows asked for fit");
+        for (c, tokens) in ids[..PREFIX].chunks(rows).enumerate() {
+            pollster::block_on(model.step(tokens, c * rows, Readback::None)).unwrap();
         }
         let mut got = Vec::new();
         let chunk = model.all_logits_chunk();
@@ -83,9 +89,23 @@ fn check(what: &str, bytes: &[u8], specials: std::ops::Range<u32>) {
         let mut worst = 0f32;
         for (i, (g, w)) in got.chunks_exact(vocab).zip(want[PREFIX * vocab..].chunks_exact(vocab)).enumerate() {
             let d = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            assert!(d < 1e-3, "{what}, {style:?}-style kernels, position {}: logits differ by {d}", PREFIX + i);
+            assert!(
+                d < 1e-3,
+                "{what}, {style:?}-style kernels, {rows} rows a pass, position {}: logits differ by {d}",
+                PREFIX + i
+            );
             worst = worst.max(d);
         }
-        eprintln!("{what}, {style:?}-style kernels: positions {PREFIX}..{LEN} within {worst:.2e} of the CPU reference");
+        eprintln!("{what}, {style:?}-style kernels, {rows} rows a pass: positions {PREFIX}..{LEN} within {worst:.2e} of the CPU reference");
+    }
+}
+
+#[test]
+fn rows_a_pass_that_are_no_multiple_of_64_from_256_to_4096_are_refused_in_words() {
+    for rows in [0, 255, 300, 4160] {
+        let options = GpuOptions { pass_rows: Some(rows), ..Default::default() };
+        let err = pollster::block_on(Gpu::new(options)).err().expect("refused");
+        let text = err.to_string();
+        assert!(text.contains("pass_rows") && text.contains("multiple of 64 from 256 to 4096"), "{rows}: {text}");
     }
 }

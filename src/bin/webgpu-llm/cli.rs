@@ -644,8 +644,7 @@ async fn bench(mut args: BenchArgs) -> Result<(), Error> {
         }
         if args.profile {
             if let Some(m) = engine.gpu_model_mut() {
-                for (what, n, start) in
-                    [("prefill", prompt_tokens.min(webgpu_llm::gpu::PREFILL_CHUNK), 0), ("decode", 1, prompt_tokens)]
+                for (what, n, start) in [("prefill", prompt_tokens.min(m.pass_rows()), 0), ("decode", 1, prompt_tokens)]
                 {
                     let p = m.profile(n, start).await?;
                     let total: f64 = p.families.iter().map(|t| t.1).sum();

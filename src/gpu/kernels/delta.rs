@@ -2,7 +2,7 @@
 //! delta_out.wgsl), of its gated attention's gate (shaders/gate_mul.wgsl) and of Qwen3.5-MoE's
 //! shared expert's gated sum (shaders/sigmoid_add.wgsl).
 
-use super::{BatchLayout, Dispatch, Groups, Traffic, MAX_ROWS};
+use super::{BatchLayout, Dispatch, Groups, Traffic};
 use crate::arch::DeltaShape;
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::Gpu;
@@ -101,7 +101,11 @@ pub fn delta_scan(
     let needs = Needs { batch: true, ..Default::default() };
     let source = include_str!("../../../shaders/delta_scan.wgsl");
     let mut c = consts(s).to_vec();
-    c.extend([("TABLE0", 2 * MAX_ROWS as u32), ("MAX_BLOCKS", layout.max_blocks as u32), ("CHUNK", chunk(s) as u32)]);
+    c.extend([
+        ("TABLE0", layout.table(0) as u32),
+        ("MAX_BLOCKS", layout.max_blocks as u32),
+        ("CHUNK", chunk(s) as u32),
+    ]);
     let overrides = [("COMMIT", commit as u32 as f64), ("PHASE", phase as f64)];
     let pipeline = cache.get(gpu, "delta_scan", source, needs, &c, &overrides);
     let bind_group = gpu.bind_group("delta_scan", &pipeline, &[params, decode, inputs, q, out, state, ckpt, batch]);

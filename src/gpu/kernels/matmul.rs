@@ -352,7 +352,7 @@ fn quantize_x(
 
 /// Y = X W^T for the pass's tokens; `y_stride` is Y's row length. Gated-pair parts write gate
 /// values to columns [0, rows) and up values to [rows, 2 rows) (act_mul follows). With `xq`
-/// (scratch for MAX_ROWS rows of X's records), parts that `takes_int8` read X quantized into it
+/// (scratch for a pass's rows of X's records: at least BASE_ROWS), parts that `takes_int8` read X quantized into it
 /// (shaders/gemm_int8.wgsl), the others X itself (shaders/gemm_f32.wgsl).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
@@ -367,7 +367,7 @@ pub fn gemm(
     y_stride: usize,
 ) -> Vec<Dispatch> {
     let cols = w.parts.first().map_or(0, |p| p.cols);
-    let xq = xq.filter(|xq| xq.size() >= int8_scratch_bytes(super::MAX_ROWS, cols) && cols % 32 == 0);
+    let xq = xq.filter(|xq| xq.size() >= int8_scratch_bytes(super::BASE_ROWS, cols) && cols % 32 == 0);
     let int8 = |p: &crate::gpu::weights::Part| xq.is_some() && takes_int8(gpu, p.format);
     let mut ops = Vec::new();
     if let Some(xq) = xq.filter(|_| w.parts.iter().any(int8)) {

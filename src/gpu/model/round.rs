@@ -216,7 +216,7 @@ impl GpuModel {
     /// A round of the batcher as ONE forward pass and one submission, not waited for (read it
     /// with `read_round`, the same `want`): the decode `rows`, then the tokens of `prefills`
     /// (sequence, tokens, first position: prompt chunks, at most ROUND_PASSES - 1 of them and
-    /// MAX_ROWS rows in all), each decode row reading back what `want` says. `chained`: the
+    /// `pass_rows` rows in all), each decode row reading back what `want` says. `chained`: the
     /// decode rows' tokens are the argmax of the same rows of the round submitted before (kept
     /// on the GPU), not `rows[i].1`, so that greedy round n + 1 can be submitted before round
     /// n's ids are read. A round whose rows all read their argmax alone reads it from one of
@@ -235,14 +235,15 @@ impl GpuModel {
         let d = rows.len();
         let chunk_rows: usize = prefills.iter().map(|p| p.1.len()).sum();
         let n = d + chunk_rows;
-        if d > self.max_batch || n > MAX_ROWS || prefills.len() + 1 > ROUND_PASSES || want.len() != d {
+        if d > self.max_batch || n > self.layout.rows || prefills.len() + 1 > ROUND_PASSES || want.len() != d {
             return Err(Error::InvalidOption {
                 name: "round",
                 value: format!("{} prompt chunks ({chunk_rows} tokens) and {d} decode rows", prefills.len()),
                 expected: format!(
-                    "at most {} prompt chunks, {} decode rows and {MAX_ROWS} rows in all a round on this GPU, a readback a row",
+                    "at most {} prompt chunks, {} decode rows and {} rows in all a round on this GPU, a readback a row",
                     ROUND_PASSES - 1,
-                    self.max_batch
+                    self.max_batch,
+                    self.layout.rows
                 ),
             });
         }

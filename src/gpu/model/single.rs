@@ -68,7 +68,7 @@ impl GpuModel {
     pub fn all_logits_chunk(&self) -> usize {
         let per_token = self.config.vocab_size as u64 * 4;
         let max = self.gpu.max_binding();
-        PREFILL_CHUNK.min((max / per_token) as usize).max(1)
+        self.layout.rows.min((max / per_token) as usize).max(1)
     }
 
     /// Time per kernel family for one pass of `n` tokens at `start`: where the time of a step
@@ -247,8 +247,8 @@ impl GpuModel {
         let from = self.mtp_len[seq.0].min(len - 1);
         let d = self.config.d_model as u64 * 4;
         let mut last_rows = 0;
-        for start in (from..len).step_by(PREFILL_CHUNK) {
-            let n = PREFILL_CHUNK.min(len - start);
+        for start in (from..len).step_by(self.layout.rows) {
+            let n = self.layout.rows.min(len - start);
             self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(&tokens[start + 1..start + 1 + n]));
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
             self.prepare(&mut enc, (start..start + n).map(|p| (seq, p)), Params::new(n, 1))?;
@@ -293,7 +293,7 @@ impl GpuModel {
         Ok((id != u32::MAX).then_some(id))
     }
 
-    /// Runs `tokens` at positions `start..` (one pass: at most PREFILL_CHUNK tokens) of the
+    /// Runs `tokens` at positions `start..` (one pass: at most `pass_rows` tokens) of the
     /// conversation's sequence, writing their keys and values into the cache. Returns the argmax
     /// when asked for it.
     pub async fn step(&mut self, tokens: &[u32], start: usize, readback: Readback<'_>) -> Result<Option<u32>> {
@@ -309,7 +309,7 @@ impl GpuModel {
         readback: Readback<'_>,
     ) -> Result<Option<u32>> {
         let n = tokens.len();
-        if n == 0 || n > PREFILL_CHUNK || start + n > self.context {
+        if n == 0 || n > self.layout.rows || start + n > self.context {
             return Err(Error::ContextOverflow {
                 prompt_tokens: start + n,
                 max_tokens: 0,
