@@ -152,41 +152,18 @@ fn logits(model: &mut GpuModel, prompt: &[u32]) -> Vec<f32> {
 
 /// The adapter's own path, the forced f32 path (an f32 KV cache) and the GPU-style kernels
 /// (norms fused into the matrix products; lavapipe's own are the CPU-style ones).
-const PATHS: [(GpuOptions, Option<KernelStyle>); 3] = [
-    (
-        GpuOptions {
-            force_f32: false,
-            packed_kv: false,
-            request_deadline_ms: None,
-            max_batch: None,
-            pass_rows: None,
-            kv_tokens: None,
-        },
-        None,
-    ),
-    (
-        GpuOptions {
-            force_f32: true,
-            packed_kv: false,
-            request_deadline_ms: None,
-            max_batch: None,
-            pass_rows: None,
-            kv_tokens: None,
-        },
-        None,
-    ),
-    (
-        GpuOptions {
-            force_f32: false,
-            packed_kv: false,
-            request_deadline_ms: None,
-            max_batch: None,
-            pass_rows: None,
-            kv_tokens: None,
-        },
-        Some(KernelStyle::Gpu),
-    ),
-];
+const PATHS: [(GpuOptions, Option<KernelStyle>); 3] =
+    [(ADAPTER, None), (GpuOptions { force_f32: true, ..ADAPTER }, None), (ADAPTER, Some(KernelStyle::Gpu))];
+
+/// The adapter's own options (`GpuOptions::default`, which is no const fn).
+const ADAPTER: GpuOptions = GpuOptions {
+    force_f32: false,
+    packed_kv: false,
+    request_deadline_ms: None,
+    max_batch: None,
+    pass_rows: None,
+    kv_tokens: None,
+};
 
 /// Bytes of one key or value element in the cache, by its storage.
 fn kv_element_bytes(kv: KvStore) -> u64 {
@@ -322,8 +299,8 @@ fn the_decode_ledger_counts_the_padded_rows_the_gpu_reads() {
 /// A matrix larger than one storage binding is split by rows into parts (the 1B's 147 MB Q4_0
 /// lm_head is on lavapipe's 128 MiB bindings, Gemma's 168 MB one everywhere): here bindings of
 /// 700 KB, which the activation buffers still fit (32 rows of 5000 logits, 256 prefill rows of
-/// 640 q|k|v values: a pass's 512 rows halved to fit), split the tied Q8_0 head (5000 rows of 416 bytes) in three; the logits are
-/// the unsplit upload's and the CPU reference's.
+/// 640 q|k|v values: a pass's 512 rows halved to fit), split the tied Q8_0 head (5000 rows of
+/// 416 bytes) in three; the logits are the unsplit upload's and the CPU reference's.
 #[test]
 fn a_head_split_over_storage_bindings_gives_the_same_logits() {
     let s = Small {
