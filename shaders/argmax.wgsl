@@ -7,7 +7,7 @@
 // candidates in token order — its logits, or the lm_head gemv's records of each group of rows'
 // largest logit (shaders/gemv.wgsl's ARGMAX: the first pass done in the lm_head's epilogue,
 // so this pass walks a few thousand records instead of the whole vocabulary).
-// Bindings: 0 logits or records, 1 out, 2 params. Dispatch: (1, MAX_ROWS): rows past the pass's exit.
+// Bindings: 0 logits or records, 1 out, 2 params. Dispatch: (1, the pass's most rows): rows past the pass's exit.
 // WG (invocations, a power of two) comes from the host: 256 on GPUs, 8 on CPU adapters
 // (kernels::reduce_width).
 // The host prepends `row_masked` and `token_allowed` (kernels::mask_wgsl). The forward pass's

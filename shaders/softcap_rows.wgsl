@@ -2,7 +2,7 @@
 // softcap(logit) (shaders/softcap.wgsl), between the LM head and the argmax / top-k / readback.
 // Rows: params.rows (a decode step's batch, a prefill's last row) or, with ALL_TOKENS, every
 // token of the pass (the all-logits prefill).
-// Bindings: 0 params, 1 logits (rows of N). Dispatch: (ceil(N / 64), MAX_ROWS): rows past the pass's exit.
+// Bindings: 0 params, 1 logits (rows of N). Dispatch: (ceil(N / 64), the pass's most rows): rows past the pass's exit.
 
 override N: u32;
 override ALL_TOKENS: bool = false;

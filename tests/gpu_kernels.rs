@@ -1400,7 +1400,7 @@ gpu_test! {
                 x[32..64].iter_mut().for_each(|v| *v = 0.0);
                 let y0 = random(&mut rng, n * rows, 1.0);
                 let (xb, yb) = (h.buf(&x), h.buf(&y0));
-                let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, Some(&xq), &lin, Epilogue::Add, &xb, &yb, rows);
+                let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, Some(kernels::Int8Scratch { buffer: &xq, rows: kernels::BASE_ROWS }), &lin, Epilogue::Add, &xb, &yb, rows);
                 assert_eq!(ops[0].label, "quantize_x", "{ty:?}: the int8 path");
                 h.run(&ops, n);
                 let what = format!("int8 gemm {ty:?}, {cols} columns");
@@ -1421,7 +1421,7 @@ gpu_test! {
             .expect("same types pair up");
         let x = random(&mut rng, n * cols, 3.0);
         let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; n * 2 * rows]));
-        let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, Some(&xq), &pair, Epilogue::Store, &xb, &yb, 2 * rows);
+        let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, Some(kernels::Int8Scratch { buffer: &xq, rows: kernels::BASE_ROWS }), &pair, Epilogue::Store, &xb, &yb, 2 * rows);
         h.run(&ops, n);
         let words: Vec<u32> = bytemuck::cast_slice(&h.read(&xq, n * cols / 32 * INT8_RECORD_WORDS).await).to_vec();
         let xv = int8_record_values("int8 gemm, gated pair", &words, &x);

@@ -69,8 +69,9 @@ pub struct GpuOptions {
 impl GpuOptions {
     pub fn from_env() -> Self {
         let force = std::env::var(FORCE_F32_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
-        // A value that is no number is 0 here, refused with the others by `Gpu::new`.
-        let pass_rows = std::env::var(PASS_ROWS_ENV).ok().map(|v| v.trim().parse().unwrap_or(0));
+        // Empty is unset; a value that is no number is 0 here, refused in words by `Gpu::new`.
+        let pass_rows =
+            std::env::var(PASS_ROWS_ENV).ok().filter(|v| !v.trim().is_empty()).map(|v| v.trim().parse().unwrap_or(0));
         Self { force_f32: force, pass_rows, ..Default::default() }
     }
 }
@@ -304,11 +305,16 @@ impl Gpu {
             pass_rows: match options.pass_rows {
                 Some(r) if (256..=4096).contains(&r) && r % 64 == 0 => r,
                 Some(r) => {
+                    // The environment's text where the value came from there.
+                    let value = match std::env::var(PASS_ROWS_ENV) {
+                        Ok(v) if v.trim().parse::<usize>().ok() != Some(r) => format!("{PASS_ROWS_ENV}={v:?}"),
+                        _ => r.to_string(),
+                    };
                     return Err(Error::InvalidOption {
                         name: "pass_rows",
-                        value: r.to_string(),
+                        value,
                         expected: format!("a multiple of 64 from 256 to 4096 (also {PASS_ROWS_ENV})"),
-                    })
+                    });
                 }
                 None => super::kernels::default_pass_rows(style, max_buffer_size),
             },

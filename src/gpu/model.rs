@@ -939,6 +939,8 @@ impl GpuModel {
         let (params, eps, act) = (&b.params, c.rms_eps, plan.activation);
         let xq = Some(&b.xq);
         let gb = GemvBatch { params, mb, xq };
+        // The gemms' int8 scratch: a pass's rows (`buffers` sizes it for them).
+        let xs = Some(kernels::Int8Scratch { buffer: &b.xq, rows: layout.rows });
         let embed_scale = plan.embed_scale.unwrap_or(1.0);
         let mut ops = Vec::new();
         // The MTP head's input rows: eh_proj(enorm(embedding) | hnorm(hidden state)) into x.
@@ -960,7 +962,7 @@ impl GpuModel {
                 }
                 ops.push(kernels::rms_norm(gpu, p, params, d, eps, NormOut::Store, h, &m.hnorm, &b.proj));
                 ops.push(kernels::concat_rows(gpu, p, params, d, &b.xn, &b.proj, cat));
-                ops.extend(kernels::gemm(gpu, p, params, xq, &m.eh_proj, Epilogue::Store, cat, &b.x, d));
+                ops.extend(kernels::gemm(gpu, p, params, xs, &m.eh_proj, Epilogue::Store, cat, &b.x, d));
                 Some((m, pm))
             }
             _ => None,
@@ -975,7 +977,7 @@ impl GpuModel {
                 let all = pe.width * c.n_layers;
                 ops.extend(kernels::embed(gpu, p, params, table, (pe.width as f32).sqrt(), &b.tokens, inputs));
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, xq, model_proj, Epilogue::Store, &b.x, proj, all));
+                    ops.extend(kernels::gemm(gpu, p, params, xs, model_proj, Epilogue::Store, &b.x, proj, all));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, model_proj, act, Epilogue::Store, None, &b.x, proj, all));
                 }
@@ -1026,7 +1028,7 @@ impl GpuModel {
                             post: &Option<wgpu::Buffer>| {
                 let (epilogue, out) = if post.is_some() { (Epilogue::Store, &b.proj) } else { (Epilogue::Add, &b.x) };
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, xq, w, epilogue, x, out, c.d_model));
+                    ops.extend(kernels::gemm(gpu, p, params, xs, w, epilogue, x, out, c.d_model));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, w, act, epilogue, None, x, out, c.d_model));
                 }
@@ -1050,7 +1052,7 @@ impl GpuModel {
                 let (s, norm) = (&dn.shape, fuse.then_some((&l.attn_norm, eps)));
                 let width = kernels::delta_proj(s);
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, xq, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, width));
+                    ops.extend(kernels::gemm(gpu, p, params, xs, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, width));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, &l.qkv, act, Epilogue::Store, norm, input, &b.qkv, width));
                 }
@@ -1099,7 +1101,7 @@ impl GpuModel {
                 // layer's state at each row's position; C * its convolution into `attn`.
                 let (d, norm) = (c.d_model, fuse.then_some((&l.attn_norm, eps)));
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, xq, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, 3 * d));
+                    ops.extend(kernels::gemm(gpu, p, params, xs, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, 3 * d));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, &l.qkv, act, Epilogue::Store, norm, input, &b.qkv, 3 * d));
                 }
@@ -1115,7 +1117,7 @@ impl GpuModel {
                 let folded = !tiled && fold.applies(&extras, &l.qkv);
                 let norm = fuse.then_some((&l.attn_norm, eps));
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, xq, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
+                    ops.extend(kernels::gemm(gpu, p, params, xs, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
                 } else if folded {
                     ops.extend(kernels::gemv_rope_kv(gpu, p, gb, &l.qkv, &fold, norm, input, &b.qkv, qkv_stride));
                 } else {
@@ -1136,7 +1138,7 @@ impl GpuModel {
                     // Gated attention's gate, from the same input as q.
                     let q = c.q_dim();
                     if tiled {
-                        ops.extend(kernels::gemm(gpu, p, params, xq, w, Epilogue::Store, &b.xn, gate, q));
+                        ops.extend(kernels::gemm(gpu, p, params, xs, w, Epilogue::Store, &b.xn, gate, q));
                     } else {
                         ops.extend(kernels::gemv(gpu, p, gb, w, act, Epilogue::Store, norm, input, gate, q));
                     }
@@ -1187,7 +1189,7 @@ impl GpuModel {
                 // experts' gated FFNs (their rows alone read), their weighted sum.
                 ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, &l.ffn_norm, &b.xn));
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, xq, router, Epilogue::Store, &b.xn, &m.logits, e.count));
+                    ops.extend(kernels::gemm(gpu, p, params, xs, router, Epilogue::Store, &b.xn, &m.logits, e.count));
                 } else {
                     ops.extend(kernels::gemv(
                         gpu,
@@ -1230,10 +1232,10 @@ impl GpuModel {
                     let f = sh.ffn;
                     let pairs = gate_up.parts.iter().all(|part| part.pair);
                     if tiled {
-                        ops.extend(kernels::gemm(gpu, p, params, xq, gate_up, Epilogue::Store, &b.xn, &b.gu, 2 * f));
+                        ops.extend(kernels::gemm(gpu, p, params, xs, gate_up, Epilogue::Store, &b.xn, &b.gu, 2 * f));
                         ops.push(kernels::act_mul(gpu, p, params, act, f, &b.gu, &b.h));
-                        ops.extend(kernels::gemm(gpu, p, params, xq, down, Epilogue::Store, &b.h, &b.proj, d));
-                        ops.extend(kernels::gemm(gpu, p, params, xq, gate, Epilogue::Store, &b.xn, &m.shared_gate, 1));
+                        ops.extend(kernels::gemm(gpu, p, params, xs, down, Epilogue::Store, &b.h, &b.proj, d));
+                        ops.extend(kernels::gemm(gpu, p, params, xs, gate, Epilogue::Store, &b.xn, &m.shared_gate, 1));
                     } else {
                         let (out, stride) = if pairs { (&b.h, f) } else { (&b.gu, 2 * f) };
                         ops.extend(kernels::gemv(gpu, p, gb, gate_up, act, Epilogue::Store, None, &b.xn, out, stride));
@@ -1263,7 +1265,7 @@ impl GpuModel {
             }
             let pairs = l.gate_up.parts.iter().all(|part| part.pair);
             if tiled {
-                ops.extend(kernels::gemm(gpu, p, params, xq, &l.gate_up, Epilogue::Store, &b.xn, &b.gu, 2 * c.ffn_dim));
+                ops.extend(kernels::gemm(gpu, p, params, xs, &l.gate_up, Epilogue::Store, &b.xn, &b.gu, 2 * c.ffn_dim));
                 ops.push(kernels::act_mul(gpu, p, params, act, c.ffn_dim, &b.gu, &b.h));
             } else {
                 let norm = fuse.then_some((&l.ffn_norm, eps));
@@ -1279,13 +1281,13 @@ impl GpuModel {
                 // through proj and its norm, added to x.
                 let d = c.d_model;
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, xq, gate, Epilogue::Store, &b.x, g, width));
+                    ops.extend(kernels::gemm(gpu, p, params, xs, gate, Epilogue::Store, &b.x, g, width));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, gate, act, Epilogue::Store, None, &b.x, g, width));
                 }
                 ops.push(kernels::ple_gate(gpu, p, params, act, c.n_layers, width, i, g, inputs));
                 if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, xq, proj, Epilogue::Store, g, &b.proj, d));
+                    ops.extend(kernels::gemm(gpu, p, params, xs, proj, Epilogue::Store, g, &b.proj, d));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, proj, act, Epilogue::Store, None, g, &b.proj, d));
                 }
@@ -1343,7 +1345,7 @@ impl GpuModel {
         };
         if let Pass::AllLogits(logits) = pass {
             ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn));
-            ops.extend(kernels::gemm(gpu, p, params, xq, head, Epilogue::Store, &b.xn, logits, c.vocab_size));
+            ops.extend(kernels::gemm(gpu, p, params, xs, head, Epilogue::Store, &b.xn, logits, c.vocab_size));
             ops.extend(cap(p, params, true, logits, layout.rows));
             return ops;
         }
@@ -1356,7 +1358,7 @@ impl GpuModel {
                     .on(Segment::Decode),
             );
             if tiled {
-                ops.extend(on(kernels::gemm(gpu, p, pd, xq, head, Epilogue::Store, &b.xn, &b.logits, vocab)));
+                ops.extend(on(kernels::gemm(gpu, p, pd, xs, head, Epilogue::Store, &b.xn, &b.logits, vocab)));
                 ops.extend(cap(p, pd, false, &b.logits, max_rows).map(|op| op.on(Segment::Decode)));
                 ops.push(kernels::argmax(gpu, p, pd, vocab, &b.logits, &b.argmax, max_rows).on(Segment::Decode));
             } else {
@@ -1367,7 +1369,7 @@ impl GpuModel {
         }
         if matches!(pass, Pass::WideDecode) {
             ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn));
-            ops.extend(kernels::gemm(gpu, p, params, xq, head, Epilogue::Store, &b.xn, &b.logits, vocab));
+            ops.extend(kernels::gemm(gpu, p, params, xs, head, Epilogue::Store, &b.xn, &b.logits, vocab));
             ops.extend(cap(p, params, false, &b.logits, max_rows));
             ops.push(kernels::argmax(gpu, p, params, vocab, &b.logits, &b.argmax, max_rows));
             return ops;

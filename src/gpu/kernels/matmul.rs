@@ -29,6 +29,14 @@ pub enum Epilogue {
     Add,
 }
 
+/// The int8 records' scratch of a pass (`GpuModel`'s `xq`) and the rows it holds: a gemm over
+/// `cols` columns takes int8 activations only where the rows' records fit it.
+#[derive(Clone, Copy)]
+pub struct Int8Scratch<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub rows: usize,
+}
+
 /// What a decode pass's matrix-vector products share: the pass's params (`rows` of x to take)
 /// and MB, the batch rows taken per pass over the weights (1 for a single sequence's step), and
 /// the int8 activations' scratch (`takes_int8`; None: f32 activations everywhere).
@@ -352,14 +360,14 @@ fn quantize_x(
 
 /// Y = X W^T for the pass's tokens; `y_stride` is Y's row length. Gated-pair parts write gate
 /// values to columns [0, rows) and up values to [rows, 2 rows) (act_mul follows). With `xq`
-/// (scratch for a pass's rows of X's records: at least BASE_ROWS), parts that `takes_int8` read X quantized into it
+/// (scratch for the pass's rows of X's records), parts that `takes_int8` read X quantized into it
 /// (shaders/gemm_int8.wgsl), the others X itself (shaders/gemm_f32.wgsl).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     gpu: &Gpu,
     cache: &mut PipelineCache,
     params: &wgpu::Buffer,
-    xq: Option<&wgpu::Buffer>,
+    xq: Option<Int8Scratch<'_>>,
     w: &Linear,
     epilogue: Epilogue,
     x: &wgpu::Buffer,
@@ -367,7 +375,7 @@ pub fn gemm(
     y_stride: usize,
 ) -> Vec<Dispatch> {
     let cols = w.parts.first().map_or(0, |p| p.cols);
-    let xq = xq.filter(|xq| xq.size() >= int8_scratch_bytes(super::BASE_ROWS, cols) && cols % 32 == 0);
+    let xq = xq.filter(|s| s.buffer.size() >= int8_scratch_bytes(s.rows, cols) && cols % 32 == 0).map(|s| s.buffer);
     let int8 = |p: &crate::gpu::weights::Part| xq.is_some() && takes_int8(gpu, p.format);
     let mut ops = Vec::new();
     if let Some(xq) = xq.filter(|_| w.parts.iter().any(int8)) {

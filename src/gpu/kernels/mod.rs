@@ -27,7 +27,7 @@ pub use embed::embed;
 pub use gemma4::{ple_gate, ple_inputs, scale_rows};
 pub use matmul::{
     argmax_records_per_row, gemm, gemv, gemv_argmax, gemv_rope_kv, int8_scratch_bytes, takes_int8, ArgmaxRecords,
-    Epilogue, GemvBatch, GemvProgram, INT8_RECORD_BYTES,
+    Epilogue, GemvBatch, GemvProgram, Int8Scratch, INT8_RECORD_BYTES,
 };
 pub use moe::{check_experts, moe_combine, moe_gemv, moe_group, moe_route, MoeGroups};
 pub use mtp::{concat_rows, hidden};
