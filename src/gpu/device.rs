@@ -26,7 +26,7 @@ pub const GEMV_LANES_ENV: &str = "WEBGPU_LLM_GEMV_LANES";
 pub const INT8_ENV: &str = "WEBGPU_LLM_INT8";
 
 /// Environment variable setting the rows of a pass (a prefill chunk) on any adapter, for A/B
-/// measurements of `kernels::default_pass_rows`: a multiple of 64 from 256 to 4096.
+/// measurements of `kernels::default_pass_rows` (`kernels::valid_pass_rows` says which).
 pub const PASS_ROWS_ENV: &str = "WEBGPU_LLM_PASS_ROWS";
 
 /// Environment variable: `1` keeps naga's runtime checks in the kernels natively (loop bounding,
@@ -59,7 +59,7 @@ pub struct GpuOptions {
     /// attention buffers are sized for them. A server asks for its `--max-batch`.
     pub max_batch: Option<usize>,
     /// Rows a pass takes at most, a prefill chunk (default `kernels::default_pass_rows`, or
-    /// PASS_ROWS_ENV's): a multiple of 64 from 256 to 4096.
+    /// PASS_ROWS_ENV's; `kernels::valid_pass_rows` says which are taken).
     pub pass_rows: Option<usize>,
     /// Tokens the KV pool holds, every sequence together (default, and at least, the context
     /// length: one sequence at its longest). A server sized for many streams asks for more.
@@ -303,7 +303,7 @@ impl Gpu {
             timestamps,
             max_batch: options.max_batch.unwrap_or(super::kernels::MAX_BATCH).clamp(1, super::kernels::BASE_ROWS),
             pass_rows: match options.pass_rows {
-                Some(r) if (256..=4096).contains(&r) && r % 64 == 0 => r,
+                Some(r) if super::kernels::valid_pass_rows(r) => r,
                 Some(r) => {
                     // The environment's text where the value came from there.
                     let value = match std::env::var(PASS_ROWS_ENV) {
@@ -313,7 +313,11 @@ impl Gpu {
                     return Err(Error::InvalidOption {
                         name: "pass_rows",
                         value,
-                        expected: format!("a multiple of 64 from 256 to 4096 (also {PASS_ROWS_ENV})"),
+                        expected: format!(
+                            "a multiple of 64 from {} to {} (also {PASS_ROWS_ENV})",
+                            super::kernels::BASE_ROWS,
+                            super::kernels::MAX_PASS_ROWS
+                        ),
                     });
                 }
                 None => super::kernels::default_pass_rows(style, max_buffer_size),

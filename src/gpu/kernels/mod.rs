@@ -89,6 +89,14 @@ pub fn default_pass_rows(style: KernelStyle, max_buffer_size: u64) -> usize {
     }
 }
 
+/// The most rows a pass may be asked to take (`GpuOptions::pass_rows`, PASS_ROWS_ENV).
+pub const MAX_PASS_ROWS: usize = 4096;
+
+/// Rows a pass may be asked to take: a multiple of 64 from BASE_ROWS to MAX_PASS_ROWS.
+pub fn valid_pass_rows(rows: usize) -> bool {
+    (BASE_ROWS..=MAX_PASS_ROWS).contains(&rows) && rows % 64 == 0
+}
+
 /// The most rows of `row_bytes` each, up to `rows` and at least `BASE_ROWS`, one binding of
 /// `max_binding` bytes holds (halving from `rows`): a pass's rows for a model's widest
 /// activation row.
