@@ -1010,11 +1010,29 @@ impl Batcher {
                 match r.seq.choose_from(&engine.tokenizer, want, self.ids[k], &self.top[k], self.tails[k], logits) {
                     Some(next) => next,
                     None => {
+                        let Some(model) = engine.gpu_model() else { unreachable!("selected on the GPU") };
+                        if let RowReadback::Draw { .. } = want {
+                            // The GPU drew no token: the host draws from the row's logits with
+                            // the uniform the GPU took.
+                            r.seq.sampler.redraw();
+                            let counters = &model.gpu.counters;
+                            counters.redraws.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if self.ahead.is_some() {
+                                // A round chained to this one has run over those logits (with
+                                // no token for this row): this position runs again, reading them.
+                                counters.reruns.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                self.ahead = None;
+                                r.computed -= 1;
+                                if !row.first {
+                                    r.seq.tokens.pop();
+                                }
+                                continue;
+                            }
+                        }
                         // A top-p/min-p cut the selection cannot place: this row's logits, still on
                         // the GPU until the next step.
                         self.logits.resize(self.logits.len().max(vocab), 0.0);
                         let logits = &mut self.logits[..vocab];
-                        let Some(model) = engine.gpu_model() else { unreachable!("selected on the GPU") };
                         model.read_logits(k, logits).await?;
                         r.seq.choose(&engine.tokenizer, logits)
                     }

@@ -166,6 +166,10 @@ pub struct Sampler {
     mask_ready: bool,
     /// The uniform drawn for a token whose step was submitted ahead (`gpu_uniform`).
     pending: Option<f64>,
+    /// The uniform of the token the GPU draws now (`gpu_uniform(false)`), and the one the next
+    /// `draw` takes instead of the stream's next when the GPU could not draw (`redraw`).
+    current: f64,
+    redraw: Option<f64>,
 }
 
 impl Sampler {
@@ -189,6 +193,8 @@ impl Sampler {
             failed: None,
             mask_ready: false,
             pending: None,
+            current: 0.0,
+            redraw: None,
         })
     }
 
@@ -306,8 +312,23 @@ impl Sampler {
         };
         if ahead {
             self.pending = Some(u);
+        } else {
+            self.current = u;
         }
         u as f32
+    }
+
+    /// The GPU could not place the cut of the token it was to draw (`kernels::UNDECIDED`: a
+    /// top-p/min-p nucleus past its selection, or too near the tail's error): the next `sample`,
+    /// on the row's logits, draws with the uniform the GPU took, so that the seeded stream is
+    /// `sample`'s alone either way.
+    pub fn redraw(&mut self) {
+        self.redraw = Some(self.current);
+    }
+
+    /// Whether the next token is drawn again on the host (`redraw`).
+    pub fn redrawing(&self) -> bool {
+        self.redraw.is_some()
     }
 
     /// Whether `sample_nucleus` can stand in for `sample`: no top-k, no penalties, and a top-p or
@@ -403,7 +424,8 @@ impl Sampler {
     /// The seeded draw from the kept candidates.
     fn draw(&mut self) -> u32 {
         let total: f64 = self.candidates.iter().map(|&(_, p)| p as f64).sum();
-        let mut r = self.rng.next_f64() * total;
+        let u = self.redraw.take().unwrap_or_else(|| self.rng.next_f64());
+        let mut r = u * total;
         for &(id, p) in &self.candidates {
             r -= p as f64;
             if r < 0.0 {

@@ -1513,20 +1513,11 @@ gpu_test! {
                     want.push(host.sample(&mut row.to_vec()));
                     let mut gpu = Sampler::new(params(r), n).unwrap();
                     let u = gpu.gpu_uniform(false);
-                    draws.extend([u.to_bits(), temperature.to_bits(), top_p.to_bits(), min_p.to_bits()]);
-                    margins.push(draw_margin(row, temperature, top_k, top_p, min_p, u as f64));
+                    draws.extend(draw_words(u, temperature, top_p, min_p, false));
+                    margins.push(draw_margin(row, temperature, top_k, top_p, min_p, u as f64).0);
                 }
-                // Row 3's logits were flagged non-finite by the forward pass's argmax.
-                let flags = [0u32, 0, 0, u32::MAX];
                 let wants: Vec<u32> = (0..rows).flat_map(|_| [top_k.min(kernels::MAX_TOP_K) as u32, 0]).collect();
-                let (lb, wb, db, ob) = (h.buf(&logits), h.u32_buf(&wants), h.u32_buf(&draws), h.u32_buf(&flags));
-                let sel = h.gpu.storage("selection", (rows * kernels::TOP_K_WORDS * 4) as u64).unwrap();
-                let mask_buffer = h.u32_buf(&vec![0; (kernels::masks_bytes(n, rows) / 4) as usize]);
-                let masks = kernels::Masks { buffer: &mask_buffer, rows };
-                let select = kernels::top_k(&h.gpu, &mut h.cache, n, &lb, &wb, &sel, masks);
-                let draw = kernels::draw(&h.gpu, &mut h.cache, &sel, &db, &ob);
-                h.run(&[select, draw], rows);
-                let got: Vec<u32> = bytemuck::cast_slice(&h.gpu.read_buffer(&ob, 4 * rows as u64).await.unwrap()).to_vec();
+                let got = select_and_draw(&mut h, &logits, n, &wants, &draws).await;
                 assert_eq!(got[3], u32::MAX, "case {case}: a flagged row stays flagged");
                 for r in 0..3 {
                     if margins[r] < 1e-4 {
@@ -1545,17 +1536,114 @@ gpu_test! {
     }
 }
 
+/// A draw row's words (shaders/draw.wgsl's `Draw`).
+fn draw_words(u: f32, t: f32, top_p: f32, min_p: f32, nucleus: bool) -> [u32; kernels::DRAW_WORDS] {
+    [u.to_bits(), t.to_bits(), top_p.to_bits(), min_p.to_bits(), nucleus as u32]
+}
+
+/// The top-k selection (`wants`: k and T's bits a row) then the draw (`draws`) over rows of `n`
+/// logits, the last row flagged non-finite as the forward pass's argmax flags it: each row's id.
+async fn select_and_draw(h: &mut Harness, logits: &[f32], n: usize, wants: &[u32], draws: &[u32]) -> Vec<u32> {
+    let rows = logits.len() / n;
+    let mut flags = vec![0u32; rows];
+    flags[rows - 1] = u32::MAX;
+    let (lb, wb, db, ob) = (h.buf(logits), h.u32_buf(wants), h.u32_buf(draws), h.u32_buf(&flags));
+    let sel = h.gpu.storage("selection", (rows * kernels::TOP_K_WORDS * 4) as u64).unwrap();
+    let mask_buffer = h.u32_buf(&vec![0; (kernels::masks_bytes(n, rows) / 4) as usize]);
+    let masks = kernels::Masks { buffer: &mask_buffer, rows };
+    let select = kernels::top_k(&h.gpu, &mut h.cache, n, &lb, &wb, &sel, masks);
+    let draw = kernels::draw(&h.gpu, &mut h.cache, n, &sel, &db, &ob);
+    h.run(&[select, draw], rows);
+    bytemuck::cast_slice(&h.gpu.read_buffer(&ob, 4 * rows as u64).await.unwrap()).to_vec()
+}
+
+// A top-p/min-p sampler without top-k draws on the GPU from the NUCLEUS_K largest logits and
+// the tail's sum (shaders/draw.wgsl's nucleus rows): the token the host's sampler draws from all
+// the logits with the same seed, or UNDECIDED, never a token, when the tokens it keeps reach past
+// the selection (counted in f64 over all the logits, apart from the code under test); peaked,
+// flat and overflowing temperatures, top-p and min-p alone and together, ties, a flagged row,
+// both kernel styles; a vocabulary the selection covers whole (800) always decides. Draws
+// within 1e-4 of a boundary are not compared (as above), and an UNDECIDED where the tokens
+// that decide fit the selection (a cut within the tail's error bound of a token) must be rare.
+gpu_test! {
+    async fn the_gpu_nucleus_draw_takes_the_host_samplers_token_or_leaves_it_to_the_host() {
+        use webgpu_llm::sampling::{Sampler, SamplingParams};
+        let mut rng = Rng::new(43);
+        let mut h = Harness::new(false).await;
+        let rows = 4usize;
+        let cases: [(f32, f32, f32); 8] =
+            [(0.8, 0.9, 0.0), (1.0, 0.95, 0.0), (0.7, 1.0, 0.05), (0.5, 0.5, 0.1), (4.0, 0.9, 0.0), (3.0, 1.0, 0.01), (1.0e-30, 0.9, 0.0), (2.0, 0.3, 0.0)];
+        let (mut compared, mut skipped, mut left, mut fits_left) = (0, 0, 0, 0);
+        for n in [3000usize, 800] {
+            for (case, &(temperature, top_p, min_p)) in cases.iter().enumerate() {
+                for round in 0..4u64 {
+                    h.gpu.style = if round % 2 == 0 { KernelStyle::Gpu } else { KernelStyle::Cpu };
+                    let mut logits = random(&mut rng, rows * n, 6.0);
+                    let top1 = (0..n).max_by(|&a, &b| logits[n + a].total_cmp(&logits[n + b])).unwrap();
+                    for i in [5, 6, n - 2] {
+                        logits[n + i] = logits[n + top1];
+                    }
+                    let params = |r: usize| SamplingParams {
+                        temperature,
+                        top_k: 0,
+                        top_p,
+                        min_p,
+                        seed: 1000 * case as u64 + 10 * round + r as u64,
+                        ..SamplingParams::default()
+                    };
+                    let (mut want, mut draws, mut checks) = (Vec::new(), Vec::new(), Vec::new());
+                    for r in 0..rows {
+                        let row = &logits[r * n..][..n];
+                        let mut host = Sampler::new(params(r), n).unwrap();
+                        assert!(host.nucleus_only());
+                        want.push(host.sample(&mut row.to_vec()));
+                        let u = Sampler::new(params(r), n).unwrap().gpu_uniform(false);
+                        draws.extend(draw_words(u, temperature, top_p, min_p, true));
+                        checks.push(draw_margin(row, temperature, n, top_p, min_p, u as f64));
+                    }
+                    let k = kernels::NUCLEUS_K.min(n) as u32;
+                    let wants: Vec<u32> = (0..rows).flat_map(|_| [k, temperature.to_bits()]).collect();
+                    let got = select_and_draw(&mut h, &logits, n, &wants, &draws).await;
+                    let at = format!("n {n}, case {case} {:?}, round {round}", cases[case]);
+                    assert_eq!(got[3], u32::MAX, "{at}: a flagged row stays flagged");
+                    for r in 0..3 {
+                        let (margin, kept) = checks[r];
+                        if kept > kernels::NUCLEUS_K {
+                            assert_eq!(got[r], kernels::UNDECIDED, "{at}, row {r}: {kept} tokens kept, past the selection");
+                            left += 1;
+                        } else if got[r] == kernels::UNDECIDED {
+                            assert!(n > kernels::NUCLEUS_K, "{at}, row {r}: a whole vocabulary always decides");
+                            fits_left += 1;
+                        } else if margin < 1e-4 {
+                            eprintln!("{at}, row {r}: margin {margin:.1e}, not compared");
+                            skipped += 1;
+                        } else {
+                            compared += 1;
+                            assert_eq!(got[r], want[r], "{at}, row {r} (margin {margin:.2e})");
+                        }
+                    }
+                }
+            }
+        }
+        eprintln!("{compared} compared, {skipped} near a boundary, {left} past the selection, {fits_left} left to the host that fit");
+        assert!(left >= 12, "the flat cases reach past the selection: {left}");
+        // A nucleus of hundreds of tokens has a weight within 1e-4 of a cut or of the draw in
+        // about a quarter of the draws (the top-k test's k of 1 to 1024 in fewer).
+        assert!(compared >= 100 && skipped * 2 <= compared && fits_left * 10 <= compared, "{compared} compared, {skipped} skipped, {fits_left} left");
+    }
+}
+
 /// How far (as a fraction of the kept mass) the draw of a top-k/top-p/min-p sampler with
 /// uniform `u` over `row` is from changing: the nearest boundary of the cumulative weights to
 /// u times their sum, and how close the top-p and min-p cuts came to keeping one token more or
-/// less. An f64 count, apart from the code under test. An overflowing temperature has no margin
-/// to lose (the largest logit takes it all): infinity.
-fn draw_margin(row: &[f32], t: f32, top_k: usize, top_p: f32, min_p: f32, u: f64) -> f64 {
+/// less; and how many of the largest it must see (up to the top-p cut, else those min-p keeps). An f64 count, apart from the code under test. An
+/// overflowing temperature has no margin to lose (the largest logit takes it all): infinity.
+fn draw_margin(row: &[f32], t: f32, top_k: usize, top_p: f32, min_p: f32, u: f64) -> (f64, usize) {
     let mut order: Vec<usize> = (0..row.len()).collect();
     order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
     order.truncate(top_k.min(row.len()));
     if order.iter().any(|&i| !(row[i] / t).is_finite()) {
-        return f64::INFINITY;
+        return (f64::INFINITY, 1);
     }
     let top = row[order[0]] as f64 / t as f64;
     let w: Vec<f64> = order.iter().map(|&i| (row[i] as f64 / t as f64 - top).exp()).collect();
@@ -1587,7 +1675,8 @@ fn draw_margin(row: &[f32], t: f32, top_k: usize, top_p: f32, min_p: f32, u: f64
         mass += x;
         margin = margin.min((mass - r).abs() / total);
     }
-    margin
+    // The tokens that decide the draw: those up to the top-p cut, else those min-p keeps.
+    (margin, if top_p < 1.0 { keep } else { kept.len() })
 }
 
 // The LM head's gemv doing the argmax's first pass (a record per group of rows) and the pass

@@ -103,6 +103,11 @@ pub struct Counters {
     /// be polled without waiting).
     pub mask_rounds: AtomicU64,
     pub mask_waits: AtomicU64,
+    /// Tokens the GPU's draw left to the host (a top-p/min-p cut its selection could not place:
+    /// `kernels::UNDECIDED`), and of those, the steps run again because a round chained to
+    /// theirs had already run over their logits.
+    pub redraws: AtomicU64,
+    pub reruns: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -116,6 +121,8 @@ pub struct CounterSnapshot {
     pub host_ns: u64,
     pub mask_rounds: u64,
     pub mask_waits: u64,
+    pub redraws: u64,
+    pub reruns: u64,
 }
 
 impl std::ops::Sub for CounterSnapshot {
@@ -131,6 +138,8 @@ impl std::ops::Sub for CounterSnapshot {
             host_ns: self.host_ns - o.host_ns,
             mask_rounds: self.mask_rounds - o.mask_rounds,
             mask_waits: self.mask_waits - o.mask_waits,
+            redraws: self.redraws - o.redraws,
+            reruns: self.reruns - o.reruns,
         }
     }
 }
@@ -416,6 +425,8 @@ impl Gpu {
             host_ns: c.host_ns.load(Ordering::Relaxed),
             mask_rounds: c.mask_rounds.load(Ordering::Relaxed),
             mask_waits: c.mask_waits.load(Ordering::Relaxed),
+            redraws: c.redraws.load(Ordering::Relaxed),
+            reruns: c.reruns.load(Ordering::Relaxed),
         }
     }
 

@@ -240,7 +240,7 @@ struct Buffers {
     /// what each selecting row reads, one after another).
     top_k_want: wgpu::Buffer,
     top_k_out: wgpu::Buffer,
-    /// Per row, what a drawing row's sampler draws with (u, T, top_p, min_p: shaders/draw.wgsl).
+    /// Per row, what a drawing row's sampler draws with (`kernels::DRAW_WORDS`: shaders/draw.wgsl).
     draws: wgpu::Buffer,
     staging_top_k: wgpu::Buffer,
     /// Structured output's masks for a round's decode rows (`kernels::masks_bytes`).
@@ -308,8 +308,8 @@ pub struct GpuModel {
     /// The top-k selection that follows a pass for the rows whose sampler asks for it, and the
     /// argmax again for rows with a constraint mask (`finish_round`).
     select: Option<Dispatch>,
-    /// The seeded draw of the rows whose top-k sampler draws on the GPU (`RowReadback::Draw`),
-    /// after the selection.
+    /// The seeded draw of the rows whose sampler draws on the GPU (`RowReadback::Draw`), after
+    /// the selection.
     draw: Option<Dispatch>,
     argmax_masked: Option<Dispatch>,
     /// The decode rows' mask flags as the next round writes them (`set_mask`), and whether
@@ -681,7 +681,7 @@ impl GpuModel {
             main,
             dirty: vec![false; max_seqs],
             copies: Vec::new(),
-            row_words: Vec::with_capacity(4 * rows),
+            row_words: Vec::with_capacity(kernels::DRAW_WORDS * rows),
             round_tokens: Vec::with_capacity(max_batch),
             params_now: Params::default(),
             max_batch,
@@ -698,7 +698,7 @@ impl GpuModel {
         let p = &mut model.pipelines;
         let masks = kernels::Masks { buffer: &b.masks, rows: model.max_batch };
         model.select = Some(kernels::top_k(&model.gpu, p, vocab, &b.logits, &b.top_k_want, &b.top_k_out, masks));
-        model.draw = Some(kernels::draw(&model.gpu, p, &b.top_k_out, &b.draws, &b.argmax));
+        model.draw = Some(kernels::draw(&model.gpu, p, vocab, &b.top_k_out, &b.draws, &b.argmax));
         model.argmax_masked =
             Some(kernels::argmax_masked(&model.gpu, p, &b.params, vocab, &b.logits, &b.argmax, masks));
         model.gpu.memory_watched(watch).await?;
@@ -904,7 +904,7 @@ impl GpuModel {
             staging_logits: gpu.readback("staging_logits", batch * c.vocab_size as u64 * f),
             top_k_want: gpu.storage("top_k_want", batch * 8)?,
             top_k_out: gpu.storage("top_k_out", batch * kernels::TOP_K_WORDS as u64 * 4)?,
-            draws: gpu.storage("draws", batch * 16)?,
+            draws: gpu.storage("draws", batch * kernels::DRAW_WORDS as u64 * 4)?,
             staging_top_k: gpu.readback("staging_top_k", batch * (1 + kernels::TOP_K_WORDS) as u64 * 4),
             masks: gpu.storage("masks", kernels::masks_bytes(c.vocab_size, max_batch))?,
         })

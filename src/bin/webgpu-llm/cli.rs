@@ -959,6 +959,10 @@ async fn bench_batch(
                 "max_submissions_per_step": most_submissions,
                 "readback_bytes_per_step": read_back,
                 "readback_bytes_per_row": per_row,
+                // Tokens the GPU's draw left to the host (top-p past its selection) and the
+                // steps run again for them.
+                "redraws": spent.redraws,
+                "reruns": spent.reruns,
             });
             println!("{line}");
         } else {

@@ -35,7 +35,7 @@ pub use norm::{rms_norm, NormOut};
 pub use rope::{rope_kv, rope_table, QkvExtras, RopeKvFold};
 pub use short_conv::short_conv;
 pub use softcap::softcap_rows;
-pub use top_k::{draw, top_k, MAX_TOP_K, NUCLEUS_K, TOP_K_WORDS};
+pub use top_k::{draw, top_k, DRAW_WORDS, MAX_TOP_K, NUCLEUS_K, TOP_K_WORDS, UNDECIDED};
 
 use crate::gpu::{Gpu, KernelStyle};
 

@@ -11,6 +11,14 @@ pub const MAX_TOP_K: usize = 1024;
 /// selection is 8 KiB (`NUCLEUS_K` pairs of 8 bytes and 8 bytes of tail), read beside its argmax.
 pub const NUCLEUS_K: usize = MAX_TOP_K - 1;
 
+/// What the draw writes for a row whose top-p/min-p cut its selection cannot place
+/// (`Sampler::sample_nucleus` would say None): the host draws from all the row's logits.
+pub const UNDECIDED: u32 = u32::MAX - 1;
+
+/// Words of a row of the draw's parameters (shaders/draw.wgsl's `Draw`: u, T, top_p, min_p as
+/// f32 bits, then 1 for a nucleus row).
+pub const DRAW_WORDS: usize = 5;
+
 /// Words of a row's selection: the count, the tail's sum and the largest |logit|, then
 /// (id, logit bits) pairs.
 pub const TOP_K_WORDS: usize = 3 + 2 * MAX_TOP_K;
@@ -37,18 +45,21 @@ pub fn top_k(
     Dispatch { label: "top_k", pipeline, bind_group, groups: Groups::per_token(1, 0, 1), traffic: Traffic::default() }
 }
 
-/// A top-k sampler's seeded draw for each of a pass's rows whose `draws` entry has a temperature
-/// (shaders/draw.wgsl: u, T, top_p, min_p as f32 bits a row), from its selection in `selection`
-/// (`top_k`'s output), into `out` (the step's ids, where the argmax was; a row whose logits were
-/// not finite keeps its flag).
+/// The seeded draw for each of a pass's rows whose `draws` entry has a temperature
+/// (shaders/draw.wgsl: `DRAW_WORDS` a row), from its selection in `selection` (`top_k`'s output
+/// over `n` logits; a nucleus row's with the tail) into `out` (the step's ids, where the argmax
+/// was; a row whose logits were not finite keeps its flag, a nucleus row the selection cannot
+/// cut gets `UNDECIDED`).
 pub fn draw(
     gpu: &Gpu,
     cache: &mut PipelineCache,
+    n: usize,
     selection: &wgpu::Buffer,
     draws: &wgpu::Buffer,
     out: &wgpu::Buffer,
 ) -> Dispatch {
-    let overrides = [("OUT", TOP_K_WORDS as f64)];
+    let overrides =
+        [("OUT", TOP_K_WORDS as f64), ("N", n as f64), ("TAIL_REL_ERROR", crate::sampling::TAIL_REL_ERROR)];
     let kernel = include_str!("../../../shaders/draw.wgsl");
     let pipeline = cache.get(gpu, "draw", kernel, Needs::default(), &[("WG", super::reduce_width(gpu))], &overrides);
     let bind_group = gpu.bind_group("draw", &pipeline, &[selection, draws, out]);

@@ -15,9 +15,12 @@ pub enum RowReadback {
     /// The `k` largest logits (at most `kernels::MAX_TOP_K`), 8 bytes each; with a temperature,
     /// also what a top-p/min-p sampler needs of the rest (8 bytes; see `RowReadback::Select`).
     Select { k: usize, tail: Option<f32> },
-    /// The token a top-k sampler draws from its `k` largest logits, drawn on the GPU
-    /// (shaders/draw.wgsl: the host's `Sampler::sample_top_k` there) with the sampler's next
-    /// uniform `u`: 4 bytes read back, and the round can be chained as a greedy one.
+    /// The token a sampler draws on the GPU (shaders/draw.wgsl) with the sampler's next uniform
+    /// `u`: a top-k sampler from its `k` largest logits (the host's `Sampler::sample_top_k`
+    /// there), a top-p/min-p sampler without top-k from the `NUCLEUS_K` largest and the tail
+    /// (`Sampler::sample_nucleus` there; `kernels::UNDECIDED` where those cannot place the cut:
+    /// then the host draws from the row's logits with the same `u`). 4 bytes read back, and the
+    /// round can be chained as a greedy one.
     Draw { k: usize, draw: GpuDraw },
     /// The whole row of logits (a sampler with penalties, candidates or log-probabilities).
     Logits,
@@ -25,31 +28,38 @@ pub enum RowReadback {
 
 impl RowReadback {
     /// What choosing a token with `sampler` needs read back of its row: the argmax (greedy), a
-    /// selection on the GPU (top-k alone, up to `MAX_TOP_K`; top-p/min-p without top-k: the
-    /// `NUCLEUS_K` largest and the tail), else the whole row (penalties, a larger top-k, and
-    /// every sampled row off the GPU). On the GPU a constraint's mask applies to the argmax and
-    /// the selection (`GpuModel::set_mask`); off it, the host masks the whole row.
+    /// token drawn on the GPU (top-k alone, up to `MAX_TOP_K`; top-p/min-p without top-k), a
+    /// selection on the GPU for the host to draw from (the same samplers under a constraint:
+    /// the k largest the mask allows, or the `NUCLEUS_K` largest and the tail), else the whole
+    /// row (penalties, a larger top-k, every sampled row off the GPU, and a draw the GPU could
+    /// not decide: `Sampler::redrawing`). On the GPU a constraint's mask applies to the argmax
+    /// and the selection (`GpuModel::set_mask`); off it, the host masks the whole row.
     pub fn for_sampler(sampler: &Sampler, on_gpu: bool) -> Self {
-        if sampler.argmax_only() && (on_gpu || sampler.constraint().is_none()) {
+        let constrained = sampler.constraint().is_some();
+        if sampler.argmax_only() && (on_gpu || !constrained) {
             Self::Argmax
-        } else if !on_gpu {
+        } else if !on_gpu || sampler.redrawing() {
             Self::Logits
         } else if let Some(k) = sampler.top_k_only().filter(|&k| k <= kernels::MAX_TOP_K) {
-            match sampler.constraint() {
-                // A constrained row's k is cut to what its mask allows, after the pass.
-                Some(_) => Self::Select { k, tail: None },
-                None => Self::Draw { k, draw: GpuDraw::of(sampler) },
+            // A constrained row's k is cut to what its mask allows, after the pass.
+            match constrained {
+                true => Self::Select { k, tail: None },
+                false => Self::Draw { k, draw: GpuDraw::of(sampler, false) },
             }
         } else if sampler.nucleus_only() {
-            Self::Select { k: kernels::NUCLEUS_K, tail: Some(sampler.params().temperature) }
+            match constrained {
+                true => Self::Select { k: kernels::NUCLEUS_K, tail: Some(sampler.params().temperature) },
+                false => Self::Draw { k: kernels::NUCLEUS_K, draw: GpuDraw::of(sampler, true) },
+            }
         } else {
             Self::Logits
         }
     }
 
-    /// The token `sampler` draws from what its row read back: the argmax, the selection (`top`,
-    /// `tail`) or the logits (which it changes); None when a top-p/min-p selection cannot place
-    /// the cut (then read the row's logits and draw from them).
+    /// The token `sampler` draws from what its row read back: the argmax or the GPU's draw, the
+    /// selection (`top`, `tail`) or the logits (which it changes); None when a top-p/min-p
+    /// selection cannot place the cut (then read the row's logits and draw from them; after a
+    /// draw on the GPU, with its uniform: `Sampler::redraw`).
     pub fn choose(
         self,
         sampler: &mut Sampler,
@@ -59,6 +69,7 @@ impl RowReadback {
         logits: &mut [f32],
     ) -> Option<u32> {
         match self {
+            Self::Draw { .. } if argmax == kernels::UNDECIDED => None,
             Self::Argmax | Self::Draw { .. } => Some(argmax),
             Self::Select { tail: None, .. } => Some(sampler.sample_top_k(top)),
             Self::Select { tail: Some(_), .. } => {
@@ -70,26 +81,29 @@ impl RowReadback {
     }
 }
 
-/// What a top-k sampler's draw on the GPU takes (a row of shaders/draw.wgsl's `draws`): its
-/// temperature, top-p and min-p, and `u`, its next uniform (`Sampler::gpu_uniform`), set by the
-/// batcher for each round the row is in.
+/// What a sampler's draw on the GPU takes (a row of shaders/draw.wgsl's `draws`): its
+/// temperature, top-p and min-p, whether it is a nucleus sampler (its selection has the tail),
+/// and `u`, its next uniform (`Sampler::gpu_uniform`), set by the batcher for each round the row
+/// is in.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuDraw {
     pub u: f32,
     pub temperature: f32,
     pub top_p: f32,
     pub min_p: f32,
+    pub nucleus: bool,
 }
 
 impl GpuDraw {
-    fn of(sampler: &Sampler) -> Self {
+    fn of(sampler: &Sampler, nucleus: bool) -> Self {
         let p = sampler.params();
         // u is the batcher's to set, round by round (`encode_choice` checks it is).
-        Self { u: f32::NAN, temperature: p.temperature, top_p: p.top_p, min_p: p.min_p }
+        Self { u: f32::NAN, temperature: p.temperature, top_p: p.top_p, min_p: p.min_p, nucleus }
     }
 
-    fn words(&self) -> [u32; 4] {
-        [self.u.to_bits(), self.temperature.to_bits(), self.top_p.to_bits(), self.min_p.to_bits()]
+    fn words(&self) -> [u32; kernels::DRAW_WORDS] {
+        let f = |v: f32| v.to_bits();
+        [f(self.u), f(self.temperature), f(self.top_p), f(self.min_p), self.nucleus as u32]
     }
 }
 
@@ -507,7 +521,8 @@ impl GpuModel {
                     debug_assert!(tail.is_none() || t > 0.0, "a tail needs a temperature");
                     [k(top), t.to_bits()]
                 }
-                RowReadback::Draw { k: top, .. } => [k(top), 0],
+                // A nucleus row's selection has the tail.
+                RowReadback::Draw { k: top, draw } => [k(top), if draw.nucleus { draw.temperature.to_bits() } else { 0 }],
                 _ => [0, 0],
             });
         }
@@ -521,7 +536,7 @@ impl GpuModel {
                         debug_assert!((0.0..=1.0).contains(&draw.u), "a drawing row's uniform is set");
                         draw.words()
                     }
-                    _ => [0; 4],
+                    _ => [0; kernels::DRAW_WORDS],
                 });
             }
             self.gpu.queue.write_buffer(&b.draws, 0, bytemuck::cast_slice(&self.row_words));
