@@ -116,10 +116,25 @@ pub fn attention_decode(
         window,
     ];
     let needs = softcapped(kind, &mut overrides);
-    let source = concat!(
-        include_str!("../../../shaders/attention_split.wgsl"),
-        include_str!("../../../shaders/attention_decode.wgsl")
-    );
+    // CPU adapters: an invocation per (split, query head), no barriers
+    // (shaders/attention_decode_direct.wgsl), for heads of whole vec4s.
+    let direct = gpu.style == KernelStyle::Cpu && c.head_dim % 4 == 0;
+    let (source, x_groups) = match direct {
+        true => (
+            concat!(
+                include_str!("../../../shaders/attention_split.wgsl"),
+                include_str!("../../../shaders/attention_decode_direct.wgsl")
+            ),
+            (splits * group).div_ceil(64) as u32,
+        ),
+        false => (
+            concat!(
+                include_str!("../../../shaders/attention_split.wgsl"),
+                include_str!("../../../shaders/attention_decode.wgsl")
+            ),
+            splits as u32,
+        ),
+    };
     let pipeline = cache.get(gpu, "attention_decode", source, needs, &consts, &overrides);
     let bind_group = gpu.bind_group("attention_decode", &pipeline, &[qkv, k_cache, v_cache, partials, batch]);
     let (q_bytes, records) = (4 * c.q_dim() as u64, 4 * (c.n_heads * (c.head_dim + 2)) as u64);
@@ -128,7 +143,7 @@ pub fn attention_decode(
         pipeline,
         bind_group,
         groups: Groups {
-            fixed: [splits as u32, c.n_kv_heads as u32, 1],
+            fixed: [x_groups, c.n_kv_heads as u32, 1],
             tokens: Some((2, 1)),
             segment: Default::default(),
         },

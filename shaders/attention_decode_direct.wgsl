@@ -1,0 +1,85 @@
+// Decode attention for CPU adapters (lavapipe, SwiftShader), pass 1 of 2: attention_decode.wgsl's
+// split records written with no workgroup memory and no barriers. A CPU runs a workgroup's
+// invocations as the lanes of SIMD registers, and a barrier splits the shader into pieces run
+// one after another for every lane group (SwiftShader switches coroutines at each); here every
+// invocation walks the keys of one split for one query head alone: their scores, the softmax's
+// weights, then the value mix. Invocation g of KV head wg.y's workgroups takes split g / GROUP and query head
+// g % GROUP of the group: the lanes of a group's heads read the same key and value (one address).
+// Each record is the split's largest score m, the sum l of exp(score - m) and the unnormalized
+// value mix sum exp(score - m) v, for attention_combine.wgsl to merge.
+// With WINDOW > 0 the query sees only the last WINDOW keys (a sliding-window layer).
+// With SOFTCAP a score (after the scale) becomes softcap(score) (Gemma 2; shaders/softcap.wgsl).
+// Bindings as attention_decode. Dispatch: (ceil(SPLITS GROUP / 64), N_KV_HEADS, rows): lanes past
+// the splits holding keys exit at once. HEAD_DIM, `kv_t` and the cache's and batch's accessors
+// come from the host.
+
+override KV_DIM: u32;
+override GROUP: u32;
+override QKV_STRIDE: u32;
+override SCALE: f32;
+override WINDOW: u32 = 0u;
+// Taken for attention_decode.wgsl's overrides: a split here is always walked whole.
+override ONE_TILE: bool = false;
+const NEG: f32 = -3.0e38;
+
+@group(0) @binding(0) var<storage, read> qkv: array<f32>;
+@group(0) @binding(1) var<storage, read> k_cache: array<kv_t>;
+@group(0) @binding(2) var<storage, read> v_cache: array<kv_t>;
+@group(0) @binding(3) var<storage, read_write> partials: array<f32>;
+@group(0) @binding(4) var<storage, read> batch: array<u32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let g = wg.x * 64u + li;
+    let split = g / GROUP;
+    let kvh = wg.y;
+    let head = kvh * GROUP + g % GROUP;
+    let row = wg.z;
+    let seq = row_pos(row) + 1u;
+    let table = row_table(row);
+    var first = 0u;
+    if (WINDOW > 0u && seq > WINDOW) { first = seq - WINDOW; }
+    if (split >= SPLITS) { return; }
+    let keys = split_keys(first, seq, split);
+    if (keys.x >= keys.y) { return; }
+    let kv = kvh * HEAD_DIM;
+
+    // The split's scores, then their weights (a split is at most CHUNK keys: a tile on a CPU
+    // adapter). q is read where it is, once per key, and the value mix written as it is
+    // summed: no private arrays of a head's width, whose registers would make each pipeline a
+    // long compile for a CPU adapter's LLVM.
+    let qrow = row * QKV_STRIDE + head * HEAD_DIM;
+    let n = keys.y - keys.x;
+    var p: array<f32, CHUNK>;
+    var m = NEG;
+    for (var s = 0u; s < n; s++) {
+        let c0 = kv_slot(table, keys.x + s) * KV_DIM + kv;
+        var score = 0.0;
+        for (var d = 0u; d < HEAD_DIM; d += 4u) {
+            let q4 = vec4<f32>(qkv[qrow + d], qkv[qrow + d + 1u], qkv[qrow + d + 2u], qkv[qrow + d + 3u]);
+            score += dot(q4, vec4<f32>(k_at(c0 + d), k_at(c0 + d + 1u), k_at(c0 + d + 2u), k_at(c0 + d + 3u)));
+        }
+        p[s] = softcap(score * SCALE);
+        m = max(m, p[s]);
+    }
+    var sum = 0.0;
+    for (var s = 0u; s < n; s++) {
+        p[s] = exp(p[s] - m);
+        sum += p[s];
+    }
+    let rec = ((row * nwg.y * GROUP + head) * SPLITS + split) * (HEAD_DIM + 2u);
+    for (var d = 0u; d < HEAD_DIM; d += 4u) {
+        var acc = vec4<f32>(0.0);
+        for (var s = 0u; s < n; s++) {
+            let c = kv_slot(table, keys.x + s) * KV_DIM + kv + d;
+            acc += p[s] * vec4<f32>(v_at(c), v_at(c + 1u), v_at(c + 2u), v_at(c + 3u));
+        }
+        partials[rec + d] = acc.x;
+        partials[rec + d + 1u] = acc.y;
+        partials[rec + d + 2u] = acc.z;
+        partials[rec + d + 3u] = acc.w;
+    }
+    partials[rec + HEAD_DIM] = m;
+    partials[rec + HEAD_DIM + 1u] = sum;
+}
