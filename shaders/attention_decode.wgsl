@@ -9,8 +9,9 @@
 // Each batch row (z) is one sequence's query at its position p, over keys 0..=p read through its
 // block table. With WINDOW > 0 the query sees only the last WINDOW keys (a sliding-window layer).
 // With SOFTCAP a score (after the scale) becomes softcap(score) (Gemma 2; shaders/softcap.wgsl).
-// Bindings: 0 qkv (rows of QKV_STRIDE; q = a row's first Q_DIM values), 1 k_cache, 2 v_cache,
-// 3 partials (per row, N_HEADS x SPLITS records of HEAD_DIM + 2), 4 batch.
+// Bindings (declared in attention_decode_io.wgsl): 0 qkv (rows of QKV_STRIDE; q = a row's first
+// Q_DIM values), 1 k_cache, 2 v_cache, 3 partials (per row, N_HEADS x SPLITS records of
+// HEAD_DIM + 2), 4 batch.
 // Dispatch: (SPLITS, N_KV_HEADS, rows): splits past the keys seen exit at once. HEAD_DIM,
 // CHUNK, HB, THREADS, `kv_t` and the cache's and batch's accessors come from the host.
 // THREADS = CHUNK on CPU adapters: an invocation per key, no partial sums. GPUs use more, so
@@ -18,22 +19,10 @@
 // (every SLICES-th dimension each), and KS share a value dimension (a KS-th of the keys each),
 // their partial sums added through workgroup memory.
 
-override KV_DIM: u32;
-override GROUP: u32;
-override QKV_STRIDE: u32;
-override SCALE: f32;
-override WINDOW: u32 = 0u;
-override ONE_TILE: bool = false;
-const NEG: f32 = -3.0e38;
 const SLICES = THREADS / CHUNK;
 const KS = max(THREADS / HEAD_DIM, 1u);
 const KEYS_PER_PART = (CHUNK + KS - 1u) / KS;
 
-@group(0) @binding(0) var<storage, read> qkv: array<f32>;
-@group(0) @binding(1) var<storage, read> k_cache: array<kv_t>;
-@group(0) @binding(2) var<storage, read> v_cache: array<kv_t>;
-@group(0) @binding(3) var<storage, read_write> partials: array<f32>;
-@group(0) @binding(4) var<storage, read> batch: array<u32>;
 
 // A batch of HB query heads at a time (all of a group unless it has more).
 var<workgroup> q: array<f32, HB * HEAD_DIM>;

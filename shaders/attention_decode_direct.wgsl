@@ -13,21 +13,6 @@
 // the splits holding keys exit at once. HEAD_DIM, `kv_t` and the cache's and batch's accessors
 // come from the host.
 
-override KV_DIM: u32;
-override GROUP: u32;
-override QKV_STRIDE: u32;
-override SCALE: f32;
-override WINDOW: u32 = 0u;
-// Taken for attention_decode.wgsl's overrides: a split here is always walked whole.
-override ONE_TILE: bool = false;
-const NEG: f32 = -3.0e38;
-
-@group(0) @binding(0) var<storage, read> qkv: array<f32>;
-@group(0) @binding(1) var<storage, read> k_cache: array<kv_t>;
-@group(0) @binding(2) var<storage, read> v_cache: array<kv_t>;
-@group(0) @binding(3) var<storage, read_write> partials: array<f32>;
-@group(0) @binding(4) var<storage, read> batch: array<u32>;
-
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {

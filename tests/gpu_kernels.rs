@@ -1490,12 +1490,7 @@ gpu_test! {
             for round in 0..6u64 {
                 // Both kernel styles (256 invocations sort on GPUs, 8 on CPU adapters).
                 h.gpu.style = if round % 2 == 0 { KernelStyle::Gpu } else { KernelStyle::Cpu };
-                let mut logits = random(&mut rng, rows * n, 6.0);
-                // Ties at the top of row 1: its largest logit at three ids.
-                let top1 = (0..n).max_by(|&a, &b| logits[n + a].total_cmp(&logits[n + b])).unwrap();
-                for i in [5, 6, n - 2] {
-                    logits[n + i] = logits[n + top1];
-                }
+                let logits = logits_tied_at_the_top(&mut rng, rows, n);
                 let params = |r: usize| SamplingParams {
                     temperature,
                     top_k,
@@ -1534,6 +1529,16 @@ gpu_test! {
         // within 1e-4 of the mass most often).
         assert!(compared >= 100 && skipped * 5 <= compared, "{skipped} draws too close to a boundary to compare, {compared} compared");
     }
+}
+
+/// `rows` rows of `n` random logits, row 1's largest at three ids (ties at the top).
+fn logits_tied_at_the_top(rng: &mut Rng, rows: usize, n: usize) -> Vec<f32> {
+    let mut logits = random(rng, rows * n, 6.0);
+    let top1 = (0..n).max_by(|&a, &b| logits[n + a].total_cmp(&logits[n + b])).unwrap();
+    for i in [5, 6, n - 2] {
+        logits[n + i] = logits[n + top1];
+    }
+    logits
 }
 
 /// A draw row's words (shaders/draw.wgsl's `Draw`).
@@ -1578,11 +1583,7 @@ gpu_test! {
             for (case, &(temperature, top_p, min_p)) in cases.iter().enumerate() {
                 for round in 0..4u64 {
                     h.gpu.style = if round % 2 == 0 { KernelStyle::Gpu } else { KernelStyle::Cpu };
-                    let mut logits = random(&mut rng, rows * n, 6.0);
-                    let top1 = (0..n).max_by(|&a, &b| logits[n + a].total_cmp(&logits[n + b])).unwrap();
-                    for i in [5, 6, n - 2] {
-                        logits[n + i] = logits[n + top1];
-                    }
+                    let logits = logits_tied_at_the_top(&mut rng, rows, n);
                     let params = |r: usize| SamplingParams {
                         temperature,
                         top_k: 0,

@@ -123,6 +123,7 @@ pub fn attention_decode(
         true => (
             concat!(
                 include_str!("../../../shaders/attention_split.wgsl"),
+                include_str!("../../../shaders/attention_decode_io.wgsl"),
                 include_str!("../../../shaders/attention_decode_direct.wgsl")
             ),
             (splits * group).div_ceil(64) as u32,
@@ -130,6 +131,7 @@ pub fn attention_decode(
         false => (
             concat!(
                 include_str!("../../../shaders/attention_split.wgsl"),
+                include_str!("../../../shaders/attention_decode_io.wgsl"),
                 include_str!("../../../shaders/attention_decode.wgsl")
             ),
             splits as u32,
