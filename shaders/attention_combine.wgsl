@@ -8,6 +8,8 @@
 // HEAD_DIM, CHUNK, THREADS (a power of two) and the batch's accessors come from the host.
 
 override WINDOW: u32 = 0u;
+// Records a query head holds (pass 1's stride): SPLITS, or more for the direct kernel.
+override RECORDS: u32 = SPLITS;
 const CS = max(THREADS / HEAD_DIM, 1u);
 
 @group(0) @binding(0) var<storage, read> partials: array<f32>;
@@ -42,7 +44,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if (WINDOW > 0u && seq > WINDOW) { first = seq - WINDOW; }
     // The splits pass 1 wrote: those holding keys first .. seq - 1.
     let used = splits_used(first, seq);
-    let base = h * SPLITS * (HEAD_DIM + 2u);
+    let base = h * RECORDS * (HEAD_DIM + 2u);
     var m = -3.0e38;
     for (var c = t; c < used; c += THREADS) { m = max(m, partials[base + c * (HEAD_DIM + 2u) + HEAD_DIM]); }
     m = reduce(m, t, true);

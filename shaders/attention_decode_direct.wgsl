@@ -9,9 +9,12 @@
 // value mix sum exp(score - m) v, for attention_combine.wgsl to merge.
 // With WINDOW > 0 the query sees only the last WINDOW keys (a sliding-window layer).
 // With SOFTCAP a score (after the scale) becomes softcap(score) (Gemma 2; shaders/softcap.wgsl).
-// Bindings as attention_decode. Dispatch: (ceil(SPLITS GROUP / 64), N_KV_HEADS, rows): lanes past
-// the splits holding keys exit at once. HEAD_DIM, `kv_t` and the cache's and batch's accessors
-// come from the host.
+// A split is one CHUNK-key tile (CPU adapters split a context into as many as it has), so it needs no
+// SPLITS: a query head's records are as many as the dispatch has invocations for,
+// nwg.x 64 / GROUP (`kernels::record_splits`), and one pipeline serves every context.
+// Bindings as attention_decode. Dispatch: (ceil(splits GROUP / 64), N_KV_HEADS, rows): lanes past
+// the splits holding keys exit at once. HEAD_DIM, CHUNK, `kv_t` and the cache's and batch's
+// accessors come from the host.
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -25,8 +28,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let table = row_table(row);
     var first = 0u;
     if (WINDOW > 0u && seq > WINDOW) { first = seq - WINDOW; }
-    if (split >= SPLITS) { return; }
-    let keys = split_keys(first, seq, split);
+    let records = nwg.x * 64u / GROUP;
+    if (split >= records) { return; }
+    let x = min(first + split * CHUNK, seq);
+    let keys = vec2<u32>(x, min(x + CHUNK, seq));
     if (keys.x >= keys.y) { return; }
     let kv = kvh * HEAD_DIM;
 
@@ -53,7 +58,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         p[s] = exp(p[s] - m);
         sum += p[s];
     }
-    let rec = ((row * nwg.y * GROUP + head) * SPLITS + split) * (HEAD_DIM + 2u);
+    let rec = ((row * nwg.y * GROUP + head) * records + split) * (HEAD_DIM + 2u);
     for (var d = 0u; d < HEAD_DIM; d += 4u) {
         var acc = vec4<f32>(0.0);
         for (var s = 0u; s < n; s++) {

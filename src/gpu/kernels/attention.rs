@@ -60,9 +60,29 @@ pub fn decode_max_context(gpu: &Gpu, c: &ModelConfig, max_binding: usize) -> usi
     if max_splits(gpu) != usize::MAX {
         return usize::MAX;
     }
+    // The direct kernel's records hold up to 64 / GROUP more splits than hold keys
+    // (`record_splits`).
     let tiles = (max_binding / (4 * c.n_heads * (c.head_dim + 2)).max(1))
+        .saturating_sub(64 / (c.n_heads / c.n_kv_heads).max(1))
         .min(gpu.limits.max_compute_workgroups_per_dimension as usize);
     tiles.saturating_mul(DECODE_CHUNK)
+}
+
+/// Whether decode attention runs shaders/attention_decode_direct.wgsl (CPU adapters, heads of
+/// whole vec4s): an invocation per (split, query head), no barriers.
+fn decode_direct(gpu: &Gpu, c: &ModelConfig) -> bool {
+    gpu.style == KernelStyle::Cpu && c.head_dim % 4 == 0
+}
+
+/// Records a query head holds, one per split: `splits`, or for the direct kernel as many as its
+/// dispatch has invocations for, `nwg.x * 64 / GROUP`, which it reads at run time, so that it
+/// is built once per shape and not once per context.
+fn record_splits(gpu: &Gpu, c: &ModelConfig, splits: usize) -> usize {
+    let group = c.n_heads / c.n_kv_heads;
+    match decode_direct(gpu, c) {
+        true => (splits * group).div_ceil(64) * 64 / group,
+        false => splits,
+    }
 }
 
 /// The splits holding keys when `keys` keys are attended over `splits` (the count
@@ -75,7 +95,14 @@ pub fn decode_splits_used(keys: usize, splits: usize) -> usize {
 /// The split records decode attention passes from its first kernel to its second: floats for
 /// one sequence's query over a context of `context` keys (a batch takes one such a row).
 pub fn decode_partials_len(gpu: &Gpu, c: &ModelConfig, context: usize) -> usize {
-    c.n_heads * decode_splits(gpu, context) * (c.head_dim + 2)
+    c.n_heads * record_splits(gpu, c, decode_splits(gpu, context)) * (c.head_dim + 2)
+}
+
+/// The source of one of decode attention's kernels: shaders/`$file` after the files it shares.
+macro_rules! decode_source {
+    ($($file:literal),+) => {
+        concat!($(include_str!(concat!("../../../shaders/", $file))),+)
+    };
 }
 
 /// Decode attention as two dispatches: every (split of the keys, KV head) for all the group's
@@ -106,36 +133,27 @@ pub fn attention_decode(
         ("THREADS", decode_threads(gpu)),
     ];
     let window = ("WINDOW", kind.window.unwrap_or(0) as f64);
+    // CPU adapters: an invocation per (split, query head), no barriers, reading the record
+    // stride from its dispatch (shaders/attention_decode_direct.wgsl): no SPLITS.
+    let direct = decode_direct(gpu, c);
     let mut overrides = vec![
         ("KV_DIM", c.kv_dim() as f64),
         ("GROUP", group as f64),
-        ("SPLITS", splits as f64),
         ("QKV_STRIDE", (c.q_dim() + 2 * c.kv_dim()) as f64),
         ("SCALE", kind.scale as f64),
         ("ONE_TILE", f64::from(u8::from(max_splits(gpu) == usize::MAX))),
         window,
     ];
+    overrides.extend((!direct).then_some(("SPLITS", splits as f64)));
     let needs = softcapped(kind, &mut overrides);
-    // CPU adapters: an invocation per (split, query head), no barriers
-    // (shaders/attention_decode_direct.wgsl), for heads of whole vec4s.
-    let direct = gpu.style == KernelStyle::Cpu && c.head_dim % 4 == 0;
     let (source, x_groups) = match direct {
         true => (
-            concat!(
-                include_str!("../../../shaders/attention_split.wgsl"),
-                include_str!("../../../shaders/attention_decode_io.wgsl"),
-                include_str!("../../../shaders/attention_decode_direct.wgsl")
-            ),
+            decode_source!("attention_decode_io.wgsl", "attention_decode_direct.wgsl"),
             (splits * group).div_ceil(64) as u32,
         ),
-        false => (
-            concat!(
-                include_str!("../../../shaders/attention_split.wgsl"),
-                include_str!("../../../shaders/attention_decode_io.wgsl"),
-                include_str!("../../../shaders/attention_decode.wgsl")
-            ),
-            splits as u32,
-        ),
+        false => {
+            (decode_source!("attention_split.wgsl", "attention_decode_io.wgsl", "attention_decode.wgsl"), splits as u32)
+        }
     };
     let pipeline = cache.get(gpu, "attention_decode", source, needs, &consts, &overrides);
     let bind_group = gpu.bind_group("attention_decode", &pipeline, &[qkv, k_cache, v_cache, partials, batch]);
@@ -144,11 +162,7 @@ pub fn attention_decode(
         label: "attention_decode",
         pipeline,
         bind_group,
-        groups: Groups {
-            fixed: [x_groups, c.n_kv_heads as u32, 1],
-            tokens: Some((2, 1)),
-            segment: Default::default(),
-        },
+        groups: Groups { fixed: [x_groups, c.n_kv_heads as u32, 1], tokens: Some((2, 1)), segment: Default::default() },
         // q, every key and value attended, the split records written.
         traffic: Traffic {
             activations: q_bytes,
@@ -159,11 +173,13 @@ pub fn attention_decode(
             ..Default::default()
         },
     };
-    let source = concat!(
-        include_str!("../../../shaders/attention_split.wgsl"),
-        include_str!("../../../shaders/attention_combine.wgsl")
-    );
-    let overrides = [("SPLITS", splits as f64), window, ("SINKS", sinks.is_some() as u32 as f64)];
+    let source = decode_source!("attention_split.wgsl", "attention_combine.wgsl");
+    let overrides = [
+        ("SPLITS", splits as f64),
+        ("RECORDS", record_splits(gpu, c, splits) as f64),
+        window,
+        ("SINKS", sinks.is_some() as u32 as f64),
+    ];
     let needs = Needs { batch: true, ..Default::default() };
     let pipeline = cache.get(gpu, "attention_combine", source, needs, &consts, &overrides);
     let bind_group = gpu.bind_group("attention_combine", &pipeline, &[partials, out, batch, sinks.unwrap_or(partials)]);

@@ -58,8 +58,7 @@ pub fn draw(
     draws: &wgpu::Buffer,
     out: &wgpu::Buffer,
 ) -> Dispatch {
-    let overrides =
-        [("OUT", TOP_K_WORDS as f64), ("N", n as f64), ("TAIL_REL_ERROR", crate::sampling::TAIL_REL_ERROR)];
+    let overrides = [("OUT", TOP_K_WORDS as f64), ("N", n as f64), ("TAIL_REL_ERROR", crate::sampling::TAIL_REL_ERROR)];
     let kernel = include_str!("../../../shaders/draw.wgsl");
     let pipeline = cache.get(gpu, "draw", kernel, Needs::default(), &[("WG", super::reduce_width(gpu))], &overrides);
     let bind_group = gpu.bind_group("draw", &pipeline, &[selection, draws, out]);

@@ -522,7 +522,9 @@ impl GpuModel {
                     [k(top), t.to_bits()]
                 }
                 // A nucleus row's selection has the tail.
-                RowReadback::Draw { k: top, draw } => [k(top), if draw.nucleus { draw.temperature.to_bits() } else { 0 }],
+                RowReadback::Draw { k: top, draw } => {
+                    [k(top), if draw.nucleus { draw.temperature.to_bits() } else { 0 }]
+                }
                 _ => [0, 0],
             });
         }
