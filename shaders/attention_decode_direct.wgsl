@@ -9,9 +9,9 @@
 // value mix sum exp(score - m) v, for attention_combine.wgsl to merge.
 // With WINDOW > 0 the query sees only the last WINDOW keys (a sliding-window layer).
 // With SOFTCAP a score (after the scale) becomes softcap(score) (Gemma 2; shaders/softcap.wgsl).
-// A split is one CHUNK-key tile (CPU adapters split a context into as many as it has), so it needs no
-// SPLITS: a query head's records are as many as the dispatch has invocations for,
-// nwg.x 64 / GROUP (`kernels::record_splits`), and one pipeline serves every context.
+// A split is one CHUNK-key tile (CPU adapters split a context into as many as it has), so
+// the kernel needs no SPLITS: a query head's records are as many as the dispatch has
+// invocations for, nwg.x 64 / GROUP (`kernels::record_splits`): one pipeline, any context.
 // Bindings as attention_decode. Dispatch: (ceil(splits GROUP / 64), N_KV_HEADS, rows): lanes past
 // the splits holding keys exit at once. HEAD_DIM, CHUNK, `kv_t` and the cache's and batch's
 // accessors come from the host.
