@@ -173,13 +173,22 @@ pub fn attention_decode(
             ..Default::default()
         },
     };
-    let source = decode_source!("attention_split.wgsl", "attention_combine.wgsl");
-    let overrides = [
+    // CPU adapters: an invocation per output value, no barriers
+    // (shaders/attention_combine_direct.wgsl).
+    let (source, x_groups) = match direct {
+        true => (
+            decode_source!("attention_split.wgsl", "attention_combine_direct.wgsl"),
+            (c.n_heads * c.head_dim).div_ceil(64) as u32,
+        ),
+        false => (decode_source!("attention_split.wgsl", "attention_combine.wgsl"), c.n_heads as u32),
+    };
+    let mut overrides = vec![
         ("SPLITS", splits as f64),
         ("RECORDS", record_splits(gpu, c, splits) as f64),
         window,
         ("SINKS", sinks.is_some() as u32 as f64),
     ];
+    overrides.extend(direct.then_some(("N_HEADS", c.n_heads as f64)));
     let needs = Needs { batch: true, ..Default::default() };
     let pipeline = cache.get(gpu, "attention_combine", source, needs, &consts, &overrides);
     let bind_group = gpu.bind_group("attention_combine", &pipeline, &[partials, out, batch, sinks.unwrap_or(partials)]);
@@ -187,7 +196,7 @@ pub fn attention_decode(
         label: "attention_combine",
         pipeline,
         bind_group,
-        groups: Groups::per_token(c.n_heads as u32, 1, 1),
+        groups: Groups::per_token(x_groups, 1, 1),
         // The records read, the output written.
         traffic: Traffic {
             activations: q_bytes,
