@@ -37,6 +37,9 @@ override LANES: u32 = 32u;
 override NORM: bool = false;
 override EPS: f32 = 0.0;
 override INT8: bool = false;
+// CPU adapters: a single batch row's CPU_ROWS (8) rows in straight-line code (`cpu_rows8`), for
+// adapters that do not unroll loops (SwiftShader; `Gpu::unroll_rows`).
+override UNROLL_ROWS: bool = false;
 // INT8: x's records a row.
 override BLOCKS: u32 = COLS / 32u;
 
@@ -161,12 +164,58 @@ fn x_group(m: u32, g: u32) -> Dq8 {
     return v;
 }
 
+// cpu_rows' sums for batch row m alone and CPU_ROWS 8, the rows written out: rows r0 .. r0 + 3
+// and r0 + 4 .. r0 + 7, then (EPILOGUE 2) their up rows, each summed in cpu_rows' order.
+fn cpu_rows8(r0: u32, m: u32) -> array<vec4<f32>, 4> {
+    let last = ROW_COUNT - 1u;
+    // The rows' first words (no array: SwiftShader would keep one in memory).
+    let b0 = min(r0, last) * ROW_WORDS;
+    let b1 = min(r0 + 1u, last) * ROW_WORDS;
+    let b2 = min(r0 + 2u, last) * ROW_WORDS;
+    let b3 = min(r0 + 3u, last) * ROW_WORDS;
+    let b4 = min(r0 + 4u, last) * ROW_WORDS;
+    let b5 = min(r0 + 5u, last) * ROW_WORDS;
+    let b6 = min(r0 + 6u, last) * ROW_WORDS;
+    let b7 = min(r0 + 7u, last) * ROW_WORDS;
+    let up = ROW_COUNT * ROW_WORDS;
+    var s0 = vec4<f32>(0.0);
+    var s1 = vec4<f32>(0.0);
+    var t0 = vec4<f32>(0.0);
+    var t1 = vec4<f32>(0.0);
+    for (var g = 0u; g < COLS / 8u; g++) {
+        let x = x_group(m, g);
+        s0 += vec4<f32>(dot8(dq8(b0, g), x), dot8(dq8(b1, g), x), dot8(dq8(b2, g), x), dot8(dq8(b3, g), x));
+        s1 += vec4<f32>(dot8(dq8(b4, g), x), dot8(dq8(b5, g), x), dot8(dq8(b6, g), x), dot8(dq8(b7, g), x));
+        if (EPILOGUE == 2u) {
+            t0 += vec4<f32>(dot8(dq8(b0 + up, g), x), dot8(dq8(b1 + up, g), x), dot8(dq8(b2 + up, g), x),
+                            dot8(dq8(b3 + up, g), x));
+            t1 += vec4<f32>(dot8(dq8(b4 + up, g), x), dot8(dq8(b5 + up, g), x), dot8(dq8(b6 + up, g), x),
+                            dot8(dq8(b7 + up, g), x));
+        }
+    }
+    return array<vec4<f32>, 4>(s0, s1, t0, t1);
+}
+
+fn dot8(v: Dq8, x: Dq8) -> f32 {
+    return dot(v.a, x.a) + dot(v.b, x.b);
+}
+
 // Rows r0 .. r0 + CPU_ROWS - 1 (those below ROW_COUNT stored) for batch rows m0 .. m0 + nb - 1,
 // each row's dot product summed in the order the lanes-per-row path sums it.
 fn cpu_rows(r0: u32, m0: u32, nb: u32, scale: array<f32, MB>) {
     var acc: array<array<f32, CPU_ROWS>, MB>;
     var acc_up: array<array<f32, CPU_ROWS>, MB>;
-    for (var g = 0u; g < COLS / 8u; g++) {
+    let unrolled = UNROLL_ROWS && nb == 1u && CPU_ROWS == 8u;
+    if (unrolled) {
+        let s = cpu_rows8(r0, m0);
+        for (var i = 0u; i < 4u; i++) {
+            acc[0][i] = s[0][i];
+            acc[0][i + 4u] = s[1][i];
+            acc_up[0][i] = s[2][i];
+            acc_up[0][i + 4u] = s[3][i];
+        }
+    }
+    for (var g = 0u; g < select(COLS / 8u, 0u, unrolled); g++) {
         var v: array<Dq8, CPU_ROWS>;
         var u: array<Dq8, CPU_ROWS>;
         for (var i = 0u; i < CPU_ROWS; i++) {

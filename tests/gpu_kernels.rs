@@ -92,7 +92,9 @@ impl Harness {
     }
     /// The forced-f32 path and the adapter's own, each with both kernel styles; the adapter's
     /// own only where it has shader-f16 or subgroups (without either its kernels are the forced
-    /// path's: SwiftShader; its packed KV cache is kv_paths' business).
+    /// path's: SwiftShader; its packed KV cache is kv_paths' business). The forced path's CPU
+    /// style takes the other form of the CPU-style gemv's rows (`Gpu::unroll_rows`), so that
+    /// both run on either CPU adapter.
     async fn paths() -> Vec<Self> {
         let mut all = Vec::new();
         for force_f32 in [true, false] {
@@ -102,6 +104,10 @@ impl Harness {
                     return all;
                 }
                 h.gpu.style = style;
+                h.gpu.unroll_rows = match (force_f32, style) {
+                    (true, KernelStyle::Cpu) => !h.gpu.unroll_rows,
+                    _ => h.gpu.unroll_rows,
+                };
                 all.push(h);
             }
         }
@@ -170,7 +176,8 @@ impl Harness {
     }
     fn path(&self) -> String {
         let p = if self.gpu.f16 || self.gpu.subgroups { "f16/subgroup path" } else { "f32 path" };
-        format!("{p}, {:?} KV, {:?} kernels", self.gpu.kv, self.gpu.style)
+        let rows = if self.gpu.style == KernelStyle::Cpu && self.gpu.unroll_rows { ", unrolled rows" } else { "" };
+        format!("{p}, {:?} KV, {:?} kernels{rows}", self.gpu.kv, self.gpu.style)
     }
     /// The KV cache's storages: f32 (forced path), the adapter's (f16 on lavapipe), and f16 packed
     /// in words without shader-f16.

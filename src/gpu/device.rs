@@ -25,6 +25,10 @@ pub const GEMV_LANES_ENV: &str = "WEBGPU_LLM_GEMV_LANES";
 /// A/B measurements of the int8 dot-product path (off by default: see `Gpu::int8`).
 pub const INT8_ENV: &str = "WEBGPU_LLM_INT8";
 
+/// Environment variable: `1` or `0` sets `Gpu::unroll_rows`, for A/B measurements of CPU-style
+/// gemvs on either CPU adapter.
+pub const UNROLL_ROWS_ENV: &str = "WEBGPU_LLM_UNROLL_ROWS";
+
 /// Environment variable setting the rows of a pass (a prefill chunk) on any adapter, for A/B
 /// measurements of `kernels::default_pass_rows` (`kernels::valid_pass_rows` says which).
 pub const PASS_ROWS_ENV: &str = "WEBGPU_LLM_PASS_ROWS";
@@ -169,6 +173,13 @@ pub struct Gpu {
     /// default until a GPU with native dot4I8Packed shows it pays (`scripts/device-bench`'s A/B):
     /// on lavapipe it does (prefill 1.25x, decode 1.26x), but that is a CPU.
     pub int8: bool,
+    /// CPU-style gemvs take a single batch row's CPU_ROWS weight rows in straight-line code
+    /// (shaders/gemv.wgsl's UNROLL_ROWS): SwiftShader's Subzero keeps the loop over those rows
+    /// and their private arrays in memory, and takes 21% less time on the gemv without them,
+    /// while lavapipe's LLVM unrolls the loop itself and runs the straight-line form 9% slower
+    /// (2026-12-06). On for SwiftShader: natively by its name, in the browser for any CPU
+    /// adapter (Chrome's software adapter is SwiftShader); UNROLL_ROWS_ENV sets it.
+    pub unroll_rows: bool,
     /// The browser settles buffer maps only when it polls the device (Firefox: on a 100 ms timer
     /// or a submit), so read-backs submit nothing every few ms while they wait.
     pub kick_maps: bool,
@@ -295,6 +306,14 @@ impl Gpu {
             _ => KernelStyle::Gpu,
         };
         let max_buffer_size = limits.max_buffer_size;
+        let unroll_rows = match std::env::var(UNROLL_ROWS_ENV).as_deref() {
+            Ok("1") => true,
+            Ok("0") => false,
+            _ => {
+                style == KernelStyle::Cpu
+                    && (cfg!(target_arch = "wasm32") || adapter_info.name.to_lowercase().contains("swiftshader"))
+            }
+        };
         Ok(Self {
             device,
             queue,
@@ -335,6 +354,7 @@ impl Gpu {
             counters: Counters::default(),
             style,
             int8: !options.force_f32 && std::env::var(INT8_ENV).is_ok_and(|v| v == "1"),
+            unroll_rows,
             kick_maps: false,
             failure,
             lost,

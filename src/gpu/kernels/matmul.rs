@@ -265,6 +265,7 @@ fn gemv_with(
         let norm_eps = norm.map(|n| n.1);
         let mut program =
             GemvProgram::new(shape, gpu.gemv_lanes(), batch.mb, act, epilogue, fold, norm_eps, y_stride, int8);
+        program.overrides.push(("UNROLL_ROWS", gpu.unroll_rows as u32 as f64));
         let records = p.rows.div_ceil(group_rows);
         if let Some(a) = argmax {
             program = program.with_argmax(a.per_row, first_record);
