@@ -196,10 +196,6 @@ fn cpu_rows8(r0: u32, m: u32) -> array<vec4<f32>, 4> {
     return array<vec4<f32>, 4>(s0, s1, t0, t1);
 }
 
-fn dot8(v: Dq8, x: Dq8) -> f32 {
-    return dot(v.a, x.a) + dot(v.b, x.b);
-}
-
 // Rows r0 .. r0 + CPU_ROWS - 1 (those below ROW_COUNT stored) for batch rows m0 .. m0 + nb - 1,
 // each row's dot product summed in the order the lanes-per-row path sums it.
 fn cpu_rows(r0: u32, m0: u32, nb: u32, scale: array<f32, MB>) {

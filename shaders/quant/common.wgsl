@@ -9,6 +9,11 @@
 
 struct Dq8 { a: vec4<f32>, b: vec4<f32> }
 
+// The dot product of 8 weights and 8 values.
+fn dot8(v: Dq8, x: Dq8) -> f32 {
+    return dot(v.a, x.a) + dot(v.b, x.b);
+}
+
 const BYTE_SHIFTS = vec4<u32>(0u, 8u, 16u, 24u);
 
 // Bits shift .. of each byte of v, masked: the fields of four packed values.

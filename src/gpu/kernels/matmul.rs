@@ -398,7 +398,11 @@ pub fn gemm(
             ("PAIR_OFFSET", w.rows as f64),
         ];
         if !int8 {
-            overrides.extend([("DIRECT", cpu as u32 as f64), ("WG", if cpu { 64.0 } else { 256.0 })]);
+            overrides.extend([
+                ("DIRECT", cpu as u32 as f64),
+                ("WG", if cpu { 64.0 } else { 256.0 }),
+                ("UNROLL_ROWS", gpu.unroll_rows as u32 as f64),
+            ]);
         }
         let kernel = [GEMM, if int8 { GEMM_INT8 } else { GEMM_F32 }].concat();
         let needs = Needs { weights: Some(p.format), int8, ..Default::default() };
