@@ -48,7 +48,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         var score = 0.0;
         for (var d = 0u; d < HEAD_DIM; d += 4u) {
             let q4 = vec4<f32>(qkv[qrow + d], qkv[qrow + d + 1u], qkv[qrow + d + 2u], qkv[qrow + d + 3u]);
-            score += dot(q4, vec4<f32>(k_at(c0 + d), k_at(c0 + d + 1u), k_at(c0 + d + 2u), k_at(c0 + d + 3u)));
+            score += dot(q4, k4_at(c0 + d));
         }
         p[s] = softcap(score * SCALE);
         m = max(m, p[s]);
@@ -63,7 +63,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         var acc = vec4<f32>(0.0);
         for (var s = 0u; s < n; s++) {
             let c = kv_slot(table, keys.x + s) * KV_DIM + kv + d;
-            acc += p[s] * vec4<f32>(v_at(c), v_at(c + 1u), v_at(c + 2u), v_at(c + 3u));
+            acc += p[s] * v4_at(c);
         }
         partials[rec + d] = acc.x;
         partials[rec + d + 1u] = acc.y;

@@ -58,31 +58,29 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var m = select(-1.0e30, sinks[h], SINKS);
     var sum = select(0.0, 1.0, SINKS);
     for (var s0 = k_first; s0 <= p; s0 += 4u) {
-        // The 4 keys' rows in the cache (a key past the query read at the query's own row).
-        var rows: vec4<u32>;
-        for (var j = 0u; j < 4u; j++) { rows[j] = kv_slot(table, min(s0 + j, p)) * KV_DIM + kv; }
+        // The 4 keys' rows in the cache (a key past the query read at the query's own row),
+        // written out: no loop over them and no picked component, which SwiftShader's Subzero
+        // would keep (it unrolls nothing).
+        let r = vec4<u32>(kv_slot(table, min(s0, p)), kv_slot(table, min(s0 + 1u, p)),
+                          kv_slot(table, min(s0 + 2u, p)), kv_slot(table, min(s0 + 3u, p))) * KV_DIM + kv;
         var score = vec4<f32>(0.0);
         for (var d = 0u; d < HD / 4u; d++) {
-            for (var j = 0u; j < 4u; j++) {
-                let c = rows[j] + 4u * d;
-                score[j] += dot(q[d], vec4<f32>(k_at(c), k_at(c + 1u), k_at(c + 2u), k_at(c + 3u)));
-            }
+            let e = 4u * d;
+            let qd = q[d];
+            score += vec4<f32>(dot(qd, k4_at(r.x + e)), dot(qd, k4_at(r.y + e)), dot(qd, k4_at(r.z + e)),
+                               dot(qd, k4_at(r.w + e)));
         }
-        for (var j = 0u; j < 4u; j++) {
-            score[j] = softcap(score[j]);
-            if (s0 + j > p || s0 + j < first) { score[j] = -1.0e30; }
-        }
+        let keys = vec4<u32>(s0) + vec4<u32>(0u, 1u, 2u, 3u);
+        score = select(vec4<f32>(softcap(score.x), softcap(score.y), softcap(score.z), softcap(score.w)),
+                       vec4<f32>(-1.0e30), (keys > vec4<u32>(p)) | (keys < vec4<u32>(first)));
         let m_new = max(m, max(max(score.x, score.y), max(score.z, score.w)));
         let rescale = exp(m - m_new);
         let w = select(vec4<f32>(0.0), exp(score - m_new), score > vec4<f32>(-1.0e29));
         sum = sum * rescale + w.x + w.y + w.z + w.w;
         for (var d = 0u; d < HD / 4u; d++) {
-            var acc = o[d] * rescale;
-            for (var j = 0u; j < 4u; j++) {
-                let c = rows[j] + 4u * d;
-                acc += w[j] * vec4<f32>(v_at(c), v_at(c + 1u), v_at(c + 2u), v_at(c + 3u));
-            }
-            o[d] = acc;
+            let e = 4u * d;
+            o[d] = o[d] * rescale + w.x * v4_at(r.x + e) + w.y * v4_at(r.y + e) + w.z * v4_at(r.z + e)
+                + w.w * v4_at(r.w + e);
         }
         m = m_new;
     }

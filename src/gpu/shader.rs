@@ -132,22 +132,30 @@ fn batch_prelude() -> String {
 
 /// The KV cache's element type and accessors, for kernels that bind `k_cache` and `v_cache`:
 /// `k_at(i)`, `v_at(i)` read value i of the cache (a position's values start at its
-/// `kv_slot(..) * KV_DIM`); with `write`, `store_k(i, a, b)` and `store_v` write values i and
+/// `kv_slot(..) * KV_DIM`), `k4_at(i)`, `v4_at(i)` values i .. i + 3 (i even: packed, two
+/// words, no per-value pick); with `write`, `store_k(i, a, b)` and `store_v` write values i and
 /// i + 1 (i even: a packed word holds the pair).
 fn kv_prelude(kv: super::KvStore, write: bool) -> String {
     use super::KvStore::*;
-    let (ty, load, store) = match kv {
-        F32 | F16 => {
-            (if kv == F16 { "f16" } else { "f32" }, "f32(CACHE[j])", "CACHE[j] = kv_t(a); CACHE[j + 1u] = kv_t(b);")
-        }
-        PackedF16 => {
-            ("u32", "unpack2x16float(CACHE[j >> 1u])[j & 1u]", "CACHE[j >> 1u] = pack2x16float(vec2<f32>(a, b));")
-        }
+    let (ty, load, load4, store) = match kv {
+        F32 | F16 => (
+            if kv == F16 { "f16" } else { "f32" },
+            "f32(CACHE[j])",
+            "vec4<f32>(f32(CACHE[j]), f32(CACHE[j + 1u]), f32(CACHE[j + 2u]), f32(CACHE[j + 3u]))",
+            "CACHE[j] = kv_t(a); CACHE[j + 1u] = kv_t(b);",
+        ),
+        PackedF16 => (
+            "u32",
+            "unpack2x16float(CACHE[j >> 1u])[j & 1u]",
+            "vec4<f32>(unpack2x16float(CACHE[j >> 1u]), unpack2x16float(CACHE[(j >> 1u) + 1u]))",
+            "CACHE[j >> 1u] = pack2x16float(vec2<f32>(a, b));",
+        ),
     };
     let mut src = format!("alias kv_t = {ty};\n");
     for (name, cache) in [("k", "k_cache"), ("v", "v_cache")] {
-        let load = load.replace("CACHE", cache);
+        let (load, load4) = (load.replace("CACHE", cache), load4.replace("CACHE", cache));
         src.push_str(&format!("fn {name}_at(j: u32) -> f32 {{ return {load}; }}\n"));
+        src.push_str(&format!("fn {name}4_at(j: u32) -> vec4<f32> {{ return {load4}; }}\n"));
         if write {
             let body = store.replace("CACHE", cache);
             src.push_str(&format!("fn store_{name}(j: u32, a: f32, b: f32) {{ {body} }}\n"));
