@@ -26,7 +26,7 @@ pub const GEMV_LANES_ENV: &str = "WEBGPU_LLM_GEMV_LANES";
 pub const INT8_ENV: &str = "WEBGPU_LLM_INT8";
 
 /// Environment variable: `1` or `0` sets `Gpu::unroll_rows`, for A/B measurements of CPU-style
-/// gemvs on either CPU adapter.
+/// gemvs and gemms on either CPU adapter.
 pub const UNROLL_ROWS_ENV: &str = "WEBGPU_LLM_UNROLL_ROWS";
 
 /// Environment variable setting the rows of a pass (a prefill chunk) on any adapter, for A/B
@@ -173,12 +173,13 @@ pub struct Gpu {
     /// default until a GPU with native dot4I8Packed shows it pays (`scripts/device-bench`'s A/B):
     /// on lavapipe it does (prefill 1.25x, decode 1.26x), but that is a CPU.
     pub int8: bool,
-    /// CPU-style gemvs take a single batch row's CPU_ROWS weight rows in straight-line code
-    /// (shaders/gemv.wgsl's UNROLL_ROWS): SwiftShader's Subzero keeps the loop over those rows
-    /// and their private arrays in memory, and takes 21% less time on the gemv without them,
-    /// while lavapipe's LLVM unrolls the loop itself and runs the straight-line form 9% slower
-    /// (2026-12-06). On for SwiftShader: natively by its name, in the browser for any CPU
-    /// adapter (Chrome's software adapter is SwiftShader); UNROLL_ROWS_ENV sets it.
+    /// CPU-style gemvs (a single batch row) and prefill gemms take their 8 weight rows in
+    /// straight-line code (gemv.wgsl's and gemm_f32.wgsl's UNROLL_ROWS): SwiftShader's Subzero
+    /// keeps a loop over those rows and their private arrays in memory, and without them takes
+    /// ~20% less time on the gemv and half on the gemm, while lavapipe's LLVM unrolls the loops
+    /// itself and runs the straight-line forms ~5% slower (2026-12-06, README). On for
+    /// SwiftShader: natively by its name, in the browser for any CPU adapter (Chrome's software
+    /// adapter is SwiftShader); UNROLL_ROWS_ENV sets it.
     pub unroll_rows: bool,
     /// The browser settles buffer maps only when it polls the device (Firefox: on a 100 ms timer
     /// or a submit), so read-backs submit nothing every few ms while they wait.
