@@ -310,6 +310,13 @@ impl Gpu {
         let unroll_rows = match std::env::var(UNROLL_ROWS_ENV).as_deref() {
             Ok("1") => true,
             Ok("0") => false,
+            Ok(v) if !v.is_empty() => {
+                return Err(Error::InvalidOption {
+                    name: "unroll_rows",
+                    value: format!("{UNROLL_ROWS_ENV}={v:?}"),
+                    expected: "1 (write a CPU-style matmul's rows out) or 0 (keep their loop)".into(),
+                });
+            }
             _ => {
                 style == KernelStyle::Cpu
                     && (cfg!(target_arch = "wasm32") || adapter_info.name.to_lowercase().contains("swiftshader"))

@@ -194,6 +194,21 @@ fn greedy_ids(model: &Path, prompt: &str, n: usize, backend: &str) -> (Vec<u32>,
     (lines.iter().map(|t| t["id"].as_u64().unwrap() as u32).collect(), stats)
 }
 
+/// An A/B switch set to a value it does not know is refused by name, not read as its default.
+#[test]
+fn an_unknown_unroll_rows_value_is_refused_naming_the_variable() {
+    let out = exe()
+        .env("WEBGPU_LLM_UNROLL_ROWS", "yes")
+        .args(["generate", "--backend", "gpu", "--prompt", "x", "--max-tokens", "1", "--model"])
+        .arg(default_model())
+        .output()
+        .expect("the CLI runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    // Bad usage (exit code 2), as a flag's bad value.
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("WEBGPU_LLM_UNROLL_ROWS=\"yes\""), "{err}");
+}
+
 #[test]
 fn a_split_model_runs_from_its_first_parts_name() {
     let dir = std::env::temp_dir().join(format!("webgpu-llm-split-{}", std::process::id()));
