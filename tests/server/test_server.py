@@ -612,12 +612,25 @@ class ServerTest(unittest.TestCase):
                             return
 
         asyncio.run(hang_up())
-        # The stalled stream fills its buffers and is paused: it stops taking decode rows.
+        # The stalled stream fills its buffers and is paused: it stops taking decode rows. Its
+        # channel can be full for a moment while the socket still has room (the connection's
+        # writer task not yet run, on a busy machine), and then it runs on until the socket is
+        # full too: wait until it has been paused with the token count unchanged for a second
+        # (nothing else runs, so that count is the stalled stream's).
         deadline = time.time() + 60
-        while self.server.metrics().get("webgpu_llm_paused_streams", 0) < 1:
-            self.assertLess(time.time(), deadline, f"the stalled stream was never paused: {self.server.metrics()}")
+        settled, last = None, None
+        while True:
+            m = self.server.metrics()
+            now = time.time()
+            self.assertLess(now, deadline, f"the stalled stream was never paused: {m}")
+            count = m["webgpu_llm_generated_tokens_total"]
+            if m.get("webgpu_llm_paused_streams", 0) < 1 or count != last:
+                settled, last = None, count
+            elif settled is None:
+                settled = now
+            elif now - settled >= 1.0:
+                break
             time.sleep(0.05)
-        m = self.server.metrics()
         # The hung-up request is gone; only the stalled one runs.
         self.assertEqual(m["webgpu_llm_running_requests"], 1)
         generated = m["webgpu_llm_generated_tokens_total"]
