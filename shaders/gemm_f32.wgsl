@@ -4,10 +4,12 @@
 // each invocation accumulates a 4 x 4 block of outputs: 16 multiply-adds per two vec4 loads.
 // COLS is a multiple of 8; a last K block past COLS reads zeros.
 // DIRECT (CPU adapters): 64 invocations of 8 rows x 8 tokens, read straight from storage with
-// no workgroup memory and no barriers; the CPU's caches do the tiling.
+// no workgroup memory and no barriers; the CPU's caches do the tiling. With NORM_FED
+// (shaders/norm_fed.wgsl) each token's sums times its RMS scale, `row_scale` (from the host).
 // Binding 2: x (vec4 rows of COLS).
 
 override DIRECT: bool = false;
+override NORM_FED: bool = false;
 // DIRECT: the 8 rows' weights held in straight-line code (`Gpu::unroll_rows`).
 override UNROLL_ROWS: bool = false;
 
@@ -97,13 +99,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 }
             }
         }
+        // The tokens' RMS scales ahead of the stores: a call in their loop would keep LLVM
+        // (lavapipe) from unrolling it, and the accumulators would leave the registers.
+        var scale: array<f32, 8>;
+        for (var i = 0u; i < 8u; i++) {
+            scale[i] = 1.0;
+            if (NORM_FED) { scale[i] = row_scale(min(tok0 + dy * 8u + i, n - 1u)); }
+        }
         for (var i = 0u; i < 8u; i++) {
             let t = tok0 + dy * 8u + i;
             if (t >= n) { break; }
             for (var j = 0u; j < 8u; j++) {
                 let r = row0 + dx * 8u + j;
                 if (r >= ROW_COUNT) { break; }
-                store(t, r, acc8[i][j]);
+                store(t, r, acc8[i][j] * scale[i]);
             }
         }
         return;

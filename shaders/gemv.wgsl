@@ -7,6 +7,9 @@
 // reduction and the kernel no barrier (and `cpu_rows` below).
 // NORM: x is RMS-normalized on the fly (weights nw, epsilon EPS): every workgroup sums x's squares
 // itself, which costs less than a separate normalization pass and its dispatch.
+// NORM_FED (CPU adapters, shaders/norm_fed.wgsl): x is x times the norm's weights, and binding
+// 3 holds the sums of squares its writer left, which every invocation adds up itself for the RMS
+// scale (no barrier).
 // EPILOGUE 0: store. 1: add (residual). 2: gated pair: the part holds ROW_COUNT gate rows then
 // ROW_COUNT up rows, and y[OUT + r] = act(gate_r . x) * (up_r . x) (`act` from the host).
 // 3: the fused q|k|v rows of a decode step go through `rope_kv_pair` a pair of rows at a time
@@ -15,6 +18,8 @@
 // ARGMAX (the lm_head of a pass that takes its argmax; any epilogue but 3): the argmax's first
 // pass as well — each group of rows' largest value, written as a record (value bits, row) for
 // shaders/argmax.wgsl to finish. The host appends gemv_argmax.wgsl, or stubs without it.
+// FEED (CPU adapters, EPILOGUE 1): the new rows also normalized for the next gemv (NORM_FED)
+// as shaders/gemv_feed.wgsl says. The host appends it, or stubs without it.
 // CPU adapters (LANES 1) take CPU_ROWS adjacent rows an invocation: lavapipe loads a value once
 // per invocation, even one that every invocation shares, so x's loads cost more than the
 // weights' unless each serves several rows. A workgroup's 256 rows then take 256 / CPU_ROWS
@@ -35,6 +40,7 @@ override OUT: u32 = 0u;
 override EPILOGUE: u32 = 0u;
 override LANES: u32 = 32u;
 override NORM: bool = false;
+override NORM_FED: bool = false;
 override EPS: f32 = 0.0;
 override INT8: bool = false;
 // CPU adapters: a single batch row's CPU_ROWS (8) rows in straight-line code (`cpu_rows8`), for
@@ -82,6 +88,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                     ss += dot(v, v);
                 }
                 scale[j] = inverseSqrt(block_sum(ss, lane) / f32(COLS) + EPS);
+            }
+        }
+        // (CPU adapters: `cpu_rows` after its sums, where it costs least.)
+        if (NORM_FED && LANES > 1u) {
+            for (var j = 0u; j < hn; j++) {
+                scale[j] = fed_scale(m0 + j);
             }
         }
         if (LANES == 1u) {
@@ -165,8 +177,9 @@ fn x_group(m: u32, g: u32) -> Dq8 {
 }
 
 // cpu_rows' sums for batch row m alone and CPU_ROWS 8, the rows written out: rows r0 .. r0 + 3
-// and r0 + 4 .. r0 + 7, then (EPILOGUE 2) their up rows, each summed in cpu_rows' order.
-fn cpu_rows8(r0: u32, m: u32) -> array<vec4<f32>, 4> {
+// and r0 + 4 .. r0 + 7, then (EPILOGUE 2) their up rows, each summed in cpu_rows' order, then
+// (NORM_FED) the norm's sums (shaders/norm_fed.wgsl).
+fn cpu_rows8(r0: u32, m: u32) -> array<vec4<f32>, 5> {
     let last = ROW_COUNT - 1u;
     // The rows' first words (no array: SwiftShader would keep one in memory).
     let b0 = min(r0, last) * ROW_WORDS;
@@ -182,7 +195,9 @@ fn cpu_rows8(r0: u32, m: u32) -> array<vec4<f32>, 4> {
     var s1 = vec4<f32>(0.0);
     var t0 = vec4<f32>(0.0);
     var t1 = vec4<f32>(0.0);
+    var fed = vec4<f32>(0.0);
     for (var g = 0u; g < COLS / 8u; g++) {
+        if (NORM_FED && g % 4u == 0u) { fed += fed_step(m, g); }
         let x = x_group(m, g);
         s0 += vec4<f32>(dot8(dq8(b0, g), x), dot8(dq8(b1, g), x), dot8(dq8(b2, g), x), dot8(dq8(b3, g), x));
         s1 += vec4<f32>(dot8(dq8(b4, g), x), dot8(dq8(b5, g), x), dot8(dq8(b6, g), x), dot8(dq8(b7, g), x));
@@ -193,7 +208,7 @@ fn cpu_rows8(r0: u32, m: u32) -> array<vec4<f32>, 4> {
                             dot8(dq8(b7 + up, g), x));
         }
     }
-    return array<vec4<f32>, 4>(s0, s1, t0, t1);
+    return array<vec4<f32>, 5>(s0, s1, t0, t1, fed);
 }
 
 // Rows r0 .. r0 + CPU_ROWS - 1 (those below ROW_COUNT stored) for batch rows m0 .. m0 + nb - 1,
@@ -201,9 +216,12 @@ fn cpu_rows8(r0: u32, m: u32) -> array<vec4<f32>, 4> {
 fn cpu_rows(r0: u32, m0: u32, nb: u32, scale: array<f32, MB>) {
     var acc: array<array<f32, CPU_ROWS>, MB>;
     var acc_up: array<array<f32, CPU_ROWS>, MB>;
+    // NORM_FED: the batch rows' sums of squares, summed in the weight loop (`fed_step`).
+    var fed_ss: array<vec4<f32>, MB>;
     let unrolled = UNROLL_ROWS && nb == 1u && CPU_ROWS == 8u;
     if (unrolled) {
         let s = cpu_rows8(r0, m0);
+        fed_ss[0] = s[4];
         for (var i = 0u; i < 4u; i++) {
             acc[0][i] = s[0][i];
             acc[0][i + 4u] = s[1][i];
@@ -223,6 +241,7 @@ fn cpu_rows(r0: u32, m0: u32, nb: u32, scale: array<f32, MB>) {
             let xv = x_group(m0 + j, g);
             let xa = xv.a;
             let xb = xv.b;
+            if (NORM_FED && g % 4u == 0u) { fed_ss[j] += fed_step(m0 + j, g); }
             for (var i = 0u; i < CPU_ROWS; i++) {
                 acc[j][i] += dot(v[i].a, xa) + dot(v[i].b, xb);
                 if (EPILOGUE == 2u) { acc_up[j][i] += dot(u[i].a, xa) + dot(u[i].b, xb); }
@@ -231,29 +250,41 @@ fn cpu_rows(r0: u32, m0: u32, nb: u32, scale: array<f32, MB>) {
     }
     for (var j = 0u; j < nb; j++) {
         let m = m0 + j;
+        var sj = scale[j];
+        if (NORM_FED) { sj = fed_rms(fed_ss[j]); }
+        // FEED: the squares of the rows' new values.
+        var ss = 0.0;
         for (var i = 0u; i < CPU_ROWS; i++) {
             if (r0 + i >= ROW_COUNT) { break; }
-            let a = acc[j][i] * scale[j];
+            let a = acc[j][i] * sj;
             if (EPILOGUE == 3u) {
                 // ROW_COUNT and r0 are even: rows i and i + 1 are a pair.
-                if (i % 2u == 0u) { rope_kv_pair(m, OUT + r0 + i, a, acc[j][i + 1u] * scale[j]); }
+                if (i % 2u == 0u) { rope_kv_pair(m, OUT + r0 + i, a, acc[j][i + 1u] * sj); }
                 continue;
             }
             let o = m * Y_STRIDE + OUT + r0 + i;
             switch EPILOGUE {
-                case 1u: { y[o] = y[o] + a; }
-                case 2u: { y[o] = act(a) * (acc_up[j][i] * scale[j]); }
+                case 1u: {
+                    let v = y[o] + a;
+                    y[o] = v;
+                    if (FEED) {
+                        feed_row(m, OUT + r0 + i, v);
+                        ss += v * v;
+                    }
+                }
+                case 2u: { y[o] = act(a) * (acc_up[j][i] * sj); }
                 default: { y[o] = a; }
             }
         }
+        if (FEED) { feed_sum(m, (OUT + r0) / CPU_ROWS, ss); }
         if (ARGMAX) {
             // The invocation's rows are a record's (its first the lowest on ties; a non-finite
             // value wins, so that the second pass flags it).
-            var bv = acc[j][0] * scale[j];
+            var bv = acc[j][0] * sj;
             var bi = 0u;
             for (var i = 1u; i < CPU_ROWS; i++) {
                 if (r0 + i >= ROW_COUNT) { break; }
-                let a = acc[j][i] * scale[j];
+                let a = acc[j][i] * sj;
                 if (!argmax_non_finite(bv) && (argmax_non_finite(a) || a > bv)) {
                     bv = a;
                     bi = i;

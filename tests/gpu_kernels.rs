@@ -25,7 +25,7 @@ use half::f16;
 use webgpu_llm::arch::{Activation, Experts, Rope, RopeStyle};
 use webgpu_llm::gguf::{GgmlType, TensorInfo};
 use webgpu_llm::gpu::kernels::{
-    self, BatchLayout, Dispatch, Epilogue, GemvBatch, MoeGroups, NormOut, Params, QkvExtras, KV_BLOCK,
+    self, BatchLayout, Dispatch, Epilogue, Feed, GemvBatch, MoeGroups, NormIn, NormOut, Params, QkvExtras, KV_BLOCK,
 };
 use webgpu_llm::gpu::shader::PipelineCache;
 use webgpu_llm::gpu::weights::{Linear, Rows};
@@ -1256,7 +1256,7 @@ gpu_test! {
                 h.run(&ops, batch);
                 assert_close(&format!("{what}, add"), &h.read(&yb, batch * rows).await, &plain, &scale, MATMUL_REL);
                 let yb = h.buf(&vec![0.0; batch * rows]);
-                let norm = Some((&nb, eps));
+                let norm = Some(NormIn::Fused(&nb, eps));
                 let ops = kernels::gemv(&h.gpu, &mut h.cache, gb, &lin, Activation::Silu, Epilogue::Store, norm, &xb, &yb, rows);
                 h.run(&ops, batch);
                 assert_close(&format!("{what}, fused norm"), &h.read(&yb, batch * rows).await, &normed, &loose, 1e-5);
@@ -1305,7 +1305,7 @@ gpu_test! {
                 let (xb, nb) = (h.buf(&x), h.buf(&nw));
                 h.set_rows(&(0..n).map(|i| (i, 0)).collect::<Vec<_>>(), n, 16);
                 let batch = GemvBatch { params: &h.params, mb, xq: Some(&xq) };
-                let norm = norm.then_some((&nb, eps));
+                let norm = norm.then_some(NormIn::Fused(&nb, eps));
                 for gated in [false, true] {
                     let yb = h.buf(&y0);
                     let (w, act) = if gated { (&pair, Activation::GeluTanh) } else { (&lin, Activation::Silu) };
@@ -1460,9 +1460,89 @@ gpu_test! {
             reference::rms_norm(&mut normed, &x, &nw, eps);
             let (want, scale) = reference_matmul(&w, &normed, cols);
             let (xb, nb, yb) = (h.buf(&x), h.buf(&nw), h.buf(&vec![0.0; rows]));
-            let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1, xq: None }, &lin, Activation::Silu, Epilogue::Store, Some((&nb, eps)), &xb, &yb, rows);
+            let ops = kernels::gemv(&h.gpu, &mut h.cache, GemvBatch { params: &h.params, mb: 1, xq: None }, &lin, Activation::Silu, Epilogue::Store, Some(NormIn::Fused(&nb, eps)), &xb, &yb, rows);
             h.run(&ops, 1);
             assert_close(&format!("gemv + rms_norm, {}", h.path()), &h.read(&yb, rows).await, &want, &scale, 1e-5);
+        }
+    }
+}
+
+// A CPU-style residual gemv that feeds the next norm (shaders/gemv_feed.wgsl) adds W x to y as
+// the plain one does, and the gemv after it (NORM_FED: x times the norm's weights, the scale from
+// the sums of squares the first left) gives the CPU reference's rms_norm then product, for 1 and
+// 3 batch rows (the unrolled single row and the batched loop), each form of the rows, and a
+// residual split in two parts (the second starting at row 96); at 200 values a row, whose 25 sums
+// are padded to 28. The norm's own FEED pass over the
+// same y writes the same bits as the feeding gemv, and the gemm over them the gemv's: a row gets
+// the same logits in a batch (tiled) as alone.
+gpu_test! {
+    async fn a_residual_gemv_feeding_the_next_norm_gives_add_norm_then_product() {
+        let mut rng = Rng::new(14);
+        let (d, cols, rows, eps) = (200, 256, 77, 1e-5);
+        for mut h in Harness::paths().await.into_iter().filter(|h| h.gpu.style == KernelStyle::Cpu) {
+            let (wi, wb) = random_tensor(&mut rng, GgmlType::Q4_1, d, cols);
+            // A residual projection in two parts of 96 rows (as a split one would be).
+            let (ai, ab) = random_tensor(&mut rng, GgmlType::Q4_1, 96, cols);
+            let (bi, bb) = random_tensor(&mut rng, GgmlType::Q4_1, d - 96, cols);
+            let (bi_after, file) = after(&ai, &ab, &bi, &bb);
+            let split = Linear::new(&h.gpu, "w", &[Rows::of(&ai).unwrap(), Rows::of(&bi_after).unwrap()], &file[..])
+                .await
+                .unwrap();
+            let split_w = [dequantize(&ai, &ab).unwrap(), dequantize(&bi, &bb).unwrap()].concat();
+            let whole = linear(&h, &wi, &wb).await;
+            let (vi, vb) = random_tensor(&mut rng, GgmlType::F16, rows, d);
+            let v = dequantize(&vi, &vb).unwrap();
+            let next = linear(&h, &vi, &vb).await;
+            for n in [1, 3] {
+                let x = random(&mut rng, n * cols, 3.0);
+                let y0 = random(&mut rng, n * d, 2.0);
+                let g = random(&mut rng, d, 1.0);
+                h.set_rows(&(0..n).map(|i| (i, 0)).collect::<Vec<_>>(), n, 16);
+                let gb = GemvBatch { params: &h.params, mb: 8, xq: None };
+                for (parts, lin, w) in [("one part", &whole, dequantize(&wi, &wb).unwrap()), ("two parts", &split, split_w.clone())] {
+                    let (mut added, mut add_scale, mut want, mut scale) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                    for r in 0..n {
+                        let (p, sc) = reference_matmul(&w, &x[r * cols..][..cols], cols);
+                        let yr: Vec<f32> = p.iter().zip(&y0[r * d..][..d]).map(|(a, &b)| (a + b as f64) as f32).collect();
+                        added.extend(yr.iter().map(|&v| v as f64));
+                        add_scale.extend(sc);
+                        let mut normed = vec![0f32; d];
+                        reference::rms_norm(&mut normed, &yr, &g, eps);
+                        let (o, os) = reference_matmul(&v, &normed, d);
+                        want.extend(o);
+                        scale.extend(os);
+                    }
+                    let what = format!("feeding gemv, {n} rows, {parts}, {}", h.path());
+                    let (xb, yb, gw) = (h.buf(&x), h.buf(&y0), h.buf(&g));
+                    // The sums: NaN where written, the pads zero (as a new buffer's).
+                    let stride = kernels::feed_sums_bytes(1, d) as usize / 4;
+                    let unwritten: Vec<f32> = (0..n * stride).map(|i| if i % stride < d / 8 { f32::NAN } else { 0.0 }).collect();
+                    let (xn, sums) = (h.buf(&vec![f32::NAN; n * d]), h.buf(&unwritten));
+                    let feed = Feed { weights: &gw, x: &xn, sums: &sums };
+                    let ops = kernels::gemv_feeding(&h.gpu, &mut h.cache, gb, lin, feed, &xb, &yb, d);
+                    h.run(&ops, n);
+                    assert_close(&format!("{what}: y + W x"), &h.read(&yb, n * d).await, &added, &add_scale, MATMUL_REL);
+                    let out = h.buf(&vec![0.0; n * rows]);
+                    let norm = Some(NormIn::Fed { sums: &sums, eps });
+                    let ops = kernels::gemv(&h.gpu, &mut h.cache, gb, &next, Activation::Silu, Epilogue::Store, norm, &xn, &out, rows);
+                    h.run(&ops, n);
+                    let got = h.read(&out, n * rows).await;
+                    assert_close(&format!("{what}: the next product"), &got, &want, &scale, 1e-5);
+                    // The norm's pass and the gemm: the same bits.
+                    let (xn2, sums2) = (h.buf(&vec![f32::NAN; n * d]), h.buf(&unwritten));
+                    let scales = h.buf(&vec![f32::NAN; n]);
+                    let op = kernels::rms_norm_feed(&h.gpu, &mut h.cache, &h.params, d, eps, false, &yb, &gw, &xn2, &sums2, &scales);
+                    h.run(&[op], n);
+                    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+                    assert_eq!(bits(h.read(&xn2, n * d).await), bits(h.read(&xn, n * d).await), "{what}: the norm pass's x");
+                    assert_eq!(bits(h.read(&sums2, n * stride).await), bits(h.read(&sums, n * stride).await), "{what}: its sums");
+                    let out2 = h.buf(&vec![0.0; n * rows]);
+                    let ops = kernels::gemm_normed(&h.gpu, &mut h.cache, &h.params, None, &next, Epilogue::Store, Some(&scales), &xn2, &out2, rows);
+                    h.run(&ops, n);
+                    assert_eq!(bits(h.read(&out2, n * rows).await), bits(got), "{what}: the gemm's products");
+                }
+            }
+            h.set(1, 0, 16);
         }
     }
 }

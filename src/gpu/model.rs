@@ -8,7 +8,8 @@
 //! drive by hand.
 
 use super::kernels::{
-    self, BatchLayout, Dispatch, Epilogue, GemvBatch, Ledger, NormOut, Params, QkvExtras, RopeKvFold, Segment, KV_BLOCK,
+    self, BatchLayout, Dispatch, Epilogue, Feed, GemvBatch, Ledger, NormIn, NormOut, Params, QkvExtras, RopeKvFold,
+    Segment, KV_BLOCK,
 };
 use super::shader::PipelineCache;
 use super::weights::{Linear, Rows};
@@ -186,6 +187,11 @@ struct Buffers {
     tokens: wgpu::Buffer,
     x: wgpu::Buffer,
     xn: wgpu::Buffer,
+    /// The sums of squares of x's rows, 8 values a sum, that a CPU-style residual gemv writes
+    /// with xn for the next gemv's norm (`kernels::Feed`), or a fed norm's pass.
+    norm_sums: wgpu::Buffer,
+    /// A fed norm pass's RMS scale of each row, for the gemms after it (`kernels::rms_norm_feed`).
+    norm_scales: wgpu::Buffer,
     qkv: wgpu::Buffer,
     attn: wgpu::Buffer,
     gu: wgpu::Buffer,
@@ -795,6 +801,8 @@ impl GpuModel {
             tokens: gpu.storage("tokens", n * 4)?,
             x: gpu.storage("x", n * c.d_model as u64 * f)?,
             xn: gpu.storage("xn", n * c.d_model as u64 * f)?,
+            norm_sums: gpu.storage("norm_sums", kernels::feed_sums_bytes(n as usize, c.d_model))?,
+            norm_scales: gpu.storage("norm_scales", n * 4)?,
             qkv: gpu.storage("qkv", n * qkv_row as u64 * f)?,
             attn: gpu.storage("attn", n * attn_row as u64 * f)?,
             gu: gpu.storage("gate_up", n * 2 * ffn as u64 * f)?,
@@ -986,10 +994,45 @@ impl GpuModel {
             }
             _ => None,
         };
-        // GPUs fold each pre-norm into the matrix-vector product that reads it (one dispatch less
-        // per norm); CPU adapters keep the separate pass, which is cheaper there.
+        // A decode pass folds each pre-norm's pass into the matrix-vector products around it (a
+        // dispatch less a norm). On GPUs each workgroup of the product that reads it sums x's
+        // squares itself (`NormIn::Fused`). On CPU adapters, where that costs a tenth of the
+        // decode speed, the residual product that wrote x writes the next product's input and
+        // its sums of squares as well (`kernels::Feed`, `NormIn::Fed`), wherever x comes straight
+        // from one: not into the first layer, nor past a bias, a post-norm, Gemma 4's per-layer
+        // input, a layer's output scale or a mixture of experts.
         let fuse = !tiled && gpu.style == KernelStyle::Gpu;
+        let feeds = !tiled && gpu.style == KernelStyle::Cpu;
         let input = if fuse { &b.x } else { &b.xn };
+        let output_norm = &self.output_norm;
+        // Whether the product before fed the next norm (`feeds`).
+        let mut fed = false;
+        // The RMSNorm (its `weights`) ahead of the products that read it, with the pass's `params`
+        // (its last token's row alone with `last_only`): fused into them; fed, by the residual
+        // product before (`fed`) or by a pass of its own (CPU-style kernels, tiled or not, so
+        // that a row gets the same bits in a gemv and in a gemm, alone or in a batch); or a plain
+        // pass of its own into xn.
+        let cpu = gpu.style == KernelStyle::Cpu;
+        // A tiled product's fed norm: the scales its pass wrote (a tiled pass's norms are passes).
+        let scales = |norm: Option<NormIn>| norm.map(|_| &b.norm_scales);
+        let norm_ahead = |ops: &mut Vec<Dispatch>, p: &mut PipelineCache, params, last_only, weights, fed: bool| {
+            if fuse {
+                return Some(NormIn::Fused(weights, eps));
+            }
+            let d = c.d_model;
+            if cpu {
+                if !fed {
+                    let (sums, scales) = (&b.norm_sums, &b.norm_scales);
+                    ops.push(kernels::rms_norm_feed(
+                        gpu, p, params, d, eps, last_only, &b.x, weights, &b.xn, sums, scales,
+                    ));
+                }
+                return Some(NormIn::Fed { sums: &b.norm_sums, eps });
+            }
+            let out = if last_only { NormOut::StoreLast } else { NormOut::Store };
+            ops.push(kernels::rms_norm(gpu, p, params, d, eps, out, &b.x, weights, &b.xn));
+            None
+        };
         let model_config = c;
         // The pass's layers: the model's first `layers`, or the MTP head's (numbered after them).
         let list: Vec<(usize, &LayerWeights, &crate::arch::LayerPlan)> = match mtp {
@@ -998,7 +1041,7 @@ impl GpuModel {
                 self.layers.iter().zip(&plan.layers).enumerate().take(layers).map(|(i, (l, lp))| (i, l, lp)).collect()
             }
         };
-        for (i, l, lp) in list {
+        for (k, &(i, l, lp)) in list.iter().enumerate() {
             // The layer's own head size, KV heads and FFN width (Gemma 4's differ by layer).
             let layer_config = model_config.with_dims(&lp.dims);
             let c = &layer_config;
@@ -1019,16 +1062,21 @@ impl GpuModel {
                 q_only: lp.kv_source.is_some(),
             };
             // A projection into the residual stream (plus its bias, where it has one): added to
-            // x, or through its post-norm first.
+            // x, or through its post-norm first; or added and feeding the norm with weights
+            // `feed` (none of the others).
             let residual = |ops: &mut Vec<Dispatch>,
                             p: &mut PipelineCache,
                             w: &Linear,
                             bias: Option<&wgpu::Buffer>,
                             x: &wgpu::Buffer,
-                            post: &Option<wgpu::Buffer>| {
+                            post: &Option<wgpu::Buffer>,
+                            feed: Option<&wgpu::Buffer>| {
                 let (epilogue, out) = if post.is_some() { (Epilogue::Store, &b.proj) } else { (Epilogue::Add, &b.x) };
                 if tiled {
                     ops.extend(kernels::gemm(gpu, p, params, xs, w, epilogue, x, out, c.d_model));
+                } else if let Some(weights) = feed {
+                    let feed = Feed { weights, x: &b.xn, sums: &b.norm_sums };
+                    ops.extend(kernels::gemv_feeding(gpu, p, gb, w, feed, x, out, c.d_model));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, w, act, epilogue, None, x, out, c.d_model));
                 }
@@ -1039,23 +1087,36 @@ impl GpuModel {
                     ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Add, &b.proj, post, &b.x));
                 }
             };
-
-            if !fuse {
-                ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, &l.attn_norm, &b.xn));
+            // The norms ahead of the attention and the FFN, and whether the projection before
+            // each feeds it: o, into a dense FFN; down, into the next layer (or the LM head).
+            let pre_norm = |ops: &mut Vec<Dispatch>, p: &mut PipelineCache, weights, fed| {
+                norm_ahead(ops, p, params, false, weights, fed)
+            };
+            let attn_norm = pre_norm(&mut ops, p, &l.attn_norm, std::mem::take(&mut fed));
+            // A product of the normed input (`norm`: the norm ahead's) into `y`, rows of `stride`.
+            let normed = |ops: &mut Vec<Dispatch>, p: &mut PipelineCache, w, norm, y, stride| {
+                let store = Epilogue::Store;
+                if tiled {
+                    ops.extend(kernels::gemm_normed(gpu, p, params, xs, w, store, scales(norm), &b.xn, y, stride));
+                } else {
+                    ops.extend(kernels::gemv(gpu, p, gb, w, act, store, norm, input, y, stride));
+                }
+            };
+            let o_feeds = feeds && l.wo_bias.is_none() && l.post_attn_norm.is_none() && lp.experts.is_none();
+            let o_feed = o_feeds.then_some(&l.ffn_norm);
+            let down_feed = match list.get(k + 1) {
+                Some((_, next, _)) => Some(&next.attn_norm),
+                None => matches!(pass, Pass::Decode { .. } | Pass::Round { tiled: false }).then_some(output_norm),
             }
+            .filter(|_| feeds && l.post_ffn_norm.is_none() && l.ple.is_none() && l.out_scale.is_none());
             let (delta_buffers, conv_state) =
                 (b.delta.get(i).and_then(Option::as_ref), b.conv_state.get(i).and_then(Option::as_ref));
             if let (Some(dn), Some(dw), Some(db), Some(dq)) = (&lp.delta, &l.delta, delta_buffers, &b.delta_q) {
                 // Qwen3.5's Gated DeltaNet: q|k|v, z, b and alpha in one projection (in `qkv`);
                 // the convolution and norms; the delta rule over each run of a sequence's rows;
                 // the gated norm; the output projection.
-                let (s, norm) = (&dn.shape, fuse.then_some((&l.attn_norm, eps)));
-                let width = kernels::delta_proj(s);
-                if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, xs, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, width));
-                } else {
-                    ops.extend(kernels::gemv(gpu, p, gb, &l.qkv, act, Epilogue::Store, norm, input, &b.qkv, width));
-                }
+                let s = &dn.shape;
+                normed(&mut ops, p, &l.qkv, attn_norm, &b.qkv, kernels::delta_proj(s));
                 let (conv_in, inputs) = (&db.conv_in, &db.inputs);
                 let prep = kernels::delta_prep(
                     gpu,
@@ -1095,18 +1156,14 @@ impl GpuModel {
                     ));
                 }
                 ops.push(kernels::delta_out(gpu, p, params, s, eps, &b.attn, &b.qkv, &dw.norm));
-                residual(&mut ops, p, &l.wo, None, &b.attn, &l.post_attn_norm);
+                residual(&mut ops, p, &l.wo, None, &b.attn, &l.post_attn_norm, o_feed);
             } else if let (Some(sc), Some(state), Some(taps)) = (&lp.conv, conv_state, &l.conv_taps) {
                 // LFM2's short convolution: in_proj (in `qkv`) to B, C, x; B * x into the
                 // layer's state at each row's position; C * its convolution into `attn`.
-                let (d, norm) = (c.d_model, fuse.then_some((&l.attn_norm, eps)));
-                if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, xs, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, 3 * d));
-                } else {
-                    ops.extend(kernels::gemv(gpu, p, gb, &l.qkv, act, Epilogue::Store, norm, input, &b.qkv, 3 * d));
-                }
+                let d = c.d_model;
+                normed(&mut ops, p, &l.qkv, attn_norm, &b.qkv, 3 * d);
                 ops.extend(kernels::short_conv(gpu, p, params, d, sc.kernel, &b.qkv, state, taps, &b.attn, &b.batch));
-                residual(&mut ops, p, &l.wo, None, &b.attn, &l.post_attn_norm);
+                residual(&mut ops, p, &l.wo, None, &b.attn, &l.post_attn_norm, o_feed);
             } else {
                 // Decode hands RoPE and the cache write to the projection's epilogue where it can:
                 // one dispatch less a layer. A CPU adapter's invocation holds both rows of a pair
@@ -1115,33 +1172,14 @@ impl GpuModel {
                 let fold =
                     RopeKvFold { config: c, rope, batch: &b.batch, table: &b.rope[lp.rope], k_cache: kc, v_cache: vc };
                 let folded = !tiled && fold.applies(&extras, &l.qkv);
-                let norm = fuse.then_some((&l.attn_norm, eps));
-                if tiled {
-                    ops.extend(kernels::gemm(gpu, p, params, xs, &l.qkv, Epilogue::Store, &b.xn, &b.qkv, qkv_stride));
-                } else if folded {
-                    ops.extend(kernels::gemv_rope_kv(gpu, p, gb, &l.qkv, &fold, norm, input, &b.qkv, qkv_stride));
+                if folded {
+                    ops.extend(kernels::gemv_rope_kv(gpu, p, gb, &l.qkv, &fold, attn_norm, input, &b.qkv, qkv_stride));
                 } else {
-                    ops.extend(kernels::gemv(
-                        gpu,
-                        p,
-                        gb,
-                        &l.qkv,
-                        act,
-                        Epilogue::Store,
-                        norm,
-                        input,
-                        &b.qkv,
-                        qkv_stride,
-                    ));
+                    normed(&mut ops, p, &l.qkv, attn_norm, &b.qkv, qkv_stride);
                 }
                 if let (Some(w), Some(gate)) = (&l.attn_gate, &b.gate) {
                     // Gated attention's gate, from the same input as q.
-                    let q = c.q_dim();
-                    if tiled {
-                        ops.extend(kernels::gemm(gpu, p, params, xs, w, Epilogue::Store, &b.xn, gate, q));
-                    } else {
-                        ops.extend(kernels::gemv(gpu, p, gb, w, act, Epilogue::Store, norm, input, gate, q));
-                    }
+                    normed(&mut ops, p, w, attn_norm, gate, c.q_dim());
                 }
                 if !folded {
                     let table = &b.rope[lp.rope];
@@ -1181,7 +1219,7 @@ impl GpuModel {
                 if let Some(gate) = b.gate.as_ref().filter(|_| l.attn_gate.is_some()) {
                     ops.push(kernels::gate_mul(gpu, p, params, c.q_dim(), &b.attn, gate));
                 }
-                residual(&mut ops, p, &l.wo, l.wo_bias.as_ref(), &b.attn, &l.post_attn_norm);
+                residual(&mut ops, p, &l.wo, l.wo_bias.as_ref(), &b.attn, &l.post_attn_norm, o_feed);
             }
 
             if let (Some(e), Some(m), Some(router)) = (&lp.experts, &b.moe, &l.router) {
@@ -1260,22 +1298,16 @@ impl GpuModel {
                 }
                 continue;
             }
-            if !fuse {
-                ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, &l.ffn_norm, &b.xn));
-            }
-            let pairs = l.gate_up.parts.iter().all(|part| part.pair);
-            if tiled {
-                ops.extend(kernels::gemm(gpu, p, params, xs, &l.gate_up, Epilogue::Store, &b.xn, &b.gu, 2 * c.ffn_dim));
+            let ffn_norm = pre_norm(&mut ops, p, &l.ffn_norm, o_feed.is_some());
+            // A gemv of gated pairs writes act(gate) * up; a gemm, or parts not paired, gate and up.
+            let pairs = !tiled && l.gate_up.parts.iter().all(|part| part.pair);
+            let (out, stride) = if pairs { (&b.h, c.ffn_dim) } else { (&b.gu, 2 * c.ffn_dim) };
+            normed(&mut ops, p, &l.gate_up, ffn_norm, out, stride);
+            if !pairs {
                 ops.push(kernels::act_mul(gpu, p, params, act, c.ffn_dim, &b.gu, &b.h));
-            } else {
-                let norm = fuse.then_some((&l.ffn_norm, eps));
-                let (out, stride) = if pairs { (&b.h, c.ffn_dim) } else { (&b.gu, 2 * c.ffn_dim) };
-                ops.extend(kernels::gemv(gpu, p, gb, &l.gate_up, act, Epilogue::Store, norm, input, out, stride));
-                if !pairs {
-                    ops.push(kernels::act_mul(gpu, p, params, act, c.ffn_dim, &b.gu, &b.h));
-                }
             }
-            residual(&mut ops, p, &l.w_down, None, &b.h, &l.post_ffn_norm);
+            residual(&mut ops, p, &l.w_down, None, &b.h, &l.post_ffn_norm, down_feed);
+            fed = down_feed.is_some();
             if let (Some((gate, proj, post)), Some(width), Some([inputs, _, g])) = (&l.ple, ple, &b.ple) {
                 // Gemma 4's per-layer embedding: GELU(inp_gate x) times the layer's inputs,
                 // through proj and its norm, added to x.
@@ -1320,7 +1352,6 @@ impl GpuModel {
             let d = c.d_model;
             ops.push(kernels::hidden(gpu, p, params, d, eps, false, &b.x, &self.output_norm, hidden, h, &b.batch));
         }
-        let output_norm = &self.output_norm;
         let vocab = c.vocab_size;
         // Final-logit soft-capping (Gemma 2) of the rows the LM head wrote.
         let cap = |p: &mut PipelineCache, params: &wgpu::Buffer, all: bool, logits: &wgpu::Buffer, rows: usize| {
@@ -1344,8 +1375,20 @@ impl GpuModel {
             ops
         };
         if let Pass::AllLogits(logits) = pass {
-            ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn));
-            ops.extend(kernels::gemm(gpu, p, params, xs, head, Epilogue::Store, &b.xn, logits, c.vocab_size));
+            let norm = norm_ahead(&mut ops, p, params, false, output_norm, fed);
+            let store = Epilogue::Store;
+            ops.extend(kernels::gemm_normed(
+                gpu,
+                p,
+                params,
+                xs,
+                head,
+                store,
+                scales(norm),
+                &b.xn,
+                logits,
+                c.vocab_size,
+            ));
             ops.extend(cap(p, params, true, logits, layout.rows));
             return ops;
         }
@@ -1353,36 +1396,42 @@ impl GpuModel {
             // The decode rows alone (the first ones): their norm, logits and argmax.
             let pd = &b.params_decode;
             let on = |ops: Vec<Dispatch>| ops.into_iter().map(|op| op.on(Segment::Decode));
-            ops.push(
-                kernels::rms_norm(gpu, p, pd, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn)
-                    .on(Segment::Decode),
-            );
+            let mut norm_ops = Vec::new();
+            let norm = norm_ahead(&mut norm_ops, p, pd, false, output_norm, fed);
+            ops.extend(on(norm_ops));
             if tiled {
-                ops.extend(on(kernels::gemm(gpu, p, pd, xs, head, Epilogue::Store, &b.xn, &b.logits, vocab)));
+                let store = Epilogue::Store;
+                ops.extend(on(kernels::gemm_normed(
+                    gpu,
+                    p,
+                    pd,
+                    xs,
+                    head,
+                    store,
+                    scales(norm),
+                    &b.xn,
+                    &b.logits,
+                    vocab,
+                )));
                 ops.extend(cap(p, pd, false, &b.logits, max_rows).map(|op| op.on(Segment::Decode)));
                 ops.push(kernels::argmax(gpu, p, pd, vocab, &b.logits, &b.argmax, max_rows).on(Segment::Decode));
             } else {
                 let gd = GemvBatch { params: pd, mb, xq: Some(&b.xq) };
-                ops.extend(on(lm_head_argmax(p, gd, None, &b.xn)));
+                ops.extend(on(lm_head_argmax(p, gd, norm, &b.xn)));
             }
             return ops;
         }
         if matches!(pass, Pass::WideDecode) {
-            ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, NormOut::Store, &b.x, output_norm, &b.xn));
-            ops.extend(kernels::gemm(gpu, p, params, xs, head, Epilogue::Store, &b.xn, &b.logits, vocab));
+            let norm = norm_ahead(&mut ops, p, params, false, output_norm, fed);
+            let store = Epilogue::Store;
+            ops.extend(kernels::gemm_normed(gpu, p, params, xs, head, store, scales(norm), &b.xn, &b.logits, vocab));
             ops.extend(cap(p, params, false, &b.logits, max_rows));
             ops.push(kernels::argmax(gpu, p, params, vocab, &b.logits, &b.argmax, max_rows));
             return ops;
         }
-        let (norm, x) = if fuse {
-            (Some((output_norm, eps)), &b.x)
-        } else {
-            // Prefill takes the last token's row; decode every row of the batch.
-            let out = if prefill { NormOut::StoreLast } else { NormOut::Store };
-            ops.push(kernels::rms_norm(gpu, p, params, c.d_model, eps, out, &b.x, output_norm, &b.xn));
-            (None, &b.xn)
-        };
-        ops.extend(lm_head_argmax(p, gb, norm, x));
+        // Prefill takes the last token's row; decode every row of the batch.
+        let norm = norm_ahead(&mut ops, p, params, prefill, output_norm, fed);
+        ops.extend(lm_head_argmax(p, gb, norm, if fuse { &b.x } else { &b.xn }));
         ops
     }
 

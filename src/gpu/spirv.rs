@@ -60,7 +60,7 @@ pub fn gemv_instructions_per_weight_byte(format: &'static BlockFormat, int8: boo
     }
     let row_words = format.gpu_row_words(COLS).ok_or("a row that does not fill whole blocks")?;
     let shape = GemvShape { format, cols: COLS, row_words, rows: COLS, out: 0, pair: false };
-    let p = GemvProgram::new(shape, GPU_LANES, 1, Activation::Silu, Epilogue::Store, None, None, COLS, int8);
+    let p = GemvProgram::new(shape, GPU_LANES, 1, Activation::Silu, Epilogue::Store, None, None, false, COLS, int8);
     let target = Target { f16: true, subgroups: true, subgroup_min: GPU_LANES, kv: KvStore::F16 };
     let source = assemble_for(target, &p.kernel, p.needs, &p.consts);
     let words = compile(&source, &p.overrides)?;

@@ -1,5 +1,6 @@
 //! Wrappers of shaders/gemv.wgsl (decode, one token) and shaders/gemm.wgsl (prefill, tiled).
 
+use super::norm::NORM_FED;
 use super::{Dispatch, Groups, RopeKvFold, Traffic};
 use crate::arch::Activation;
 use crate::gpu::shader::{Needs, PipelineCache};
@@ -11,6 +12,7 @@ const GEMV: &str = include_str!("../../../shaders/gemv.wgsl");
 const GEMV_ROPE_KV: &str = include_str!("../../../shaders/gemv_rope_kv.wgsl");
 const QUANTIZE_X: &str = include_str!("../../../shaders/quantize_x.wgsl");
 const GEMV_ARGMAX: &str = include_str!("../../../shaders/gemv_argmax.wgsl");
+const GEMV_FEED: &str = include_str!("../../../shaders/gemv_feed.wgsl");
 const GEMM: &str = include_str!("../../../shaders/gemm.wgsl");
 const GEMM_F32: &str = include_str!("../../../shaders/gemm_f32.wgsl");
 const GEMM_INT8: &str = include_str!("../../../shaders/gemm_int8.wgsl");
@@ -27,6 +29,41 @@ pub enum Epilogue {
     Store,
     /// Adds to the output (residual connection).
     Add,
+}
+
+/// How a decode gemv's x is RMS-normalized on its way in (where it is not, x is read as it is).
+#[derive(Clone, Copy)]
+pub enum NormIn<'a> {
+    /// x as its writer left it; the norm's weights and epsilon: every workgroup sums x's
+    /// squares itself (GPU-style kernels).
+    Fused(&'a wgpu::Buffer, f32),
+    /// x is already times the norm's weights, written by a residual gemv that fed it (`Feed`)
+    /// with the sums of its rows' squares (`sums`); epsilon (CPU-style kernels).
+    Fed { sums: &'a wgpu::Buffer, eps: f32 },
+}
+
+impl NormIn<'_> {
+    fn eps(&self) -> f32 {
+        match *self {
+            NormIn::Fused(_, eps) | NormIn::Fed { eps, .. } => eps,
+        }
+    }
+}
+
+/// What a CPU-style residual gemv writes for the gemv after the next RMSNorm (shaders/gemv_feed.wgsl;
+/// that gemv takes `NormIn::Fed`): the norm's `weights`, x times them into `x`, and the sums of
+/// each CPU_ROWS rows' squares into `sums` (`feed_sums_bytes`).
+#[derive(Clone, Copy)]
+pub struct Feed<'a> {
+    pub weights: &'a wgpu::Buffer,
+    pub x: &'a wgpu::Buffer,
+    pub sums: &'a wgpu::Buffer,
+}
+
+/// Bytes of a `Feed`'s sums for `rows` rows of `cols` values: a sum of each 8 values, a row in
+/// whole vec4s (shaders/norm_fed.wgsl's `sums_stride`).
+pub fn feed_sums_bytes(rows: usize, cols: usize) -> u64 {
+    (rows * cols.div_ceil(4 * CPU_ROWS as usize) * 4) as u64 * 4
 }
 
 /// The int8 records' scratch of a pass (`GpuModel`'s `xq`) and the rows it holds: a gemm over
@@ -59,7 +96,7 @@ pub fn int8_scratch_bytes(rows: usize, cols: usize) -> u64 {
 }
 
 /// y = W x for each of the pass's rows of x (rows of `y_stride` in y), or W rms_norm(x) with
-/// `norm` = (norm weights, epsilon). Gated-pair parts write act(gate) * up; others store or add.
+/// `norm`. Gated-pair parts write act(gate) * up; others store or add.
 #[allow(clippy::too_many_arguments)]
 pub fn gemv(
     gpu: &Gpu,
@@ -68,12 +105,30 @@ pub fn gemv(
     w: &Linear,
     act: Activation,
     epilogue: Epilogue,
-    norm: Option<(&wgpu::Buffer, f32)>,
+    norm: Option<NormIn>,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
     y_stride: usize,
 ) -> Vec<Dispatch> {
-    gemv_with(gpu, cache, batch, w, act, epilogue, None, None, norm, x, y, y_stride)
+    gemv_with(gpu, cache, batch, w, act, epilogue, Extra::None, norm, x, y, y_stride)
+}
+
+/// A residual `gemv` (y += W x) on CPU-style kernels that also writes `feed` for the gemv after
+/// the next RMSNorm, in place of the norm's pass. W's parts start at multiples of 8 rows.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_feeding(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    batch: GemvBatch,
+    w: &Linear,
+    feed: Feed,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    y_stride: usize,
+) -> Vec<Dispatch> {
+    assert!(gpu.style == KernelStyle::Cpu, "a gemv feeds the next norm on CPU-style kernels only");
+    let (act, add) = (Activation::Silu, Epilogue::Add);
+    gemv_with(gpu, cache, batch, w, act, add, Extra::Feed(feed), None, x, y, y_stride)
 }
 
 /// An lm_head's `gemv` (stored, `norm` as there) that also does the argmax's first pass into
@@ -85,13 +140,13 @@ pub fn gemv_argmax(
     batch: GemvBatch,
     w: &Linear,
     records: ArgmaxRecords,
-    norm: Option<(&wgpu::Buffer, f32)>,
+    norm: Option<NormIn>,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
     y_stride: usize,
 ) -> Vec<Dispatch> {
     let (act, store) = (Activation::Silu, Epilogue::Store);
-    gemv_with(gpu, cache, batch, w, act, store, None, Some(records), norm, x, y, y_stride)
+    gemv_with(gpu, cache, batch, w, act, store, Extra::Argmax(records), norm, x, y, y_stride)
 }
 
 /// The decode step's q|k|v projection doing rope_kv's work in its epilogue (when
@@ -103,12 +158,22 @@ pub fn gemv_rope_kv(
     batch: GemvBatch,
     w: &Linear,
     fold: &RopeKvFold,
-    norm: Option<(&wgpu::Buffer, f32)>,
+    norm: Option<NormIn>,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
     y_stride: usize,
 ) -> Vec<Dispatch> {
-    gemv_with(gpu, cache, batch, w, Activation::Silu, Epilogue::Store, Some(fold), None, norm, x, y, y_stride)
+    let (act, store) = (Activation::Silu, Epilogue::Store);
+    gemv_with(gpu, cache, batch, w, act, store, Extra::RopeKv(fold), norm, x, y, y_stride)
+}
+
+/// What a gemv does besides its epilogue (each with its own bindings from 5 on).
+#[derive(Clone, Copy)]
+enum Extra<'a> {
+    None,
+    RopeKv(&'a RopeKvFold<'a>),
+    Argmax(ArgmaxRecords<'a>),
+    Feed(Feed<'a>),
 }
 
 /// The decode gemv's program for one part: the WGSL kernel, what it needs prepended, its
@@ -124,8 +189,8 @@ pub struct GemvProgram {
 
 impl GemvProgram {
     /// `lanes` invocations a row (`Gpu::gemv_lanes`), `mb` batch rows a pass over the weights,
-    /// `norm_eps`: the RMS norm fused in, `int8`: x is int8 records (`takes_int8`; normalized
-    /// already).
+    /// `norm`: how x is normalized (`NormIn`), `feed`: the residual epilogue feeds the next
+    /// norm (`gemv_feeding`), `int8`: x is int8 records (`takes_int8`; normalized already).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         p: GemvShape,
@@ -134,12 +199,18 @@ impl GemvProgram {
         act: Activation,
         epilogue: Epilogue,
         fold: Option<&RopeKvFold>,
-        norm_eps: Option<f32>,
+        norm: Option<NormIn>,
+        feed: bool,
         y_stride: usize,
         int8: bool,
     ) -> Self {
-        let nw = if int8 { NW_INT8 } else { NW_NORM };
-        let kernel = [GEMV, nw, fold.map_or(NO_ROPE_KV, |_| GEMV_ROPE_KV), NO_ARGMAX].concat();
+        let nw = match (int8, norm) {
+            (true, _) => NW_INT8,
+            (false, Some(NormIn::Fed { .. })) => NW_FED,
+            (false, _) => NW_NORM,
+        };
+        let rope_kv = fold.map_or(NO_ROPE_KV, |_| GEMV_ROPE_KV);
+        let kernel = [GEMV, NORM_FED, nw, rope_kv, NO_ARGMAX, if feed { GEMV_FEED } else { NO_FEED }].concat();
         let mut consts = vec![("MB", mb), ("CPU_ROWS", CPU_ROWS)];
         consts.extend(fold.map(|f| f.consts()).into_iter().flatten());
         let mode = match (p.pair, epilogue, fold) {
@@ -156,8 +227,9 @@ impl GemvProgram {
             ("OUT", p.out as f64),
             ("EPILOGUE", mode as f64),
             ("LANES", lanes as f64),
-            ("NORM", (norm_eps.is_some() && !int8) as u32 as f64),
-            ("EPS", norm_eps.map_or(0.0, |e| e as f64)),
+            ("NORM", (matches!(norm, Some(NormIn::Fused(..))) && !int8) as u32 as f64),
+            ("NORM_FED", matches!(norm, Some(NormIn::Fed { .. })) as u32 as f64),
+            ("EPS", norm.map_or(0.0, |n| n.eps() as f64)),
             ("INT8", int8 as u32 as f64),
         ];
         let needs = Needs {
@@ -189,6 +261,17 @@ const NW_NORM: &str = "@group(0) @binding(1) var<storage, read> x: array<vec4<f3
     @group(0) @binding(3) var<storage, read> nw: array<vec4<u32>>;\n\
     fn x_vec(i: u32) -> vec4<f32> { return x[i]; }\n\
     fn norm_weights(i: u32) -> vec4<f32> { return bitcast<vec4<f32>>(nw[i]); }\n\
+    fn norm_sums4(i: u32) -> vec4<f32> { return vec4<f32>(); }\n\
+    fn weight_vec(i: u32) -> vec4<u32> { return vec4<u32>(); }\n\
+    fn x_record(i: u32) -> XRec { return XRec(); }\n";
+
+/// gemv.wgsl's bindings 1 and 3 as x and a fed norm's sums (NORM_FED; as vec4s: a vector's
+/// element picked at run time, or four loads, would cost a CPU adapter more).
+const NW_FED: &str = "@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;\n\
+    @group(0) @binding(3) var<storage, read> sums: array<vec4<f32>>;\n\
+    fn x_vec(i: u32) -> vec4<f32> { return x[i]; }\n\
+    fn norm_weights(i: u32) -> vec4<f32> { return vec4<f32>(1.0); }\n\
+    fn norm_sums4(i: u32) -> vec4<f32> { return sums[i]; }\n\
     fn weight_vec(i: u32) -> vec4<u32> { return vec4<u32>(); }\n\
     fn x_record(i: u32) -> XRec { return XRec(); }\n";
 
@@ -198,8 +281,21 @@ const NW_INT8: &str = "@group(0) @binding(1) var<storage, read> wv: array<vec4<u
     @group(0) @binding(3) var<storage, read> nw: array<XRec>;\n\
     fn x_vec(i: u32) -> vec4<f32> { return vec4<f32>(); }\n\
     fn norm_weights(i: u32) -> vec4<f32> { return vec4<f32>(1.0); }\n\
+    fn norm_sums4(i: u32) -> vec4<f32> { return vec4<f32>(); }\n\
     fn weight_vec(i: u32) -> vec4<u32> { return wv[i]; }\n\
     fn x_record(i: u32) -> XRec { return nw[i]; }\n";
+
+/// gemm_f32.wgsl's NORM_FED scales (binding 5, a float a token).
+const GEMM_SCALES: &str = "@group(0) @binding(5) var<storage, read> row_scales: array<f32>;\n\
+    fn row_scale(t: u32) -> f32 { return row_scales[t]; }\n";
+
+/// gemm_f32.wgsl without NORM_FED.
+const NO_GEMM_SCALES: &str = "fn row_scale(t: u32) -> f32 { return 1.0; }\n";
+
+/// gemv.wgsl without FEED: nothing written for a next norm.
+const NO_FEED: &str = "const FEED: bool = false;\n\
+    fn feed_row(m: u32, row: u32, v: f32) {}\n\
+    fn feed_sum(m: u32, part: u32, ss: f32) {}\n";
 
 /// gemv.wgsl without ARGMAX: the argmax's record functions do nothing.
 const NO_ARGMAX: &str = "const ARGMAX: bool = false;\n\
@@ -241,9 +337,8 @@ fn gemv_with(
     w: &Linear,
     act: Activation,
     epilogue: Epilogue,
-    fold: Option<&RopeKvFold>,
-    argmax: Option<ArgmaxRecords>,
-    norm: Option<(&wgpu::Buffer, f32)>,
+    extra: Extra,
+    norm: Option<NormIn>,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
     y_stride: usize,
@@ -251,20 +346,32 @@ fn gemv_with(
     let cols = w.parts.first().map_or(0, |p| p.cols);
     // Rows the pass may take: those of a batch rounded up to MB (a GPU's gemv reads MB at once).
     let rows = gpu.max_batch.next_multiple_of(batch.mb as usize);
-    let xq = batch.xq.filter(|xq| xq.size() >= int8_scratch_bytes(rows, cols) && cols % 32 == 0);
+    // A fed x (CPU-style kernels) is never quantized: int8 activations are the GPU style's.
+    let fed = matches!(norm, Some(NormIn::Fed { .. }));
+    let xq = batch.xq.filter(|xq| !fed && xq.size() >= int8_scratch_bytes(rows, cols) && cols % 32 == 0);
     let int8 = |p: &crate::gpu::weights::Part| xq.is_some() && takes_int8(gpu, p.format);
     let mut ops = Vec::new();
     if let Some(xq) = xq.filter(|_| w.parts.iter().any(int8)) {
-        ops.push(quantize_x(gpu, cache, batch.params, cols, Some(rows), norm, x, xq));
+        let fused = norm.and_then(|n| match n {
+            NormIn::Fused(weights, eps) => Some((weights, eps)),
+            NormIn::Fed { .. } => None,
+        });
+        ops.push(quantize_x(gpu, cache, batch.params, cols, Some(rows), fused, x, xq));
     }
+    let (fold, argmax, feed) = match extra {
+        Extra::None => (None, None, None),
+        Extra::RopeKv(f) => (Some(f), None, None),
+        Extra::Argmax(a) => (None, Some(a), None),
+        Extra::Feed(f) => (None, None, Some(f)),
+    };
     let group_rows = argmax_group_rows(gpu);
     let mut first_record = 0;
     for p in &w.parts {
         let shape = p.shape;
         let int8 = int8(p);
-        let norm_eps = norm.map(|n| n.1);
-        let mut program =
-            GemvProgram::new(shape, gpu.gemv_lanes(), batch.mb, act, epilogue, fold, norm_eps, y_stride, int8);
+        assert!(feed.is_none() || p.out % CPU_ROWS as usize == 0, "a fed part starts at a multiple of CPU_ROWS");
+        let (lanes, mb) = (gpu.gemv_lanes(), batch.mb);
+        let mut program = GemvProgram::new(shape, lanes, mb, act, epilogue, fold, norm, feed.is_some(), y_stride, int8);
         program.overrides.push(("UNROLL_ROWS", gpu.unroll_rows as u32 as f64));
         let records = p.rows.div_ceil(group_rows);
         if let Some(a) = argmax {
@@ -273,28 +380,42 @@ fn gemv_with(
         }
         let pipeline = cache.get(gpu, "gemv", &program.kernel, program.needs, &program.consts, &program.overrides);
         // INT8: binding 1 is the weights as vec4s (left out where q8w does not read them so),
-        // binding 3 the records.
+        // binding 3 the records. Binding 3 is otherwise the norm's weights (fused, or those a
+        // feed multiplies by) or a fed x's sums.
         let (x, nw) = match xq {
             Some(xq) if int8 => (p.format.int8_reads_vec4s().then_some(&p.buffer), xq),
-            _ => (Some(x), norm.map_or(x, |n| n.0)),
+            _ => (
+                Some(x),
+                match (norm, feed) {
+                    (Some(NormIn::Fused(weights, _)), _) | (None, Some(Feed { weights, .. })) => weights,
+                    (Some(NormIn::Fed { sums, .. }), _) => sums,
+                    (None, None) => x,
+                },
+            ),
         };
         let mut bindings = vec![(0, &p.buffer), (2, y), (3, nw), (4, batch.params)];
         bindings.extend(x.map(|x| (1, x)));
-        match (fold, argmax) {
-            (Some(f), _) => bindings.extend([(5, f.table), (6, f.k_cache), (7, f.v_cache), (8, f.batch)]),
-            (None, Some(a)) => bindings.push((5, a.buffer)),
-            (None, None) => {}
+        match (fold, argmax, feed) {
+            (Some(f), ..) => bindings.extend([(5, f.table), (6, f.k_cache), (7, f.v_cache), (8, f.batch)]),
+            (_, Some(a), _) => bindings.push((5, a.buffer)),
+            (.., Some(f)) => bindings.extend([(5, f.x), (6, f.sums)]),
+            (None, None, None) => {}
         }
         let bind_group = gpu.bind_group_at("gemv", &pipeline, &bindings);
         let rows_per_group = 256 / gpu.gemv_lanes();
         let groups =
             Groups::spread((p.rows as u32).div_ceil(rows_per_group), gpu.limits.max_compute_workgroups_per_dimension);
-        // The part's rows, x (or its int8 records; the norm weights), y written (and read first
-        // when added to); folded, what rope_kv would have moved instead of y.
+        // The part's rows, x (or its int8 records; the norm weights, or a fed x's sums), y
+        // written (and read first when added to); folded, what rope_kv would have moved instead
+        // of y; feeding, the norm's weights read and x times them and its sums written.
         let out_rows = p.rows as u64 * 4 + argmax.map_or(0, |_| records as u64 * 8);
-        let outputs = match fold {
-            Some(f) => f.traffic(p.out, p.rows, gpu.kv_bytes()),
-            None => Traffic {
+        let sums = |rows: usize| rows.div_ceil(CPU_ROWS as usize) as u64 * 4;
+        let outputs = match (fold, feed) {
+            (Some(f), _) => f.traffic(p.out, p.rows, gpu.kv_bytes()),
+            (None, Some(_)) => {
+                Traffic { weights: 4 * p.rows as u64, activations: 3 * out_rows + sums(p.rows), ..Default::default() }
+            }
+            (None, None) => Traffic {
                 activations: if epilogue == Epilogue::Add && !p.pair { 2 * out_rows } else { out_rows },
                 ..Default::default()
             },
@@ -306,8 +427,10 @@ fn gemv_with(
                 ..outputs
             },
             false => Traffic {
-                weights: p.buffer.size() + norm.map_or(0, |_| 4 * p.cols as u64),
-                activations: 4 * p.cols as u64 + outputs.activations,
+                weights: p.buffer.size()
+                    + outputs.weights
+                    + matches!(norm, Some(NormIn::Fused(..))) as u64 * 4 * p.cols as u64,
+                activations: 4 * p.cols as u64 + fed as u64 * feed_sums_bytes(1, p.cols) + outputs.activations,
                 ..outputs
             },
         };
@@ -375,6 +498,25 @@ pub fn gemm(
     y: &wgpu::Buffer,
     y_stride: usize,
 ) -> Vec<Dispatch> {
+    gemm_normed(gpu, cache, params, xq, w, epilogue, None, x, y, y_stride)
+}
+
+/// `gemm` of a fed x (CPU-style kernels: x times a norm's weights, written by
+/// `kernels::rms_norm_feed` with each row's RMS scale into `scales`), or of x as it is with None.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_normed(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    params: &wgpu::Buffer,
+    xq: Option<Int8Scratch<'_>>,
+    w: &Linear,
+    epilogue: Epilogue,
+    scales: Option<&wgpu::Buffer>,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    y_stride: usize,
+) -> Vec<Dispatch> {
+    assert!(scales.is_none() || gpu.style == KernelStyle::Cpu, "a gemm takes a fed norm on CPU-style kernels only");
     let cols = w.parts.first().map_or(0, |p| p.cols);
     let xq = xq.filter(|s| s.buffer.size() >= int8_scratch_bytes(s.rows, cols) && cols % 32 == 0).map(|s| s.buffer);
     let int8 = |p: &crate::gpu::weights::Part| xq.is_some() && takes_int8(gpu, p.format);
@@ -402,9 +544,13 @@ pub fn gemm(
                 ("DIRECT", cpu as u32 as f64),
                 ("WG", if cpu { 64.0 } else { 256.0 }),
                 ("UNROLL_ROWS", gpu.unroll_rows as u32 as f64),
+                ("NORM_FED", scales.is_some() as u32 as f64),
             ]);
         }
-        let kernel = [GEMM, if int8 { GEMM_INT8 } else { GEMM_F32 }].concat();
+        let kernel = match int8 {
+            true => [GEMM, GEMM_INT8].concat(),
+            false => [GEMM, GEMM_F32, if scales.is_some() { GEMM_SCALES } else { NO_GEMM_SCALES }].concat(),
+        };
         let needs = Needs { weights: Some(p.format), int8, ..Default::default() };
         let pipeline = cache.get(gpu, "gemm", &kernel, needs, &[], &overrides);
         let xb = match xq {
@@ -415,6 +561,7 @@ pub fn gemm(
         if int8 && p.format.int8_reads_vec4s() {
             bindings.push((4, &p.buffer));
         }
+        bindings.extend(scales.map(|s| (5, s)));
         let bind_group = gpu.bind_group_at("gemm", &pipeline, &bindings);
         let x_bytes = if int8 { int8_scratch_bytes(1, p.cols) } else { 4 * p.cols as u64 };
         ops.push(Dispatch {

@@ -26,12 +26,13 @@ pub use delta::{delta_out, delta_prep, delta_proj, delta_scan, gate_mul, sigmoid
 pub use embed::embed;
 pub use gemma4::{ple_gate, ple_inputs, scale_rows};
 pub use matmul::{
-    argmax_records_per_row, gemm, gemv, gemv_argmax, gemv_rope_kv, int8_scratch_bytes, takes_int8, ArgmaxRecords,
-    Epilogue, GemvBatch, GemvProgram, Int8Scratch, INT8_RECORD_BYTES,
+    argmax_records_per_row, feed_sums_bytes, gemm, gemm_normed, gemv, gemv_argmax, gemv_feeding, gemv_rope_kv,
+    int8_scratch_bytes, takes_int8, ArgmaxRecords, Epilogue, Feed, GemvBatch, GemvProgram, Int8Scratch, NormIn,
+    INT8_RECORD_BYTES,
 };
 pub use moe::{check_experts, moe_combine, moe_gemv, moe_group, moe_route, MoeGroups};
 pub use mtp::{concat_rows, hidden};
-pub use norm::{rms_norm, NormOut};
+pub use norm::{rms_norm, rms_norm_feed, NormOut};
 pub use rope::{rope_kv, rope_table, QkvExtras, RopeKvFold};
 pub use short_conv::short_conv;
 pub use softcap::softcap_rows;
