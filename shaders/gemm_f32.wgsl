@@ -51,25 +51,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if (UNROLL_ROWS) {
             var lo: array<vec4<f32>, 8>;
             var hi: array<vec4<f32>, 8>;
-            let last = ROW_COUNT - 1u;
-            let r0 = row0 + dx * 8u;
-            let b0 = min(r0, last) * ROW_WORDS;
-            let b1 = min(r0 + 1u, last) * ROW_WORDS;
-            let b2 = min(r0 + 2u, last) * ROW_WORDS;
-            let b3 = min(r0 + 3u, last) * ROW_WORDS;
-            let b4 = min(r0 + 4u, last) * ROW_WORDS;
-            let b5 = min(r0 + 5u, last) * ROW_WORDS;
-            let b6 = min(r0 + 6u, last) * ROW_WORDS;
-            let b7 = min(r0 + 7u, last) * ROW_WORDS;
+            let b = rows8(row0 + dx * 8u, ROW_COUNT, ROW_WORDS);
             for (var g = 0u; g < select(0u, COLS / 8u, live); g++) {
-                let w0 = dq8(b0, g);
-                let w1 = dq8(b1, g);
-                let w2 = dq8(b2, g);
-                let w3 = dq8(b3, g);
-                let w4 = dq8(b4, g);
-                let w5 = dq8(b5, g);
-                let w6 = dq8(b6, g);
-                let w7 = dq8(b7, g);
+                let w0 = dq8(b.lo.x, g);
+                let w1 = dq8(b.lo.y, g);
+                let w2 = dq8(b.lo.z, g);
+                let w3 = dq8(b.lo.w, g);
+                let w4 = dq8(b.hi.x, g);
+                let w5 = dq8(b.hi.y, g);
+                let w6 = dq8(b.hi.z, g);
+                let w7 = dq8(b.hi.w, g);
                 for (var i = 0u; i < 8u; i++) {
                     let t = min(tok0 + dy * 8u + i, n - 1u);
                     let xv = Dq8(x[(t * COLS) / 4u + g * 2u], x[(t * COLS) / 4u + g * 2u + 1u]);

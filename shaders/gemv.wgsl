@@ -180,17 +180,10 @@ fn x_group(m: u32, g: u32) -> Dq8 {
 // and r0 + 4 .. r0 + 7, then (EPILOGUE 2) their up rows, each summed in cpu_rows' order, then
 // (NORM_FED) the norm's sums (shaders/norm_fed.wgsl).
 fn cpu_rows8(r0: u32, m: u32) -> array<vec4<f32>, 5> {
-    let last = ROW_COUNT - 1u;
-    // The rows' first words (no array: SwiftShader would keep one in memory).
-    let b0 = min(r0, last) * ROW_WORDS;
-    let b1 = min(r0 + 1u, last) * ROW_WORDS;
-    let b2 = min(r0 + 2u, last) * ROW_WORDS;
-    let b3 = min(r0 + 3u, last) * ROW_WORDS;
-    let b4 = min(r0 + 4u, last) * ROW_WORDS;
-    let b5 = min(r0 + 5u, last) * ROW_WORDS;
-    let b6 = min(r0 + 6u, last) * ROW_WORDS;
-    let b7 = min(r0 + 7u, last) * ROW_WORDS;
-    let up = ROW_COUNT * ROW_WORDS;
+    // The rows' first words, and their up rows'.
+    let b = rows8(r0, ROW_COUNT, ROW_WORDS);
+    let up = vec4<u32>(ROW_COUNT * ROW_WORDS);
+    let u = Rows8(b.lo + up, b.hi + up);
     var s0 = vec4<f32>(0.0);
     var s1 = vec4<f32>(0.0);
     var t0 = vec4<f32>(0.0);
@@ -199,13 +192,11 @@ fn cpu_rows8(r0: u32, m: u32) -> array<vec4<f32>, 5> {
     for (var g = 0u; g < COLS / 8u; g++) {
         if (NORM_FED && g % 4u == 0u) { fed += fed_step(m, g); }
         let x = x_group(m, g);
-        s0 += vec4<f32>(dot8(dq8(b0, g), x), dot8(dq8(b1, g), x), dot8(dq8(b2, g), x), dot8(dq8(b3, g), x));
-        s1 += vec4<f32>(dot8(dq8(b4, g), x), dot8(dq8(b5, g), x), dot8(dq8(b6, g), x), dot8(dq8(b7, g), x));
+        s0 += dot8x4(b.lo, g, x);
+        s1 += dot8x4(b.hi, g, x);
         if (EPILOGUE == 2u) {
-            t0 += vec4<f32>(dot8(dq8(b0 + up, g), x), dot8(dq8(b1 + up, g), x), dot8(dq8(b2 + up, g), x),
-                            dot8(dq8(b3 + up, g), x));
-            t1 += vec4<f32>(dot8(dq8(b4 + up, g), x), dot8(dq8(b5 + up, g), x), dot8(dq8(b6 + up, g), x),
-                            dot8(dq8(b7 + up, g), x));
+            t0 += dot8x4(u.lo, g, x);
+            t1 += dot8x4(u.hi, g, x);
         }
     }
     return array<vec4<f32>, 5>(s0, s1, t0, t1, fed);

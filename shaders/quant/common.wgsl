@@ -9,9 +9,25 @@
 
 struct Dq8 { a: vec4<f32>, b: vec4<f32> }
 
+// The first words of rows r0 .. r0 + 3 (lo) and r0 + 4 .. r0 + 7 (hi) of `count` rows of `words`
+// words, those past the last clamped to it: a CPU-style kernel's 8 rows held in straight-line
+// code (no array: SwiftShader would keep one in memory).
+struct Rows8 { lo: vec4<u32>, hi: vec4<u32> }
+
+fn rows8(r0: u32, count: u32, words: u32) -> Rows8 {
+    let r = vec4<u32>(r0) + vec4<u32>(0u, 1u, 2u, 3u);
+    let last = vec4<u32>(count - 1u);
+    return Rows8(min(r, last) * words, min(r + 4u, last) * words);
+}
+
 // The dot product of 8 weights and 8 values.
 fn dot8(v: Dq8, x: Dq8) -> f32 {
     return dot(v.a, x.a) + dot(v.b, x.b);
+}
+
+// Values 8g .. 8g+7 of the four rows that start at words `rows`, each dotted with x.
+fn dot8x4(rows: vec4<u32>, g: u32, x: Dq8) -> vec4<f32> {
+    return vec4<f32>(dot8(dq8(rows.x, g), x), dot8(dq8(rows.y, g), x), dot8(dq8(rows.z, g), x), dot8(dq8(rows.w, g), x));
 }
 
 const BYTE_SHIFTS = vec4<u32>(0u, 8u, 16u, 24u);
