@@ -7,9 +7,10 @@
 // reduction and the kernel no barrier (and `cpu_rows` below).
 // NORM: x is RMS-normalized on the fly (weights nw, epsilon EPS): every workgroup sums x's squares
 // itself, which costs less than a separate normalization pass and its dispatch.
-// NORM_FED (CPU adapters, shaders/norm_fed.wgsl): x is x times the norm's weights, and binding
-// 3 holds the sums of squares its writer left, which every invocation adds up itself for the RMS
-// scale (no barrier).
+// NORM_FED (CPU adapters, shaders/norm_fed.wgsl; a single batch row): x is x times the norm's
+// weights, and binding 3 holds the sums of squares its writer left, which every invocation adds
+// up itself for the RMS scale (no barrier). NORM_SCALED: the same x, and binding 3 holds each
+// row's scale, worked out by the norm's pass (several rows: each adding its sums would cost more).
 // EPILOGUE 0: store. 1: add (residual). 2: gated pair: the part holds ROW_COUNT gate rows then
 // ROW_COUNT up rows, and y[OUT + r] = act(gate_r . x) * (up_r . x) (`act` from the host).
 // 3: the fused q|k|v rows of a decode step go through `rope_kv_pair` a pair of rows at a time
@@ -41,6 +42,7 @@ override EPILOGUE: u32 = 0u;
 override LANES: u32 = 32u;
 override NORM: bool = false;
 override NORM_FED: bool = false;
+override NORM_SCALED: bool = false;
 override EPS: f32 = 0.0;
 override INT8: bool = false;
 // CPU adapters: a single batch row's CPU_ROWS (8) rows in straight-line code (`cpu_rows8`), for
@@ -90,10 +92,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                 scale[j] = inverseSqrt(block_sum(ss, lane) / f32(COLS) + EPS);
             }
         }
-        // (CPU adapters: `cpu_rows` after its sums, where it costs least.)
-        if (NORM_FED && LANES > 1u) {
+        // (CPU adapters: `cpu_rows`, where it costs least.)
+        if ((NORM_FED || NORM_SCALED) && LANES > 1u) {
             for (var j = 0u; j < hn; j++) {
-                scale[j] = fed_scale(m0 + j);
+                if (NORM_FED) { scale[j] = fed_scale(m0 + j); }
+                if (NORM_SCALED) { scale[j] = row_scale(m0 + j); }
             }
         }
         if (LANES == 1u) {
@@ -207,12 +210,13 @@ fn cpu_rows8(r0: u32, m: u32) -> array<vec4<f32>, 5> {
 fn cpu_rows(r0: u32, m0: u32, nb: u32, scale: array<f32, MB>) {
     var acc: array<array<f32, CPU_ROWS>, MB>;
     var acc_up: array<array<f32, CPU_ROWS>, MB>;
-    // NORM_FED: the batch rows' sums of squares, summed in the weight loop (`fed_step`).
-    var fed_ss: array<vec4<f32>, MB>;
+    // NORM_FED (a single batch row: the host's): its sums of squares, added in the weight loop
+    // (`fed_step`).
+    var fed_ss = vec4<f32>(0.0);
     let unrolled = UNROLL_ROWS && nb == 1u && CPU_ROWS == 8u;
     if (unrolled) {
         let s = cpu_rows8(r0, m0);
-        fed_ss[0] = s[4];
+        fed_ss = s[4];
         for (var i = 0u; i < 4u; i++) {
             acc[0][i] = s[0][i];
             acc[0][i + 4u] = s[1][i];
@@ -228,11 +232,11 @@ fn cpu_rows(r0: u32, m0: u32, nb: u32, scale: array<f32, MB>) {
             v[i] = dq8(base, g);
             if (EPILOGUE == 2u) { u[i] = dq8(base + ROW_COUNT * ROW_WORDS, g); }
         }
+        if (NORM_FED && g % 4u == 0u) { fed_ss += fed_step(m0, g); }
         for (var j = 0u; j < nb; j++) {
             let xv = x_group(m0 + j, g);
             let xa = xv.a;
             let xb = xv.b;
-            if (NORM_FED && g % 4u == 0u) { fed_ss[j] += fed_step(m0 + j, g); }
             for (var i = 0u; i < CPU_ROWS; i++) {
                 acc[j][i] += dot(v[i].a, xa) + dot(v[i].b, xb);
                 if (EPILOGUE == 2u) { acc_up[j][i] += dot(u[i].a, xa) + dot(u[i].b, xb); }
@@ -242,7 +246,8 @@ fn cpu_rows(r0: u32, m0: u32, nb: u32, scale: array<f32, MB>) {
     for (var j = 0u; j < nb; j++) {
         let m = m0 + j;
         var sj = scale[j];
-        if (NORM_FED) { sj = fed_rms(fed_ss[j]); }
+        if (NORM_FED) { sj = fed_rms(fed_ss); }
+        if (NORM_SCALED) { sj = row_scale(m); }
         // FEED: the squares of the rows' new values.
         var ss = 0.0;
         for (var i = 0u; i < CPU_ROWS; i++) {

@@ -1472,9 +1472,9 @@ gpu_test! {
 // the sums of squares the first left) gives the CPU reference's rms_norm then product, for 1 and
 // 3 batch rows (the unrolled single row and the batched loop), each form of the rows, and a
 // residual split in two parts (the second starting at row 96); at 200 values a row, whose 25 sums
-// are padded to 28. The norm's own FEED pass over the
-// same y writes the same bits as the feeding gemv, and the gemm over them the gemv's: a row gets
-// the same logits in a batch (tiled) as alone.
+// are padded to 28. The norm's own FEED pass over the same y writes the same bits as the feeding
+// gemv, and the gemm and a batch's gemv (MB 8) over them, with the scales it wrote, the fed
+// gemv's: a row gets the same logits in a batch (tiled or not) as alone.
 gpu_test! {
     async fn a_residual_gemv_feeding_the_next_norm_gives_add_norm_then_product() {
         let mut rng = Rng::new(14);
@@ -1498,7 +1498,8 @@ gpu_test! {
                 let y0 = random(&mut rng, n * d, 2.0);
                 let g = random(&mut rng, d, 1.0);
                 h.set_rows(&(0..n).map(|i| (i, 0)).collect::<Vec<_>>(), n, 16);
-                let gb = GemvBatch { params: &h.params, mb: 8, xq: None };
+                // A sequence's step (MB 1, the fed norm's) and a batch's (MB 8).
+                let (gb, gb8) = (GemvBatch { params: &h.params, mb: 1, xq: None }, GemvBatch { params: &h.params, mb: 8, xq: None });
                 for (parts, lin, w) in [("one part", &whole, dequantize(&wi, &wb).unwrap()), ("two parts", &split, split_w.clone())] {
                     let (mut added, mut add_scale, mut want, mut scale) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
                     for r in 0..n {
@@ -1519,7 +1520,7 @@ gpu_test! {
                     let unwritten: Vec<f32> = (0..n * stride).map(|i| if i % stride < d / 8 { f32::NAN } else { 0.0 }).collect();
                     let (xn, sums) = (h.buf(&vec![f32::NAN; n * d]), h.buf(&unwritten));
                     let feed = Feed { weights: &gw, x: &xn, sums: &sums };
-                    let ops = kernels::gemv_feeding(&h.gpu, &mut h.cache, gb, lin, feed, &xb, &yb, d);
+                    let ops = kernels::gemv_feeding(&h.gpu, &mut h.cache, gb8, lin, feed, &xb, &yb, d);
                     h.run(&ops, n);
                     assert_close(&format!("{what}: y + W x"), &h.read(&yb, n * d).await, &added, &add_scale, MATMUL_REL);
                     let out = h.buf(&vec![0.0; n * rows]);
@@ -1539,7 +1540,13 @@ gpu_test! {
                     let out2 = h.buf(&vec![0.0; n * rows]);
                     let ops = kernels::gemm_normed(&h.gpu, &mut h.cache, &h.params, None, &next, Epilogue::Store, Some(&scales), &xn2, &out2, rows);
                     h.run(&ops, n);
-                    assert_eq!(bits(h.read(&out2, n * rows).await), bits(got), "{what}: the gemm's products");
+                    assert_eq!(bits(h.read(&out2, n * rows).await), bits(got.clone()), "{what}: the gemm's products");
+                    // A batch's gemv over the pass's scales: the same bits.
+                    let out3 = h.buf(&vec![0.0; n * rows]);
+                    let norm = Some(NormIn::Scaled { scales: &scales });
+                    let ops = kernels::gemv(&h.gpu, &mut h.cache, gb8, &next, Activation::Silu, Epilogue::Store, norm, &xn2, &out3, rows);
+                    h.run(&ops, n);
+                    assert_eq!(bits(h.read(&out3, n * rows).await), bits(got), "{what}: a batch's gemv over the scales");
                 }
             }
             h.set(1, 0, 16);

@@ -1002,7 +1002,8 @@ impl GpuModel {
         // from one: not into the first layer, nor past a bias, a post-norm, Gemma 4's per-layer
         // input, a layer's output scale or a mixture of experts.
         let fuse = !tiled && gpu.style == KernelStyle::Gpu;
-        let feeds = !tiled && gpu.style == KernelStyle::Cpu;
+        // (A gemv adds a fed norm's sums for one batch row a pass: MB 1, a sequence's step.)
+        let feeds = !tiled && gpu.style == KernelStyle::Cpu && mb == 1;
         let input = if fuse { &b.x } else { &b.xn };
         let output_norm = &self.output_norm;
         // Whether the product before fed the next norm (`feeds`).
@@ -1013,21 +1014,18 @@ impl GpuModel {
         // that a row gets the same bits in a gemv and in a gemm, alone or in a batch); or a plain
         // pass of its own into xn.
         let cpu = gpu.style == KernelStyle::Cpu;
-        // A tiled product's fed norm: the scales its pass wrote (a tiled pass's norms are passes).
-        let scales = |norm: Option<NormIn>| norm.map(|_| &b.norm_scales);
         let norm_ahead = |ops: &mut Vec<Dispatch>, p: &mut PipelineCache, params, last_only, weights, fed: bool| {
             if fuse {
                 return Some(NormIn::Fused(weights, eps));
             }
             let d = c.d_model;
-            if cpu {
-                if !fed {
-                    let (sums, scales) = (&b.norm_sums, &b.norm_scales);
-                    ops.push(kernels::rms_norm_feed(
-                        gpu, p, params, d, eps, last_only, &b.x, weights, &b.xn, sums, scales,
-                    ));
-                }
+            if cpu && fed {
                 return Some(NormIn::Fed { sums: &b.norm_sums, eps });
+            }
+            if cpu {
+                let (sums, scales) = (&b.norm_sums, &b.norm_scales);
+                ops.push(kernels::rms_norm_feed(gpu, p, params, d, eps, last_only, &b.x, weights, &b.xn, sums, scales));
+                return Some(NormIn::Scaled { scales });
             }
             let out = if last_only { NormOut::StoreLast } else { NormOut::Store };
             ops.push(kernels::rms_norm(gpu, p, params, d, eps, out, &b.x, weights, &b.xn));
@@ -1097,7 +1095,7 @@ impl GpuModel {
             let normed = |ops: &mut Vec<Dispatch>, p: &mut PipelineCache, w, norm, y, stride| {
                 let store = Epilogue::Store;
                 if tiled {
-                    ops.extend(kernels::gemm_normed(gpu, p, params, xs, w, store, scales(norm), &b.xn, y, stride));
+                    ops.extend(kernels::gemm_normed(gpu, p, params, xs, w, store, gemm_scales(norm), &b.xn, y, stride));
                 } else {
                     ops.extend(kernels::gemv(gpu, p, gb, w, act, store, norm, input, y, stride));
                 }
@@ -1384,7 +1382,7 @@ impl GpuModel {
                 xs,
                 head,
                 store,
-                scales(norm),
+                gemm_scales(norm),
                 &b.xn,
                 logits,
                 c.vocab_size,
@@ -1408,7 +1406,7 @@ impl GpuModel {
                     xs,
                     head,
                     store,
-                    scales(norm),
+                    gemm_scales(norm),
                     &b.xn,
                     &b.logits,
                     vocab,
@@ -1424,7 +1422,18 @@ impl GpuModel {
         if matches!(pass, Pass::WideDecode) {
             let norm = norm_ahead(&mut ops, p, params, false, output_norm, fed);
             let store = Epilogue::Store;
-            ops.extend(kernels::gemm_normed(gpu, p, params, xs, head, store, scales(norm), &b.xn, &b.logits, vocab));
+            ops.extend(kernels::gemm_normed(
+                gpu,
+                p,
+                params,
+                xs,
+                head,
+                store,
+                gemm_scales(norm),
+                &b.xn,
+                &b.logits,
+                vocab,
+            ));
             ops.extend(cap(p, params, false, &b.logits, max_rows));
             ops.push(kernels::argmax(gpu, p, params, vocab, &b.logits, &b.argmax, max_rows));
             return ops;
@@ -1608,4 +1617,13 @@ impl GpuModel {
             *n = (*n).min(len);
         }
     }
+}
+
+/// A tiled product's fed norm: the scales its pass wrote (a tiled pass's norms are passes of
+/// their own, `kernels::rms_norm_feed`; None where x is read as it is).
+fn gemm_scales(norm: Option<NormIn<'_>>) -> Option<&wgpu::Buffer> {
+    norm.map(|n| match n {
+        NormIn::Scaled { scales } => scales,
+        _ => unreachable!("a gemm's norm is a pass of its own"),
+    })
 }

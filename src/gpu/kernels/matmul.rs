@@ -38,14 +38,19 @@ pub enum NormIn<'a> {
     /// squares itself (GPU-style kernels).
     Fused(&'a wgpu::Buffer, f32),
     /// x is already times the norm's weights, written by a residual gemv that fed it (`Feed`)
-    /// with the sums of its rows' squares (`sums`); epsilon (CPU-style kernels).
+    /// with the sums of its rows' squares (`sums`); epsilon (CPU-style kernels, a gemv of one
+    /// batch row a pass: MB 1).
     Fed { sums: &'a wgpu::Buffer, eps: f32 },
+    /// The same x, written by the norm's own pass (`kernels::rms_norm_feed`) with each row's RMS
+    /// scale (`scales`) as a feeding gemv's reader works it out (CPU-style kernels).
+    Scaled { scales: &'a wgpu::Buffer },
 }
 
 impl NormIn<'_> {
     fn eps(&self) -> f32 {
         match *self {
             NormIn::Fused(_, eps) | NormIn::Fed { eps, .. } => eps,
+            NormIn::Scaled { .. } => 0.0,
         }
     }
 }
@@ -207,6 +212,7 @@ impl GemvProgram {
         let nw = match (int8, norm) {
             (true, _) => NW_INT8,
             (false, Some(NormIn::Fed { .. })) => NW_FED,
+            (false, Some(NormIn::Scaled { .. })) => NW_SCALED,
             (false, _) => NW_NORM,
         };
         let rope_kv = fold.map_or(NO_ROPE_KV, |_| GEMV_ROPE_KV);
@@ -229,6 +235,7 @@ impl GemvProgram {
             ("LANES", lanes as f64),
             ("NORM", (matches!(norm, Some(NormIn::Fused(..))) && !int8) as u32 as f64),
             ("NORM_FED", matches!(norm, Some(NormIn::Fed { .. })) as u32 as f64),
+            ("NORM_SCALED", matches!(norm, Some(NormIn::Scaled { .. })) as u32 as f64),
             ("EPS", norm.map_or(0.0, |n| n.eps() as f64)),
             ("INT8", int8 as u32 as f64),
         ];
@@ -262,6 +269,7 @@ const NW_NORM: &str = "@group(0) @binding(1) var<storage, read> x: array<vec4<f3
     fn x_vec(i: u32) -> vec4<f32> { return x[i]; }\n\
     fn norm_weights(i: u32) -> vec4<f32> { return bitcast<vec4<f32>>(nw[i]); }\n\
     fn norm_sums4(i: u32) -> vec4<f32> { return vec4<f32>(); }\n\
+    fn row_scale(m: u32) -> f32 { return 1.0; }\n\
     fn weight_vec(i: u32) -> vec4<u32> { return vec4<u32>(); }\n\
     fn x_record(i: u32) -> XRec { return XRec(); }\n";
 
@@ -272,6 +280,17 @@ const NW_FED: &str = "@group(0) @binding(1) var<storage, read> x: array<vec4<f32
     fn x_vec(i: u32) -> vec4<f32> { return x[i]; }\n\
     fn norm_weights(i: u32) -> vec4<f32> { return vec4<f32>(1.0); }\n\
     fn norm_sums4(i: u32) -> vec4<f32> { return sums[i]; }\n\
+    fn row_scale(m: u32) -> f32 { return 1.0; }\n\
+    fn weight_vec(i: u32) -> vec4<u32> { return vec4<u32>(); }\n\
+    fn x_record(i: u32) -> XRec { return XRec(); }\n";
+
+/// gemv.wgsl's bindings 1 and 3 as x and its rows' scales (NORM_SCALED).
+const NW_SCALED: &str = "@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;\n\
+    @group(0) @binding(3) var<storage, read> scales: array<f32>;\n\
+    fn x_vec(i: u32) -> vec4<f32> { return x[i]; }\n\
+    fn norm_weights(i: u32) -> vec4<f32> { return vec4<f32>(1.0); }\n\
+    fn norm_sums4(i: u32) -> vec4<f32> { return vec4<f32>(); }\n\
+    fn row_scale(m: u32) -> f32 { return scales[m]; }\n\
     fn weight_vec(i: u32) -> vec4<u32> { return vec4<u32>(); }\n\
     fn x_record(i: u32) -> XRec { return XRec(); }\n";
 
@@ -282,6 +301,7 @@ const NW_INT8: &str = "@group(0) @binding(1) var<storage, read> wv: array<vec4<u
     fn x_vec(i: u32) -> vec4<f32> { return vec4<f32>(); }\n\
     fn norm_weights(i: u32) -> vec4<f32> { return vec4<f32>(1.0); }\n\
     fn norm_sums4(i: u32) -> vec4<f32> { return vec4<f32>(); }\n\
+    fn row_scale(m: u32) -> f32 { return 1.0; }\n\
     fn weight_vec(i: u32) -> vec4<u32> { return wv[i]; }\n\
     fn x_record(i: u32) -> XRec { return nw[i]; }\n";
 
@@ -347,14 +367,15 @@ fn gemv_with(
     // Rows the pass may take: those of a batch rounded up to MB (a GPU's gemv reads MB at once).
     let rows = gpu.max_batch.next_multiple_of(batch.mb as usize);
     // A fed x (CPU-style kernels) is never quantized: int8 activations are the GPU style's.
-    let fed = matches!(norm, Some(NormIn::Fed { .. }));
+    let fed = matches!(norm, Some(NormIn::Fed { .. } | NormIn::Scaled { .. }));
+    assert!(!matches!(norm, Some(NormIn::Fed { .. })) || batch.mb == 1, "a gemv adds a fed norm's sums for MB 1");
     let xq = batch.xq.filter(|xq| !fed && xq.size() >= int8_scratch_bytes(rows, cols) && cols % 32 == 0);
     let int8 = |p: &crate::gpu::weights::Part| xq.is_some() && takes_int8(gpu, p.format);
     let mut ops = Vec::new();
     if let Some(xq) = xq.filter(|_| w.parts.iter().any(int8)) {
         let fused = norm.and_then(|n| match n {
             NormIn::Fused(weights, eps) => Some((weights, eps)),
-            NormIn::Fed { .. } => None,
+            NormIn::Fed { .. } | NormIn::Scaled { .. } => None,
         });
         ops.push(quantize_x(gpu, cache, batch.params, cols, Some(rows), fused, x, xq));
     }
@@ -389,6 +410,7 @@ fn gemv_with(
                 match (norm, feed) {
                     (Some(NormIn::Fused(weights, _)), _) | (None, Some(Feed { weights, .. })) => weights,
                     (Some(NormIn::Fed { sums, .. }), _) => sums,
+                    (Some(NormIn::Scaled { scales }), _) => scales,
                     (None, None) => x,
                 },
             ),
@@ -410,6 +432,12 @@ fn gemv_with(
         // of y; feeding, the norm's weights read and x times them and its sums written.
         let out_rows = p.rows as u64 * 4 + argmax.map_or(0, |_| records as u64 * 8);
         let sums = |rows: usize| rows.div_ceil(CPU_ROWS as usize) as u64 * 4;
+        // A fed norm's sums, or a row's scale, read.
+        let norm_bytes = match norm {
+            Some(NormIn::Fed { .. }) => feed_sums_bytes(1, p.cols),
+            Some(NormIn::Scaled { .. }) => 4,
+            _ => 0,
+        };
         let outputs = match (fold, feed) {
             (Some(f), _) => f.traffic(p.out, p.rows, gpu.kv_bytes()),
             (None, Some(_)) => {
@@ -430,7 +458,7 @@ fn gemv_with(
                 weights: p.buffer.size()
                     + outputs.weights
                     + matches!(norm, Some(NormIn::Fused(..))) as u64 * 4 * p.cols as u64,
-                activations: 4 * p.cols as u64 + fed as u64 * feed_sums_bytes(1, p.cols) + outputs.activations,
+                activations: 4 * p.cols as u64 + norm_bytes + outputs.activations,
                 ..outputs
             },
         };
