@@ -1372,21 +1372,13 @@ impl GpuModel {
             }
             ops
         };
+        // The LM head as a tiled product of the normed rows (`norm`: the norm ahead's) into `logits`.
+        let head_gemm = |p: &mut PipelineCache, params, norm, logits| {
+            kernels::gemm_normed(gpu, p, params, xs, head, Epilogue::Store, gemm_scales(norm), &b.xn, logits, vocab)
+        };
         if let Pass::AllLogits(logits) = pass {
             let norm = norm_ahead(&mut ops, p, params, false, output_norm, fed);
-            let store = Epilogue::Store;
-            ops.extend(kernels::gemm_normed(
-                gpu,
-                p,
-                params,
-                xs,
-                head,
-                store,
-                gemm_scales(norm),
-                &b.xn,
-                logits,
-                c.vocab_size,
-            ));
+            ops.extend(head_gemm(p, params, norm, logits));
             ops.extend(cap(p, params, true, logits, layout.rows));
             return ops;
         }
@@ -1398,19 +1390,7 @@ impl GpuModel {
             let norm = norm_ahead(&mut norm_ops, p, pd, false, output_norm, fed);
             ops.extend(on(norm_ops));
             if tiled {
-                let store = Epilogue::Store;
-                ops.extend(on(kernels::gemm_normed(
-                    gpu,
-                    p,
-                    pd,
-                    xs,
-                    head,
-                    store,
-                    gemm_scales(norm),
-                    &b.xn,
-                    &b.logits,
-                    vocab,
-                )));
+                ops.extend(on(head_gemm(p, pd, norm, &b.logits)));
                 ops.extend(cap(p, pd, false, &b.logits, max_rows).map(|op| op.on(Segment::Decode)));
                 ops.push(kernels::argmax(gpu, p, pd, vocab, &b.logits, &b.argmax, max_rows).on(Segment::Decode));
             } else {
@@ -1421,19 +1401,7 @@ impl GpuModel {
         }
         if matches!(pass, Pass::WideDecode) {
             let norm = norm_ahead(&mut ops, p, params, false, output_norm, fed);
-            let store = Epilogue::Store;
-            ops.extend(kernels::gemm_normed(
-                gpu,
-                p,
-                params,
-                xs,
-                head,
-                store,
-                gemm_scales(norm),
-                &b.xn,
-                &b.logits,
-                vocab,
-            ));
+            ops.extend(head_gemm(p, params, norm, &b.logits));
             ops.extend(cap(p, params, false, &b.logits, max_rows));
             ops.push(kernels::argmax(gpu, p, params, vocab, &b.logits, &b.argmax, max_rows));
             return ops;
