@@ -3,7 +3,7 @@
 // it writes that product's input, each new row of y times the norm's weight (binding 3,
 // `norm_weights`), and each invocation's sum of its rows' squares (shaders/norm_fed.wgsl): the
 // norm's own pass and dispatch go. OUT is a multiple of CPU_ROWS.
-// Bindings, after gemv's: 5 fed (rows of Y_STRIDE), 6 sums (rows of sums_stride(Y_STRIDE)).
+// Bindings, after gemv's: 5 feed_x (rows of Y_STRIDE), 6 feed_sums (rows of sums_stride(Y_STRIDE)).
 
 const FEED: bool = true;
 const_assert CPU_ROWS == FEED_ROWS;

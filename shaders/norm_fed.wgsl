@@ -1,8 +1,9 @@
 // A fed RMSNorm (CPU-style kernels, `kernels::NormIn::Fed`): a product's x is already x times the
 // norm's weights, and whatever wrote it (a residual gemv's FEED epilogue, shaders/gemv_feed.wgsl,
 // or rms_norm.wgsl's FEED pass) left the sums of the squares of each FEED_ROWS values of x's
-// rows, in order; the product multiplies its sums by the row's scale, `fed_scale` (a gemv), or
-// the scale rms_norm.wgsl's FEED pass wrote with it (a gemm, which takes 8 rows an invocation).
+// rows, in order; the product multiplies its sums by the row's scale, `fed_scale` (a gemv of a
+// sequence's step), or the scale rms_norm.wgsl's FEED pass wrote with it (a gemm, or a gemv of
+// several batch rows).
 // Every writer sums in the same order and every scale is this function's, so a row gets the
 // same bits whichever kernels a pass takes (a gemv or a gemm; a batch or a row alone).
 // A row's sums take `sums_stride(its length)` floats, whole vec4s: those past its
