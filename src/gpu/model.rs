@@ -1104,7 +1104,7 @@ impl GpuModel {
             let o_feed = o_feeds.then_some(&l.ffn_norm);
             let down_feed = match list.get(k + 1) {
                 Some((_, next, _)) => Some(&next.attn_norm),
-                None => matches!(pass, Pass::Decode { .. } | Pass::Round { tiled: false }).then_some(output_norm),
+                None => matches!(pass, Pass::Decode { .. }).then_some(output_norm),
             }
             .filter(|_| feeds && l.post_ffn_norm.is_none() && l.ple.is_none() && l.out_scale.is_none());
             let (delta_buffers, conv_state) =
@@ -1408,7 +1408,7 @@ impl GpuModel {
         }
         // Prefill takes the last token's row; decode every row of the batch.
         let norm = norm_ahead(&mut ops, p, params, prefill, output_norm, fed);
-        ops.extend(lm_head_argmax(p, gb, norm, if fuse { &b.x } else { &b.xn }));
+        ops.extend(lm_head_argmax(p, gb, norm, input));
         ops
     }
 

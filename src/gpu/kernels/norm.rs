@@ -42,21 +42,7 @@ pub fn rms_norm(
     weight: &wgpu::Buffer,
     out: &wgpu::Buffer,
 ) -> Dispatch {
-    let overrides = [
-        ("COLS", cols as f64),
-        ("EPS", eps as f64),
-        ("LAST_ONLY", (mode == NormOut::StoreLast) as u32 as f64),
-        ("ADD", (mode == NormOut::Add) as u32 as f64),
-    ];
-    let source = [RMS_NORM, NORM_FED, NO_FEED].concat();
-    let pipeline = cache.get(gpu, "rms_norm", &source, Needs::default(), &[("WG", reduce_width(gpu))], &overrides);
-    let bind_group = gpu.bind_group("rms_norm", &pipeline, &[params, x, weight, out]);
-    let groups = if mode == NormOut::StoreLast { Groups::fixed(1, 1) } else { Groups::per_token(1, 0, 1) };
-    // x and the weights read, the output written (and read first when added to).
-    let f = 4 * cols as u64;
-    let traffic =
-        Traffic { weights: f, activations: if mode == NormOut::Add { 3 * f } else { 2 * f }, ..Default::default() };
-    Dispatch { label: "rms_norm", pipeline, bind_group, groups, traffic }
+    norm_pass(gpu, cache, params, cols, eps, mode, None, x, weight, out)
 }
 
 /// The RMSNorm ahead of a fed product on CPU-style kernels (shaders/norm_fed.wgsl, `NormIn::Fed`):
@@ -78,14 +64,42 @@ pub fn rms_norm_feed(
     sums: &wgpu::Buffer,
     scales: &wgpu::Buffer,
 ) -> Dispatch {
-    let overrides = [("COLS", cols as f64), ("EPS", eps as f64), ("LAST_ONLY", last_only as u32 as f64), ("FEED", 1.0)];
-    let source = [RMS_NORM, NORM_FED, FEED].concat();
+    let mode = if last_only { NormOut::StoreLast } else { NormOut::Store };
+    norm_pass(gpu, cache, params, cols, eps, mode, Some((sums, scales)), x, weight, out)
+}
+
+/// rms_norm.wgsl's pass, with FEED where `feed` has the sums and scales it writes.
+#[allow(clippy::too_many_arguments)]
+fn norm_pass(
+    gpu: &Gpu,
+    cache: &mut PipelineCache,
+    params: &wgpu::Buffer,
+    cols: usize,
+    eps: f32,
+    mode: NormOut,
+    feed: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
+    x: &wgpu::Buffer,
+    weight: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+) -> Dispatch {
+    let overrides = [
+        ("COLS", cols as f64),
+        ("EPS", eps as f64),
+        ("LAST_ONLY", (mode == NormOut::StoreLast) as u32 as f64),
+        ("ADD", (mode == NormOut::Add) as u32 as f64),
+        ("FEED", feed.is_some() as u32 as f64),
+    ];
+    let source = [RMS_NORM, NORM_FED, if feed.is_some() { FEED } else { NO_FEED }].concat();
     let pipeline = cache.get(gpu, "rms_norm", &source, Needs::default(), &[("WG", reduce_width(gpu))], &overrides);
-    let bind_group = gpu.bind_group("rms_norm", &pipeline, &[params, x, weight, out, sums, scales]);
-    let groups = if last_only { Groups::fixed(1, 1) } else { Groups::per_token(1, 0, 1) };
-    // x and the weights read, x times them, the sums and the scale written.
+    let mut buffers = vec![params, x, weight, out];
+    buffers.extend(feed.into_iter().flat_map(|(sums, scales)| [sums, scales]));
+    let bind_group = gpu.bind_group("rms_norm", &pipeline, &buffers);
+    let groups = if mode == NormOut::StoreLast { Groups::fixed(1, 1) } else { Groups::per_token(1, 0, 1) };
+    // x and the weights read, the output written (and read first when added to); fed, the sums
+    // and the scale written too.
     let f = 4 * cols as u64;
-    let traffic =
-        Traffic { weights: f, activations: 2 * f + super::feed_sums_bytes(1, cols) + 4, ..Default::default() };
+    let written =
+        if mode == NormOut::Add { 2 * f } else { f } + feed.map_or(0, |_| super::feed_sums_bytes(1, cols) + 4);
+    let traffic = Traffic { weights: f, activations: f + written, ..Default::default() };
     Dispatch { label: "rms_norm", pipeline, bind_group, groups, traffic }
 }
