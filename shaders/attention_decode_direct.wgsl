@@ -1,14 +1,8 @@
 // Decode attention for CPU adapters (lavapipe, SwiftShader), pass 1 of 2: attention_decode.wgsl's
-// split records written with no workgroup memory and no barriers. A CPU runs a workgroup's
-// invocations as the lanes of SIMD registers, and a barrier splits the shader into pieces run
-// one after another for every lane group (SwiftShader switches coroutines at each); here every
-// invocation walks the keys of one split for one query head alone: their scores, the softmax's
-// weights, then the value mix. Invocation g of KV head wg.y's workgroups takes split g / GROUP and query head
-// g % GROUP of the group: the lanes of a group's heads read the same key and value (one address).
-// Each record is the split's largest score m, the sum l of exp(score - m) and the unnormalized
-// value mix sum exp(score - m) v, for attention_combine.wgsl to merge.
-// With WINDOW > 0 the query sees only the last WINDOW keys (a sliding-window layer).
-// With SOFTCAP a score (after the scale) becomes softcap(score) (Gemma 2; shaders/softcap.wgsl).
+// split records written with no workgroup memory and no barriers (`split_record`,
+// attention_split_record.wgsl). Invocation g of KV head wg.y's workgroups takes split g / GROUP
+// and query head g % GROUP of the group: the lanes of a group's heads read the same key and value
+// (one address). attention_combine_direct.wgsl merges the records.
 // A split is one CHUNK-key tile (CPU adapters split a context into as many as it has), so
 // the kernel needs no SPLITS: a query head's records are as many as the dispatch has
 // invocations for, nwg.x 64 / GROUP (`kernels::record_splits`): one pipeline, any context.
@@ -20,56 +14,7 @@
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
     let g = wg.x * 64u + li;
-    let split = g / GROUP;
-    let kvh = wg.y;
-    let head = kvh * GROUP + g % GROUP;
-    let row = wg.z;
-    let seq = row_pos(row) + 1u;
-    let table = row_table(row);
-    var first = 0u;
-    if (WINDOW > 0u && seq > WINDOW) { first = seq - WINDOW; }
     let records = nwg.x * 64u / GROUP;
-    if (split >= records) { return; }
-    let x = min(first + split * CHUNK, seq);
-    let keys = vec2<u32>(x, min(x + CHUNK, seq));
-    if (keys.x >= keys.y) { return; }
-    let kv = kvh * HEAD_DIM;
-
-    // The split's scores, then their weights (a split is at most CHUNK keys: a tile on a CPU
-    // adapter). q is read where it is, once per key, and the value mix written as it is
-    // summed: no private arrays of a head's width, whose registers would make each pipeline a
-    // long compile for a CPU adapter's LLVM.
-    let qrow = row * QKV_STRIDE + head * HEAD_DIM;
-    let n = keys.y - keys.x;
-    var p: array<f32, CHUNK>;
-    var m = NEG;
-    for (var s = 0u; s < n; s++) {
-        let c0 = kv_slot(table, keys.x + s) * KV_DIM + kv;
-        var score = 0.0;
-        for (var d = 0u; d < HEAD_DIM; d += 4u) {
-            let q4 = vec4<f32>(qkv[qrow + d], qkv[qrow + d + 1u], qkv[qrow + d + 2u], qkv[qrow + d + 3u]);
-            score += dot(q4, k4_at(c0 + d));
-        }
-        p[s] = softcap(score * SCALE);
-        m = max(m, p[s]);
-    }
-    var sum = 0.0;
-    for (var s = 0u; s < n; s++) {
-        p[s] = exp(p[s] - m);
-        sum += p[s];
-    }
-    let rec = ((row * nwg.y * GROUP + head) * records + split) * (HEAD_DIM + 2u);
-    for (var d = 0u; d < HEAD_DIM; d += 4u) {
-        var acc = vec4<f32>(0.0);
-        for (var s = 0u; s < n; s++) {
-            let c = kv_slot(table, keys.x + s) * KV_DIM + kv + d;
-            acc += p[s] * v4_at(c);
-        }
-        partials[rec + d] = acc.x;
-        partials[rec + d + 1u] = acc.y;
-        partials[rec + d + 2u] = acc.z;
-        partials[rec + d + 3u] = acc.w;
-    }
-    partials[rec + HEAD_DIM] = m;
-    partials[rec + HEAD_DIM + 1u] = sum;
+    if (g / GROUP >= records) { return; }
+    split_record(wg.z, wg.y, nwg.y * GROUP, g % GROUP, g / GROUP, records);
 }

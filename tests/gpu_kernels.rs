@@ -25,7 +25,8 @@ use half::f16;
 use webgpu_llm::arch::{Activation, Experts, Rope, RopeStyle};
 use webgpu_llm::gguf::{GgmlType, TensorInfo};
 use webgpu_llm::gpu::kernels::{
-    self, BatchLayout, Dispatch, Epilogue, Feed, GemvBatch, MoeGroups, NormIn, NormOut, Params, QkvExtras, KV_BLOCK,
+    self, BatchLayout, Dispatch, Epilogue, Feed, GemvBatch, MoeGroups, NormIn, NormOut, Params, QkvExtras, SegmentRows,
+    KV_BLOCK,
 };
 use webgpu_llm::gpu::shader::PipelineCache;
 use webgpu_llm::gpu::weights::{Linear, Rows};
@@ -162,12 +163,20 @@ impl Harness {
         }
     }
     fn run(&self, ops: &[Dispatch], n_tokens: usize) {
+        self.run_rows(ops, &SegmentRows::all(n_tokens as u32));
+    }
+    /// `run` with the rows' segments as a pass has them (decode attention at short contexts).
+    fn run_rows(&self, ops: &[Dispatch], rows: &SegmentRows) {
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            ops.iter().for_each(|op| op.encode(&mut pass, n_tokens as u32));
+            ops.iter().for_each(|op| op.encode_rows(&mut pass, rows));
         }
         self.gpu.submit(enc);
+    }
+    /// Zeros `n` floats of `b`.
+    fn clear(&self, b: &wgpu::Buffer, n: usize) {
+        self.gpu.queue.write_buffer(b, 0, bytemuck::cast_slice(&vec![0f32; n]));
     }
     async fn read(&self, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
         let v = self.gpu.read_f32(b, n).await.unwrap();
@@ -761,16 +770,31 @@ async fn check_attention_with(
     let sink_values: Vec<f32> = (0..c.n_heads).map(|i| -2.0 + 5.0 * i as f32 / c.n_heads as f32).collect();
     let sink_buf = h.buf(&sink_values);
     let sinks_gpu = sinks.then_some(&sink_buf);
+    // Decode on CPU adapters also in one dispatch where the context is short enough.
+    let short_keys = kernels::decode_short_keys(&h.gpu, &c);
+    let partials_len = kernels::decode_partials_len(&h.gpu, &c, ctx);
+    let partials = h.buf(&vec![0.0; partials_len]);
     let ops = if n == 1 {
-        let partials = h.buf(&vec![0.0; kernels::decode_partials_len(&h.gpu, &c, ctx)]);
         let (cache, batch) = (&mut h.cache, &h.batch);
-        kernels::attention_decode(&h.gpu, cache, &c, kind, ctx, &qb, &kc, &vc, &partials, &out, batch, sinks_gpu).into()
+        let short = short_keys > 0;
+        kernels::attention_decode(&h.gpu, cache, &c, kind, ctx, short, &qb, &kc, &vc, &partials, &out, batch, sinks_gpu)
     } else {
         let (cache, params) = (&mut h.cache, &h.params);
         vec![kernels::attention_prefill(&h.gpu, cache, params, &c, kind, &qb, &kc, &vc, &out, &h.batch, sinks_gpu)]
     };
     h.run(&ops, n);
     let got = h.read(&out, n * q).await;
+    if n == 1 && start < short_keys {
+        // The same bits from the one dispatch, into a cleared output and cleared records.
+        h.clear(&out, q);
+        h.clear(&partials, partials_len);
+        h.run_rows(&ops, &SegmentRows::at_keys(1, start + 1, short_keys));
+        let one = h.read(&out, q).await;
+        if let Some(i) = (0..q).find(|&i| one[i].to_bits() != got[i].to_bits()) {
+            let what = format!("{} keys, heads {}/{}, {}", start + 1, c.n_heads, c.n_kv_heads, h.path());
+            panic!("one-dispatch decode attention [{i}]: {} against the two passes' {}, {what}", one[i], got[i]);
+        }
+    }
     let queries: Vec<f32> = qkv.chunks_exact(row).flat_map(|r| r[..q].to_vec()).collect();
     let mut want = vec![0f32; n * q];
     let sinks_cpu = sinks.then_some(&sink_values[..]);
@@ -923,14 +947,25 @@ gpu_test! {
                     let (kc, k_rows) = h.kv_buf(&random(&mut rng, paging.rows() * kv, 2.0));
                     let (vc, v_rows) = h.kv_buf(&random(&mut rng, paging.rows() * kv, 1.0));
                     let (qb, out) = (h.buf(&qkv), h.buf(&vec![0.0; n * q]));
-                    let partials = h.buf(&vec![0.0; n * kernels::decode_partials_len(&h.gpu, &c, ctx)]);
+                    let partials_len = n * kernels::decode_partials_len(&h.gpu, &c, ctx);
+                    let partials = h.buf(&vec![0.0; partials_len]);
+                    let short_keys = kernels::decode_short_keys(&h.gpu, &c);
                     let (cache, batch) = (&mut h.cache, &h.batch);
-                    let ops: Vec<Dispatch> = kernels::attention_decode(
-                        &h.gpu, cache, &c, kind, ctx, &qb, &kc, &vc, &partials, &out, batch, None,
-                    )
-                    .into();
+                    let ops = kernels::attention_decode(
+                        &h.gpu, cache, &c, kind, ctx, short_keys > 0, &qb, &kc, &vc, &partials, &out, batch, None,
+                    );
                     h.run(&ops, n);
                     let got = h.read(&out, n * q).await;
+                    // The rows' longest context (300 keys) is short on CPU adapters: the one
+                    // dispatch gives the same bits.
+                    if short_keys > 0 {
+                        h.clear(&out, n * q);
+                        h.clear(&partials, partials_len);
+                        h.run_rows(&ops, &SegmentRows::at_keys(n as u32, ctx, short_keys));
+                        let one = h.read(&out, n * q).await;
+                        let differs = (0..n * q).find(|&i| one[i].to_bits() != got[i].to_bits());
+                        assert_eq!(differs, None, "one dispatch against two, window {window:?}, {}", h.path());
+                    }
                     for (i, &(seq, pos)) in rows.iter().enumerate() {
                         let (k_seen, v_seen) =
                             (paging.gather(seq, &k_rows, kv, pos + 1), paging.gather(seq, &v_rows, kv, pos + 1));

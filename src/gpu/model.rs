@@ -9,7 +9,7 @@
 
 use super::kernels::{
     self, BatchLayout, Dispatch, Epilogue, Feed, GemvBatch, Ledger, NormIn, NormOut, Params, QkvExtras, RopeKvFold,
-    Segment, KV_BLOCK,
+    Segment, SegmentRows, KV_BLOCK,
 };
 use super::shader::PipelineCache;
 use super::weights::{Linear, Rows};
@@ -180,10 +180,9 @@ struct Buffers {
     params_chunks: Vec<wgpu::Buffer>,
     /// The rows' positions and block tables (`kernels::BatchLayout`).
     batch: wgpu::Buffer,
-    /// Row 0's words for the conversation's sequence (the pool's first, slot 0) at every
-    /// position, copied into `batch` by its single-row steps: a queue write would make a
-    /// staging buffer every token.
-    main_rows: wgpu::Buffer,
+    /// Every position, 0 to the context's last: a single-row step copies its row's into `batch`
+    /// (a queue write would make a staging buffer every token).
+    positions: wgpu::Buffer,
     tokens: wgpu::Buffer,
     x: wgpu::Buffer,
     xn: wgpu::Buffer,
@@ -295,6 +294,10 @@ pub struct GpuModel {
     buf: Buffers,
     /// A single sequence's decode step (MB 1).
     decode: Vec<Dispatch>,
+    /// The longest context at which decode attention takes one dispatch a layer, not two
+    /// (`kernels::decode_short_keys`, the least over the layers; 0: never). The decode passes
+    /// hold both, each on its segment (`SegmentRows::at_keys`).
+    short_keys: usize,
     /// A batched decode step; made on first use.
     decode_batch: Option<Vec<Dispatch>>,
     /// A decode step of more than WIDE_ROWS rows (`Pass::WideDecode`); made on first use.
@@ -337,6 +340,8 @@ pub struct GpuModel {
     round_tokens: Vec<u32>,
     /// The params last written (a step writes them only when they change).
     params_now: Params,
+    /// The block table word of `batch`'s row 0 as last written (None: not yet).
+    row0_table: Option<u32>,
     /// Decode rows one step takes at most (decode attention's records fit one binding).
     max_batch: usize,
     /// One layer's K or V block on its way to another block (WebGPU copies nothing within a
@@ -623,7 +628,6 @@ impl GpuModel {
         let buf = Self::buffers(&gpu, &plan, blocks * KV_BLOCK, pool_tokens, layout, max_batch, head_records)?;
         let mut pool = KvPool::new(pool_tokens, KV_BLOCK, max_seqs);
         let main = pool.create()?;
-        debug_assert_eq!(main.0, 0, "main_rows holds slot 0's table");
         // A mixture of experts reads its `used` experts of `count` for a token.
         let expert_share = |name: &str| {
             plan.layers
@@ -656,10 +660,18 @@ impl GpuModel {
         if let Some(pe) = &plan.ple {
             file_weight_bytes -= one_row(&pe.token_embd)?;
         }
+        let short_keys = plan
+            .layers
+            .iter()
+            .filter(|l| l.attends())
+            .map(|l| kernels::decode_short_keys(&gpu, &c.with_dims(&l.dims)))
+            .min()
+            .unwrap_or(0);
         let mut model = Self {
             config: c,
             plan,
             context,
+            short_keys,
             embd,
             ple,
             output_norm,
@@ -690,6 +702,7 @@ impl GpuModel {
             row_words: Vec::with_capacity(kernels::DRAW_WORDS * rows),
             round_tokens: Vec::with_capacity(max_batch),
             params_now: Params::default(),
+            row0_table: None,
             max_batch,
             block_scratch: None,
             file_weight_bytes,
@@ -794,9 +807,9 @@ impl GpuModel {
                 .map(|_| gpu.uniform("params_chunk", std::mem::size_of::<Params>() as u64))
                 .collect(),
             batch: gpu.storage("batch", layout.words() as u64 * 4)?,
-            main_rows: {
-                let words: Vec<u32> = (0..context).flat_map(|p| [p as u32, layout.table(0) as u32]).collect();
-                gpu.storage_init("main_rows", bytemuck::cast_slice(&words))?
+            positions: {
+                let words: Vec<u32> = (0..context as u32).collect();
+                gpu.storage_init("positions", bytemuck::cast_slice(&words))?
             },
             tokens: gpu.storage("tokens", n * 4)?,
             x: gpu.storage("x", n * c.d_model as u64 * f)?,
@@ -1196,6 +1209,7 @@ impl GpuModel {
                         c,
                         kind,
                         self.context,
+                        self.short_keys > 0,
                         &b.qkv,
                         kc,
                         vc,
@@ -1204,7 +1218,7 @@ impl GpuModel {
                         &b.batch,
                         sinks,
                     );
-                    ops.extend(decode.into_iter().map(|op| op.on(Segment::Decode)));
+                    ops.extend(decode);
                     // A round's prompt chunks: flash attention over each chunk's own rows.
                     for (k, chunk) in b.params_chunks.iter().enumerate().take(if round { ROUND_PASSES - 1 } else { 0 })
                     {
@@ -1412,14 +1426,20 @@ impl GpuModel {
         ops
     }
 
-    /// Dispatches in one decode step.
-    pub fn decode_dispatches(&self) -> usize {
-        self.decode.len()
+    /// The dispatches of a decode step at `seq` keys.
+    fn decode_ops(&self, seq: usize) -> impl Iterator<Item = &Dispatch> {
+        let rows = SegmentRows::at_keys(1, seq, self.short_keys);
+        self.decode.iter().filter(move |op| rows.of(op.groups.segment) > 0)
+    }
+
+    /// Dispatches in one decode step at `seq` keys.
+    pub fn decode_dispatches(&self, seq: usize) -> usize {
+        self.decode_ops(seq).count()
     }
 
     /// The traffic ledger of a decode step at `seq` keys: what its dispatches declare they move.
     pub fn decode_traffic(&self, seq: usize) -> Ledger {
-        self.decode.iter().map(|op| op.traffic.at(seq)).sum()
+        self.decode_ops(seq).map(|op| op.traffic.at(seq)).sum()
     }
 
     /// The least any decode step at `seq` keys moves: the file's weight bytes once, each layer's

@@ -210,12 +210,17 @@ fn the_decode_ledger_of_a_model_in_the_default_models_types_matches_a_hand_count
         // epilogue, attention's two passes, o, gate|up (one pair), down, with the norms in the
         // products (on GPUs fused into the products that read them; on CPU adapters o and down
         // feed the norms after them, and only the first layer's attention norm is a pass of its
-        // own); the LM head with the argmax's first pass, the argmax's second.
-        let steps = match m.gpu.style {
+        // own); the LM head with the argmax's first pass, the argmax's second. On CPU adapters
+        // attention is one dispatch while a KV head's 3 query heads' splits (a 64-key tile each)
+        // fit one workgroup of 64: 21 tiles, 1344 keys.
+        let steps = |seq: usize| match m.gpu.style {
+            KernelStyle::Cpu if seq <= 21 * 64 => 1 + 1 + 3 * 5 + 2,
             KernelStyle::Cpu => 1 + 1 + 3 * 6 + 2,
             KernelStyle::Gpu => 1 + 3 * 6 + 2,
         };
-        assert_eq!(m.decode_dispatches(), steps, "{:?}", m.gpu.style);
+        for seq in [1, 1000] {
+            assert_eq!(m.decode_dispatches(seq), steps(seq), "{:?} at {seq} keys", m.gpu.style);
+        }
         for seq in [1, 64, 65, 1000] {
             let ledger = m.decode_traffic(seq);
             assert_eq!(ledger.weights, weights, "at {seq} keys");
@@ -240,6 +245,9 @@ fn the_decode_ledger_of_a_model_in_the_default_models_types_matches_a_hand_count
         // is a tile at any length: 512 records a head at 32768 keys. Either way the step's
         // bytes are linear in the context.
         let long = gpu_model(&bytes, options, style, 32768);
+        for seq in [1344, 1345, 32768] {
+            assert_eq!(long.decode_dispatches(seq), steps(seq), "{:?} at {seq} keys", long.gpu.style);
+        }
         let splits = if long.gpu.style == KernelStyle::Gpu { 64 } else { 512 };
         let records = |seq| long.decode_traffic(seq).activations;
         let per_split = 3 * 2 * 3 * (64 + 2) * 4;

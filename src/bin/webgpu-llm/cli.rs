@@ -1019,7 +1019,7 @@ impl BenchReport {
             let steps = s.decode_steps.max(1) as f64;
             let seq = s.prompt_tokens + gen_tokens / 2;
             GpuFigures {
-                dispatches: m.decode_dispatches(),
+                dispatches: m.decode_dispatches(seq),
                 submissions: c.submissions as f64 / steps,
                 host_ms: c.host_ns as f64 / steps / 1e6,
                 buffers: c.buffers as f64 / steps,

@@ -1,6 +1,6 @@
 //! Wrappers of shaders/attention_decode.wgsl and shaders/attention_prefill(_direct).wgsl.
 
-use super::{Dispatch, Groups, Traffic};
+use super::{Dispatch, Groups, Segment, Traffic};
 use crate::gpu::shader::{Needs, PipelineCache};
 use crate::gpu::{Gpu, KernelStyle};
 use crate::model::reference::AttentionKind;
@@ -105,9 +105,24 @@ macro_rules! decode_source {
     };
 }
 
+/// The longest context at which decode attention can run as one dispatch
+/// (shaders/attention_decode_one.wgsl; CPU adapters): a split a tile, as many tiles as one
+/// workgroup's 64 invocations hold splits for a KV head's query heads. 0 where there is no
+/// such kernel.
+pub fn decode_short_keys(gpu: &Gpu, c: &ModelConfig) -> usize {
+    match decode_direct(gpu, c) {
+        true => 64 / (c.n_heads / c.n_kv_heads).max(1) * DECODE_CHUNK,
+        false => 0,
+    }
+}
+
 /// Decode attention as two dispatches: every (split of the keys, KV head) for all the group's
 /// query heads, then the merge of the splits per head (shaders/attention_decode.wgsl,
-/// shaders/attention_combine.wgsl), for each of the pass's rows (a sequence's query each).
+/// shaders/attention_combine.wgsl), for each of the pass's rows (a sequence's query each), on
+/// the decode rows' segment. With `short` (CPU adapters, `decode_short_keys` > 0) also the two
+/// in one dispatch for short contexts (shaders/attention_decode_one.wgsl), on
+/// `Segment::ShortDecode`, and the two passes on `Segment::LongDecode`: a pass encodes one or
+/// the other by its rows' contexts (`SegmentRows::short`).
 /// `partials` holds `decode_partials_len(c, context)` floats a row.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode(
@@ -116,6 +131,7 @@ pub fn attention_decode(
     c: &ModelConfig,
     kind: AttentionKind,
     context: usize,
+    short: bool,
     qkv: &wgpu::Buffer,
     k_cache: &wgpu::Buffer,
     v_cache: &wgpu::Buffer,
@@ -123,7 +139,7 @@ pub fn attention_decode(
     out: &wgpu::Buffer,
     batch: &wgpu::Buffer,
     sinks: Option<&wgpu::Buffer>,
-) -> [Dispatch; 2] {
+) -> Vec<Dispatch> {
     let group = c.n_heads / c.n_kv_heads;
     let splits = decode_splits(gpu, context);
     let consts = [
@@ -148,7 +164,7 @@ pub fn attention_decode(
     let needs = softcapped(kind, &mut overrides);
     let (source, x_groups) = match direct {
         true => (
-            decode_source!("attention_decode_io.wgsl", "attention_decode_direct.wgsl"),
+            decode_source!("attention_decode_io.wgsl", "attention_split_record.wgsl", "attention_decode_direct.wgsl"),
             (splits * group).div_ceil(64) as u32,
         ),
         false => {
@@ -177,7 +193,7 @@ pub fn attention_decode(
     // (shaders/attention_combine_direct.wgsl).
     let (source, x_groups) = match direct {
         true => (
-            decode_source!("attention_split.wgsl", "attention_combine_direct.wgsl"),
+            decode_source!("attention_split.wgsl", "attention_merge.wgsl", "attention_combine_direct.wgsl"),
             (c.n_heads * c.head_dim).div_ceil(64) as u32,
         ),
         false => (decode_source!("attention_split.wgsl", "attention_combine.wgsl"), c.n_heads as u32),
@@ -192,21 +208,50 @@ pub fn attention_decode(
     let needs = Needs { batch: true, ..Default::default() };
     let pipeline = cache.get(gpu, "attention_combine", source, needs, &consts, &overrides);
     let bind_group = gpu.bind_group("attention_combine", &pipeline, &[partials, out, batch, sinks.unwrap_or(partials)]);
+    let records_read =
+        Traffic { activations: q_bytes, records_per_split: records, splits, window: kind.window, ..Default::default() };
     let combine = Dispatch {
         label: "attention_combine",
         pipeline,
         bind_group,
         groups: Groups::per_token(x_groups, 1, 1),
         // The records read, the output written.
-        traffic: Traffic {
-            activations: q_bytes,
-            records_per_split: records,
-            splits,
-            window: kind.window,
-            ..Default::default()
-        },
+        traffic: records_read,
     };
-    [split, combine]
+    if !short {
+        return vec![split.on(Segment::Decode), combine.on(Segment::Decode)];
+    }
+    assert!(direct && context.min(decode_short_keys(gpu, c)) > 0, "no one-dispatch decode attention here");
+    let source = decode_source!(
+        "attention_split.wgsl",
+        "attention_decode_io.wgsl",
+        "attention_split_record.wgsl",
+        "attention_merge.wgsl",
+        "attention_decode_one.wgsl"
+    );
+    let mut overrides = vec![
+        ("KV_DIM", c.kv_dim() as f64),
+        ("GROUP", group as f64),
+        ("QKV_STRIDE", (c.q_dim() + 2 * c.kv_dim()) as f64),
+        ("SCALE", kind.scale as f64),
+        ("SPLITS", splits as f64),
+        window,
+        ("SINKS", sinks.is_some() as u32 as f64),
+    ];
+    let needs = softcapped(kind, &mut overrides);
+    let pipeline = cache.get(gpu, "attention_decode_one", source, needs, &consts, &overrides);
+    // Without sinks a read-only stand-in: `partials` is bound for writing.
+    let entries = [qkv, k_cache, v_cache, partials, batch, out, sinks.unwrap_or(qkv)];
+    let bind_group = gpu.bind_group("attention_decode_one", &pipeline, &entries);
+    let one = Dispatch {
+        label: "attention_decode_one",
+        pipeline,
+        bind_group,
+        groups: Groups { fixed: [1, c.n_kv_heads as u32, 1], tokens: Some((2, 1)), segment: Segment::ShortDecode },
+        // The two passes' bytes: the records still go through memory, written then read.
+        traffic: Traffic { activations: 2 * q_bytes, records_per_split: 2 * records, ..split.traffic },
+    };
+    vec![split.on(Segment::LongDecode), combine.on(Segment::LongDecode), one]
 }
 
 /// An attention kernel's needs: the cache, and `softcap`, which soft-caps its scores where the

@@ -20,7 +20,8 @@ mod top_k;
 pub use act_mul::{act_mul, bias_add};
 pub use argmax::{argmax, argmax_masked, argmax_records, mask_wgsl, mask_words, masks_bytes, Masks};
 pub use attention::{
-    attention_decode, attention_prefill, decode_max_context, decode_partials_len, decode_splits_used, DECODE_CHUNK,
+    attention_decode, attention_prefill, decode_max_context, decode_partials_len, decode_short_keys,
+    decode_splits_used, DECODE_CHUNK,
 };
 pub use delta::{delta_out, delta_prep, delta_proj, delta_scan, gate_mul, sigmoid_add};
 pub use embed::embed;
@@ -163,6 +164,11 @@ pub enum Segment {
     #[default]
     All,
     Decode,
+    /// The decode rows while each attends over at most the model's short context
+    /// (`kernels::decode_short_keys`): decode attention's one-dispatch kernel.
+    ShortDecode,
+    /// The decode rows otherwise: the two-pass kernels that the one-dispatch kernel stands for.
+    LongDecode,
     Chunk(u8),
 }
 
@@ -172,18 +178,28 @@ pub struct SegmentRows {
     pub all: u32,
     pub decode: u32,
     pub chunks: [u32; 8],
+    /// Every decode row attends over at most the model's short context.
+    pub short: bool,
 }
 
 impl SegmentRows {
-    /// Every dispatch works on all `n` rows (any pass but a round's).
+    /// Every dispatch works on all `n` rows (any pass but a round's), at any context.
     pub fn all(n: u32) -> Self {
-        Self { all: n, decode: n, chunks: [0; 8] }
+        Self { all: n, decode: n, chunks: [0; 8], short: false }
+    }
+
+    /// The same, each of the rows attending over at most `keys` keys, where decode attention
+    /// takes one dispatch up to `short_keys` (0: never).
+    pub fn at_keys(n: u32, keys: usize, short_keys: usize) -> Self {
+        Self { short: keys <= short_keys, ..Self::all(n) }
     }
 
     pub fn of(&self, segment: Segment) -> u32 {
         match segment {
             Segment::All => self.all,
             Segment::Decode => self.decode,
+            Segment::ShortDecode => self.decode * u32::from(self.short),
+            Segment::LongDecode => self.decode * u32::from(!self.short),
             Segment::Chunk(k) => self.chunks[k as usize],
         }
     }

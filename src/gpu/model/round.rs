@@ -169,8 +169,15 @@ impl GpuModel {
         let queue = &self.gpu.queue;
         let mut single = rows.clone();
         match (single.next(), single.next()) {
-            (Some((seq, pos)), None) if seq == self.main => {
-                enc.copy_buffer_to_buffer(&self.buf.main_rows, pos as u64 * 8, &self.buf.batch, 0, 8);
+            (Some((seq, pos)), None) => {
+                // One row (a decode step): its position copied on the GPU, its block table's
+                // index written only when the row changes sequence.
+                let table = self.layout.table(seq.0) as u32;
+                if self.row0_table != Some(table) {
+                    queue.write_buffer(&self.buf.batch, 4, bytemuck::bytes_of(&table));
+                    self.row0_table = Some(table);
+                }
+                enc.copy_buffer_to_buffer(&self.buf.positions, pos as u64 * 4, &self.buf.batch, 0, 4);
             }
             _ => {
                 self.row_words.clear();
@@ -178,6 +185,7 @@ impl GpuModel {
                     self.row_words.extend([pos as u32, self.layout.table(seq.0) as u32]);
                 }
                 queue.write_buffer(&self.buf.batch, 0, bytemuck::cast_slice(&self.row_words));
+                self.row0_table = self.row_words.get(1).copied();
             }
         }
         if params != self.params_now {
@@ -283,7 +291,10 @@ impl GpuModel {
         }
         self.round_tokens.clear();
         self.round_tokens.extend(rows.iter().map(|r| r.1));
-        let mut segments = kernels::SegmentRows { all: n as u32, decode: d as u32, chunks: [0; 8] };
+        // Decode attention takes one dispatch a layer while every decode row's context is short.
+        let keys = rows.iter().map(|r| r.2 + 1).max().unwrap_or(0);
+        let mut segments =
+            kernels::SegmentRows { decode: d as u32, ..kernels::SegmentRows::at_keys(n as u32, keys, self.short_keys) };
         let mut first = d;
         for (k, &(_, tokens, _)) in prefills.iter().enumerate() {
             self.round_tokens.extend_from_slice(tokens);
@@ -293,7 +304,9 @@ impl GpuModel {
             first += tokens.len();
         }
         let b = &self.buf;
-        if n > 0 {
+        // A chained step's tokens are all copied on the GPU below: no upload (each write is a
+        // staging buffer made and freed).
+        if n > 0 && !(chained && n == d) {
             self.gpu.queue.write_buffer(&b.tokens, 0, bytemuck::cast_slice(&self.round_tokens));
         }
         if chained {
@@ -310,7 +323,7 @@ impl GpuModel {
                 d if d <= kernels::WIDE_ROWS => self.decode_batch.as_deref().expect("recorded above"),
                 _ => self.decode_wide.as_deref().expect("recorded above"),
             };
-            Self::encode_ops(&mut enc, ops, d);
+            Self::encode_ops(&mut enc, ops, &segments);
         } else {
             // With prompt chunks, `Pass::Round`: its logits for the decode rows alone.
             let decode = Params::new(d, d);
@@ -467,11 +480,11 @@ impl GpuModel {
     }
 
     /// Encodes `ops` for a pass of `n` rows.
-    pub(super) fn encode_ops(enc: &mut wgpu::CommandEncoder, ops: &[Dispatch], n: usize) {
+    pub(super) fn encode_ops(enc: &mut wgpu::CommandEncoder, ops: &[Dispatch], rows: &kernels::SegmentRows) {
         let mut pass =
             enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
         for op in ops {
-            op.encode(&mut pass, n as u32);
+            op.encode_rows(&mut pass, rows);
         }
     }
 
@@ -507,7 +520,7 @@ impl GpuModel {
             self.masks_flagged = masked;
         }
         if masked {
-            Self::encode_ops(enc, self.argmax_masked.as_slice(), n);
+            Self::encode_ops(enc, self.argmax_masked.as_slice(), &kernels::SegmentRows::all(n as u32));
         }
         if !selects {
             return;
@@ -529,7 +542,7 @@ impl GpuModel {
             });
         }
         self.gpu.queue.write_buffer(&b.top_k_want, 0, bytemuck::cast_slice(&self.row_words));
-        Self::encode_ops(enc, self.select.as_slice(), n);
+        Self::encode_ops(enc, self.select.as_slice(), &kernels::SegmentRows::all(n as u32));
         if want.iter().any(|w| matches!(w, RowReadback::Draw { .. })) {
             self.row_words.clear();
             for w in want {
@@ -542,7 +555,7 @@ impl GpuModel {
                 });
             }
             self.gpu.queue.write_buffer(&b.draws, 0, bytemuck::cast_slice(&self.row_words));
-            Self::encode_ops(enc, self.draw.as_slice(), n);
+            Self::encode_ops(enc, self.draw.as_slice(), &kernels::SegmentRows::all(n as u32));
         }
     }
 

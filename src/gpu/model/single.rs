@@ -82,7 +82,10 @@ impl GpuModel {
         let main = self.main;
         self.prepare(&mut enc, (start..start + n).map(|p| (main, p)), Params::new(n, 1))?;
         self.gpu.submit(enc);
+        // The dispatches a pass at this context encodes (decode attention's one or two).
+        let rows = SegmentRows::at_keys(n as u32, start + n, self.short_keys);
         let ops = if n == 1 { &self.decode } else { &self.prefill };
+        let ops: Vec<&Dispatch> = ops.iter().filter(|op| rows.of(op.groups.segment) > 0).collect();
         let mut times = Vec::with_capacity(ops.len());
         if self.gpu.timestamps {
             // One pass per dispatch, its start and end stamped, all in one submission.
@@ -110,7 +113,7 @@ impl GpuModel {
                     label: Some(op.label),
                     timestamp_writes: Some(writes),
                 });
-                op.encode(&mut pass, n as u32);
+                op.encode_rows(&mut pass, &rows);
             }
             enc.resolve_query_set(&set, 0..count, &resolved, 0);
             enc.copy_buffer_to_buffer(&resolved, 0, &staging, 0, 8 * count as u64);
@@ -124,7 +127,7 @@ impl GpuModel {
         } else {
             for op in ops {
                 let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-                op.encode(&mut enc.begin_compute_pass(&Default::default()), n as u32);
+                op.encode_rows(&mut enc.begin_compute_pass(&Default::default()), &rows);
                 let t = web_time::Instant::now();
                 self.gpu.submit(enc);
                 self.gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::Gpu(e.to_string()))?;
@@ -165,7 +168,7 @@ impl GpuModel {
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         let main = self.main;
         self.prepare(&mut enc, std::iter::once((main, position)), Params::new(1, 1))?;
-        Self::encode_ops(&mut enc, &self.decode, 1);
+        Self::encode_ops(&mut enc, &self.decode, &SegmentRows::at_keys(1, position + 1, self.short_keys));
         let (b, slot) = (&self.buf, self.next_slot);
         enc.copy_buffer_to_buffer(&b.argmax, 0, &b.tokens, 0, 4);
         enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[slot], 0, 4);
@@ -211,7 +214,8 @@ impl GpuModel {
         self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::bytes_of(&token));
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("draft") });
         self.prepare(&mut enc, std::iter::once((seq, pos)), Params::new(1, 1))?;
-        Self::encode_ops(&mut enc, &self.draft.as_ref().expect("recorded above").1, 1);
+        let rows = SegmentRows::at_keys(1, pos + 1, self.short_keys);
+        Self::encode_ops(&mut enc, &self.draft.as_ref().expect("recorded above").1, &rows);
         let b = &self.buf;
         enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[0], 0, 4);
         self.gpu.submit(enc);
@@ -252,7 +256,8 @@ impl GpuModel {
             self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(&tokens[start + 1..start + 1 + n]));
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
             self.prepare(&mut enc, (start..start + n).map(|p| (seq, p)), Params::new(n, 1))?;
-            Self::encode_ops(&mut enc, &self.mtp_passes.as_ref().expect("recorded above")[0], n);
+            let rows = SegmentRows::at_keys(n as u32, start + n, self.short_keys);
+            Self::encode_ops(&mut enc, &self.mtp_passes.as_ref().expect("recorded above")[0], &rows);
             let b = &self.buf;
             enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[0], 0, 4);
             self.gpu.submit(enc);
@@ -276,7 +281,8 @@ impl GpuModel {
                 Err(Error::KvPoolFull { .. }) => break,
                 r => r?,
             }
-            Self::encode_ops(&mut enc, &self.mtp_passes.as_ref().expect("recorded above")[1], 1);
+            let rows = SegmentRows::at_keys(1, pos + 1, self.short_keys);
+            Self::encode_ops(&mut enc, &self.mtp_passes.as_ref().expect("recorded above")[1], &rows);
             let b = &self.buf;
             enc.copy_buffer_to_buffer(&b.argmax, 0, &b.staging_argmax[0], 0, 4);
             self.gpu.submit(enc);
@@ -322,7 +328,8 @@ impl GpuModel {
         self.gpu.queue.write_buffer(&self.buf.tokens, 0, bytemuck::cast_slice(tokens));
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         self.prepare(&mut enc, (start..start + n).map(|p| (seq, p)), Params::new(n, 1))?;
-        Self::encode_ops(&mut enc, if n == 1 { &self.decode } else { &self.prefill }, n);
+        let rows = SegmentRows::at_keys(n as u32, start + n, self.short_keys);
+        Self::encode_ops(&mut enc, if n == 1 { &self.decode } else { &self.prefill }, &rows);
         let b = &self.buf;
         let logits_bytes = self.config.vocab_size as u64 * 4;
         let slot = self.next_slot;
