@@ -53,19 +53,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             var hi: array<vec4<f32>, 8>;
             let b = rows8(row0 + dx * 8u, ROW_COUNT, ROW_WORDS);
             for (var g = 0u; g < select(0u, COLS / 8u, live); g++) {
-                let w0 = dq8(b.lo.x, g);
-                let w1 = dq8(b.lo.y, g);
-                let w2 = dq8(b.lo.z, g);
-                let w3 = dq8(b.lo.w, g);
-                let w4 = dq8(b.hi.x, g);
-                let w5 = dq8(b.hi.y, g);
-                let w6 = dq8(b.hi.z, g);
-                let w7 = dq8(b.hi.w, g);
+                let w = dq8x8(b, g);
                 for (var i = 0u; i < 8u; i++) {
                     let t = min(tok0 + dy * 8u + i, n - 1u);
-                    let xv = Dq8(x[(t * COLS) / 4u + g * 2u], x[(t * COLS) / 4u + g * 2u + 1u]);
-                    lo[i] += vec4<f32>(dot8(w0, xv), dot8(w1, xv), dot8(w2, xv), dot8(w3, xv));
-                    hi[i] += vec4<f32>(dot8(w4, xv), dot8(w5, xv), dot8(w6, xv), dot8(w7, xv));
+                    let d = dot8x8(w, Dq8(x[(t * COLS) / 4u + g * 2u], x[(t * COLS) / 4u + g * 2u + 1u]));
+                    lo[i] += d.lo;
+                    hi[i] += d.hi;
                 }
             }
             for (var i = 0u; i < 8u; i++) {

@@ -45,7 +45,8 @@ override NORM_FED: bool = false;
 override NORM_SCALED: bool = false;
 override EPS: f32 = 0.0;
 override INT8: bool = false;
-// CPU adapters: a single batch row's CPU_ROWS (8) rows in straight-line code (`cpu_rows8`), for
+// CPU adapters: a single batch row's CPU_ROWS (8) rows in straight-line code (`cpu_rows8`), and
+// several batch rows' from the 8 rows' weights dequantized once a group (`cpu_rows`), for
 // adapters that do not unroll loops (SwiftShader; `Gpu::unroll_rows`).
 override UNROLL_ROWS: bool = false;
 // INT8: x's records a row.
@@ -179,6 +180,12 @@ fn x_group(m: u32, g: u32) -> Dq8 {
     return v;
 }
 
+// The up rows' dq8x8 for gate|up (EPILOGUE 2); zeros for other matrices, which have none.
+fn up8(b: Rows8, g: u32) -> W8 {
+    if (EPILOGUE == 2u) { return dq8x8(b, g); }
+    return W8();
+}
+
 // cpu_rows' sums for batch row m alone and CPU_ROWS 8, the rows written out: rows r0 .. r0 + 3
 // and r0 + 4 .. r0 + 7, then (EPILOGUE 2) their up rows, each summed in cpu_rows' order, then
 // (NORM_FED) the norm's sums (shaders/norm_fed.wgsl).
@@ -224,7 +231,39 @@ fn cpu_rows(r0: u32, m0: u32, nb: u32, scale: array<f32, MB>) {
             acc_up[0][i + 4u] = s[3][i];
         }
     }
-    for (var g = 0u; g < select(COLS / 8u, 0u, unrolled); g++) {
+    // Rows written out for several batch rows: the 8 rows' weights dequantized once a group,
+    // then each batch row's sums (a vector a 4 rows) updated with them.
+    let batched = UNROLL_ROWS && MB > 1u && nb > 1u && CPU_ROWS == 8u;
+    if (batched) {
+        let b = rows8(r0, ROW_COUNT, ROW_WORDS);
+        let up = vec4<u32>(ROW_COUNT * ROW_WORDS);
+        let ub = Rows8(b.lo + up, b.hi + up);
+        var s: array<vec4<f32>, 4 * MB>;
+        for (var g = 0u; g < COLS / 8u; g++) {
+            let w = dq8x8(b, g);
+            let u = up8(ub, g);
+            for (var j = 0u; j < nb; j++) {
+                let x = x_group(m0 + j, g);
+                let d = dot8x8(w, x);
+                s[4u * j] += d.lo;
+                s[4u * j + 1u] += d.hi;
+                if (EPILOGUE == 2u) {
+                    let e = dot8x8(u, x);
+                    s[4u * j + 2u] += e.lo;
+                    s[4u * j + 3u] += e.hi;
+                }
+            }
+        }
+        for (var j = 0u; j < nb; j++) {
+            for (var i = 0u; i < 4u; i++) {
+                acc[j][i] = s[4u * j][i];
+                acc[j][i + 4u] = s[4u * j + 1u][i];
+                acc_up[j][i] = s[4u * j + 2u][i];
+                acc_up[j][i + 4u] = s[4u * j + 3u][i];
+            }
+        }
+    }
+    for (var g = 0u; g < select(COLS / 8u, 0u, unrolled || batched); g++) {
         var v: array<Dq8, CPU_ROWS>;
         var u: array<Dq8, CPU_ROWS>;
         for (var i = 0u; i < CPU_ROWS; i++) {

@@ -25,6 +25,23 @@ fn dot8(v: Dq8, x: Dq8) -> f32 {
     return dot(v.a, x.a) + dot(v.b, x.b);
 }
 
+// Values 8g .. 8g+7 of 8 rows (`rows8`'s), dequantized once to be dotted with several x
+// (`dot8x8`): members, not an array, for the same reason as Rows8.
+struct W8 { w0: Dq8, w1: Dq8, w2: Dq8, w3: Dq8, w4: Dq8, w5: Dq8, w6: Dq8, w7: Dq8 }
+
+fn dq8x8(b: Rows8, g: u32) -> W8 {
+    return W8(dq8(b.lo.x, g), dq8(b.lo.y, g), dq8(b.lo.z, g), dq8(b.lo.w, g),
+              dq8(b.hi.x, g), dq8(b.hi.y, g), dq8(b.hi.z, g), dq8(b.hi.w, g));
+}
+
+// The 8 rows of `w` each dotted with x: rows 0-3 (lo) and 4-7 (hi).
+fn dot8x8(w: W8, x: Dq8) -> Rows8f {
+    return Rows8f(vec4<f32>(dot8(w.w0, x), dot8(w.w1, x), dot8(w.w2, x), dot8(w.w3, x)),
+                  vec4<f32>(dot8(w.w4, x), dot8(w.w5, x), dot8(w.w6, x), dot8(w.w7, x)));
+}
+
+struct Rows8f { lo: vec4<f32>, hi: vec4<f32> }
+
 // Values 8g .. 8g+7 of the four rows that start at words `rows`, each dotted with x.
 fn dot8x4(rows: vec4<u32>, g: u32, x: Dq8) -> vec4<f32> {
     return vec4<f32>(dot8(dq8(rows.x, g), x), dot8(dq8(rows.y, g), x), dot8(dq8(rows.z, g), x), dot8(dq8(rows.w, g), x));
