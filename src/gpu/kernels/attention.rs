@@ -161,7 +161,10 @@ pub fn attention_decode(
         window,
     ];
     overrides.extend((!direct).then_some(("SPLITS", splits as f64)));
-    let needs = softcapped(kind, &mut overrides);
+    let split_needs = softcapped(kind, &mut overrides);
+    // The one-dispatch kernel's (direct only): the first pass's, and the merge's SPLITS and SINKS.
+    let sinks_on = ("SINKS", sinks.is_some() as u32 as f64);
+    let one_overrides: Vec<_> = overrides.iter().copied().chain([("SPLITS", splits as f64), sinks_on]).collect();
     let (source, x_groups) = match direct {
         true => (
             decode_source!("attention_decode_io.wgsl", "attention_split_record.wgsl", "attention_decode_direct.wgsl"),
@@ -171,7 +174,7 @@ pub fn attention_decode(
             (decode_source!("attention_split.wgsl", "attention_decode_io.wgsl", "attention_decode.wgsl"), splits as u32)
         }
     };
-    let pipeline = cache.get(gpu, "attention_decode", source, needs, &consts, &overrides);
+    let pipeline = cache.get(gpu, "attention_decode", source, split_needs, &consts, &overrides);
     let bind_group = gpu.bind_group("attention_decode", &pipeline, &[qkv, k_cache, v_cache, partials, batch]);
     let (q_bytes, records) = (4 * c.q_dim() as u64, 4 * (c.n_heads * (c.head_dim + 2)) as u64);
     let split = Dispatch {
@@ -198,12 +201,8 @@ pub fn attention_decode(
         ),
         false => (decode_source!("attention_split.wgsl", "attention_combine.wgsl"), c.n_heads as u32),
     };
-    let mut overrides = vec![
-        ("SPLITS", splits as f64),
-        ("RECORDS", record_splits(gpu, c, splits) as f64),
-        window,
-        ("SINKS", sinks.is_some() as u32 as f64),
-    ];
+    let mut overrides =
+        vec![("SPLITS", splits as f64), ("RECORDS", record_splits(gpu, c, splits) as f64), window, sinks_on];
     overrides.extend(direct.then_some(("N_HEADS", c.n_heads as f64)));
     let needs = Needs { batch: true, ..Default::default() };
     let pipeline = cache.get(gpu, "attention_combine", source, needs, &consts, &overrides);
@@ -229,17 +228,7 @@ pub fn attention_decode(
         "attention_merge.wgsl",
         "attention_decode_one.wgsl"
     );
-    let mut overrides = vec![
-        ("KV_DIM", c.kv_dim() as f64),
-        ("GROUP", group as f64),
-        ("QKV_STRIDE", (c.q_dim() + 2 * c.kv_dim()) as f64),
-        ("SCALE", kind.scale as f64),
-        ("SPLITS", splits as f64),
-        window,
-        ("SINKS", sinks.is_some() as u32 as f64),
-    ];
-    let needs = softcapped(kind, &mut overrides);
-    let pipeline = cache.get(gpu, "attention_decode_one", source, needs, &consts, &overrides);
+    let pipeline = cache.get(gpu, "attention_decode_one", source, split_needs, &consts, &one_overrides);
     // Without sinks a read-only stand-in: `partials` is bound for writing.
     let entries = [qkv, k_cache, v_cache, partials, batch, out, sinks.unwrap_or(qkv)];
     let bind_group = gpu.bind_group("attention_decode_one", &pipeline, &entries);
