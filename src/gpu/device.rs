@@ -68,6 +68,9 @@ pub struct GpuOptions {
     /// Tokens the KV pool holds, every sequence together (default, and at least, the context
     /// length: one sequence at its longest). A server sized for many streams asks for more.
     pub kv_tokens: Option<usize>,
+    /// The kernel variants to run (default: KERNELS_ENV's, else by the adapter's type: CPU-style
+    /// on CPU adapters), so that either style can be run, and tested, on any adapter.
+    pub kernels: Option<KernelStyle>,
 }
 
 impl GpuOptions {
@@ -300,9 +303,17 @@ impl Gpu {
         device.set_device_lost_callback(move |reason, message| {
             sink.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(format!("{reason:?}: {message}"));
         });
-        let style = match std::env::var(KERNELS_ENV).as_deref() {
-            Ok("gpu") => KernelStyle::Gpu,
-            Ok("cpu") => KernelStyle::Cpu,
+        let style = match (options.kernels, std::env::var(KERNELS_ENV).as_deref()) {
+            (Some(style), _) => style,
+            (None, Ok("gpu")) => KernelStyle::Gpu,
+            (None, Ok("cpu")) => KernelStyle::Cpu,
+            (None, Ok(v)) if !v.is_empty() => {
+                return Err(Error::InvalidOption {
+                    name: "kernels",
+                    value: format!("{KERNELS_ENV}={v:?}"),
+                    expected: "gpu (workgroups cooperating) or cpu (an invocation per output block)".into(),
+                });
+            }
             _ if adapter_info.device_type == wgpu::DeviceType::Cpu => KernelStyle::Cpu,
             _ => KernelStyle::Gpu,
         };

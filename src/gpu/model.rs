@@ -1409,7 +1409,7 @@ impl GpuModel {
                 ops.push(kernels::argmax(gpu, p, pd, vocab, &b.logits, &b.argmax, max_rows).on(Segment::Decode));
             } else {
                 let gd = GemvBatch { params: pd, mb, xq: Some(&b.xq) };
-                ops.extend(on(lm_head_argmax(p, gd, norm, &b.xn)));
+                ops.extend(on(lm_head_argmax(p, gd, norm, input)));
             }
             return ops;
         }

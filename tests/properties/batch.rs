@@ -77,6 +77,57 @@ fn eight_prompts_in_one_batch_give_the_reference_greedy_tokens() {
     }
 }
 
+/// The GPU-style kernels (what real GPUs run; lavapipe's own are the CPU-style ones) through the
+/// engine, where the other tests take the adapter's own: eight greedy prompts in one batch (rounds
+/// of prompt chunks and decode rows), one asking for log-probabilities, give the CPU reference's
+/// tokens and the CPU backend's log-probabilities within 1e-3; a generation after the batch and
+/// one with prompt-lookup speculation give the reference's tokens too.
+#[test]
+fn the_gpu_style_kernels_give_the_reference_tokens_through_the_engine() {
+    use webgpu_llm::gpu::KernelStyle;
+    use webgpu_llm::speculate::{Drafter, Speculation};
+    let gpu = GpuOptions { kernels: Some(KernelStyle::Gpu), ..Default::default() };
+    let opts = LoadOptions { backend: BackendKind::Gpu, context_length: Some(1024), gpu };
+    let mut e = pollster::block_on(Engine::load(tiny::chat(), opts, &mut |_, _| {})).unwrap();
+    assert_eq!(e.gpu_model().unwrap().gpu.style, KernelStyle::Gpu);
+    let logprobs = GenerateOptions { top_candidates: 2, ..greedy(STEPS) };
+    let requests: Vec<(Prompt, GenerateOptions)> =
+        (0..8).map(|i| (prompt(i), if i == 5 { logprobs.clone() } else { greedy(STEPS) })).collect();
+    // Each sequence's ids and log-probabilities.
+    let batch = |e: &mut Engine| {
+        let mut out = vec![(Vec::new(), Vec::new()); requests.len()];
+        pollster::block_on(e.generate_batch(&requests, &mut |seq, ev| {
+            out[seq].0.push(ev.id);
+            out[seq].1.extend(ev.logprob.as_ref().map(|l| l.logprob));
+            true
+        }))
+        .unwrap();
+        out
+    };
+    let got = batch(&mut e);
+    for (i, (ids, _)) in got.iter().enumerate() {
+        assert_eq!(ids, &want(i, STEPS), "prompt {i} in the batch");
+    }
+    let reference = batch(&mut engine(BackendKind::Cpu, 1024));
+    assert_eq!(got[5].1.len(), STEPS);
+    for (k, (g, r)) in got[5].1.iter().zip(&reference[5].1).enumerate() {
+        assert!((g - r).abs() < 1e-3, "token {k}'s logprob: {g} against the CPU backend's {r}");
+    }
+    let alone = |e: &mut Engine, i: usize, o: &GenerateOptions| {
+        let mut ids = Vec::new();
+        pollster::block_on(e.generate(&prompt(i), o, &mut |ev| {
+            ids.push(ev.id);
+            true
+        }))
+        .unwrap();
+        ids
+    };
+    assert_eq!(alone(&mut e, 0, &greedy(8)), want(0, 8), "a generation after the batch");
+    let lookup =
+        GenerateOptions { speculate: Some(Speculation { drafter: Drafter::Lookup, draft_tokens: 3 }), ..greedy(STEPS) };
+    assert_eq!(alone(&mut e, 4, &lookup), want(4, STEPS), "prompt-lookup speculation");
+}
+
 #[test]
 fn sequences_of_a_batch_keep_their_own_sampling_stops_and_lengths() {
     let sampled = GenerateOptions {

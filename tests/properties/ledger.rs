@@ -118,12 +118,9 @@ fn small_model(s: &Small) -> Vec<u8> {
     w.to_bytes()
 }
 
-/// The model uploaded with `options` (and the kernel style `style`, when given).
-fn gpu_model(bytes: &[u8], options: GpuOptions, style: Option<KernelStyle>, context: usize) -> GpuModel {
-    let mut gpu = pollster::block_on(Gpu::new(options)).expect("a GPU adapter (lavapipe in CI)");
-    if let Some(style) = style {
-        gpu.style = style;
-    }
+/// The model uploaded with `options`.
+fn gpu_model(bytes: &[u8], options: GpuOptions, context: usize) -> GpuModel {
+    let gpu = pollster::block_on(Gpu::new(options)).expect("a GPU adapter (lavapipe in CI)");
     let gguf = Gguf::parse(bytes).unwrap();
     pollster::block_on(GpuModel::load(gpu, &gguf, bytes, context, &mut |_, _| {})).unwrap()
 }
@@ -152,8 +149,8 @@ fn logits(model: &mut GpuModel, prompt: &[u32]) -> Vec<f32> {
 
 /// The adapter's own path, the forced f32 path (an f32 KV cache) and the GPU-style kernels
 /// (norms fused into the matrix products; lavapipe's own are the CPU-style ones).
-const PATHS: [(GpuOptions, Option<KernelStyle>); 3] =
-    [(ADAPTER, None), (GpuOptions { force_f32: true, ..ADAPTER }, None), (ADAPTER, Some(KernelStyle::Gpu))];
+const PATHS: [GpuOptions; 3] =
+    [ADAPTER, GpuOptions { force_f32: true, ..ADAPTER }, GpuOptions { kernels: Some(KernelStyle::Gpu), ..ADAPTER }];
 
 /// The adapter's own options (`GpuOptions::default`, which is no const fn).
 const ADAPTER: GpuOptions = GpuOptions {
@@ -163,6 +160,7 @@ const ADAPTER: GpuOptions = GpuOptions {
     max_batch: None,
     pass_rows: None,
     kv_tokens: None,
+    kernels: None,
 };
 
 /// Bytes of one key or value element in the cache, by its storage.
@@ -202,9 +200,9 @@ fn the_decode_ledger_of_a_model_in_the_default_models_types_matches_a_hand_count
     // then the 6 blocks' quants: 208 bytes, the file's 204 and 4 of padding.
     assert_eq!(gpu_row(GgmlType::Q8_0, 192), 208);
     let weights = q4_1 + 1000 * 208 + 208 + f32s;
-    for (options, style) in PATHS {
-        let m = gpu_model(&bytes, options, style, 1024);
-        eprintln!("{options:?} {style:?}: {:?}, KV {:?}", m.gpu.style, m.gpu.kv);
+    for options in PATHS {
+        let m = gpu_model(&bytes, options, 1024);
+        eprintln!("{options:?}: {:?}, KV {:?}", m.gpu.style, m.gpu.kv);
         let kv_row = 2 * 3 * 64 * kv_element_bytes(m.gpu.kv);
         // A step's dispatches: the lookup; a layer's q|k|v with RoPE and the cache write in its
         // epilogue, attention's two passes, o, gate|up (one pair), down, with the norms in the
@@ -244,7 +242,7 @@ fn the_decode_ledger_of_a_model_in_the_default_models_types_matches_a_hand_count
         // (src/gpu/kernels/attention.rs), while the keys read grow on. On CPU adapters a split
         // is a tile at any length: 512 records a head at 32768 keys. Either way the step's
         // bytes are linear in the context.
-        let long = gpu_model(&bytes, options, style, 32768);
+        let long = gpu_model(&bytes, options, 32768);
         for seq in [1344, 1345, 32768] {
             assert_eq!(long.decode_dispatches(seq), steps(seq), "{:?} at {seq} keys", long.gpu.style);
         }
@@ -293,12 +291,12 @@ fn the_decode_ledger_counts_the_padded_rows_the_gpu_reads() {
     let f32s = (2 * 2 + 1) * 160 * 4;
     let file: u64 = g.tensors.iter().map(|t| t.byte_size).sum();
     assert_eq!(file, 2 * ((160 + 32 + 32 + 160 + 320 + 320) * 90 + 160 * 180) + 700 * 170 + f32s);
-    for (options, style) in PATHS {
-        let m = gpu_model(&bytes, options, style, 256);
+    for options in PATHS {
+        let m = gpu_model(&bytes, options, 256);
         let kv_row = 2 * 2 * 32 * kv_element_bytes(m.gpu.kv);
         for seq in [1, 100] {
             let ledger = m.decode_traffic(seq);
-            assert_eq!(ledger.weights, matrices + head + 176 + f32s, "{options:?} {style:?} at {seq} keys");
+            assert_eq!(ledger.weights, matrices + head + 176 + f32s, "{options:?} at {seq} keys");
             assert_eq!((ledger.kv_read, ledger.kv_written), (kv_row * seq as u64, kv_row));
             assert_eq!(m.min_decode_traffic(seq).weights, file);
         }
