@@ -1,14 +1,16 @@
 // Prefill attention, tiled over query and key blocks (flash attention): a workgroup takes BQ
-// queries of one head and walks the causal key range in blocks of BK, keeping a running max and
-// sum per query (online softmax); invocation d of WG = HD / VPI owns output dimensions d, d + WG,
-// ... of the BQ queries.
+// rows, BQ / HEADS queries of HEADS heads that share a KV head (HEADS = GROUP: each K/V tile read
+// serves all of them; 1 where they do not fit), and walks the causal key range in blocks of BK,
+// keeping a running max and sum per row (online softmax); invocation d of WG = HD / VPI owns
+// output dimensions d, d + WG, ... of the BQ rows. Row r is query r / HEADS of the block, head
+// r % HEADS of the workgroup's.
 // With WINDOW > 0 a query at p sees keys p - WINDOW + 1 .. p (a sliding-window layer).
 // A score (after the scale) goes through softcap (shaders/softcap.wgsl: Gemma 2, else the identity).
 // The dispatch's tokens are rows params.first.. of the pass, consecutive positions of one sequence
 // (the first row's position and block table): a prefill pass's rows, or a chunk of a round's.
 // Bindings: 0 params, 1 qkv (rows of Q_DIM + 2 KV_DIM), 2 k_cache, 3 v_cache, 4 out (rows of Q_DIM),
-// 5 batch. Dispatch: (ceil(n_tokens / BQ), N_HEADS, 1). HD, VPI, WG, BQ, BK, `kv_t` and the
-// cache's and batch's accessors come from the host.
+// 5 batch. Dispatch: (ceil(n_tokens / (BQ / HEADS)), N_HEADS / HEADS, 1). HD, VPI, WG, BQ (at
+// most WG), BK, HEADS (dividing BQ), `kv_t` and the cache's and batch's accessors come from the host.
 
 override Q_DIM: u32;
 override KV_DIM: u32;
@@ -32,6 +34,9 @@ override SINKS: bool = false;
 const KS: u32 = HD + 1u;
 const SS: u32 = BK + 1u;
 
+// Queries a block.
+const QB: u32 = BQ / HEADS;
+
 var<workgroup> qt: array<f32, BQ * HD>;
 var<workgroup> kt: array<f32, BK * KS>;
 var<workgroup> vt: array<f32, BK * HD>;
@@ -46,24 +51,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
     let row0 = params.first;
     let start = row_pos(row0);
     let table = row_table(row0);
-    let q0 = wg.x * BQ;
-    let h = wg.y;
-    let kv = (h / GROUP) * HD;
+    let q0 = wg.x * QB;
+    let h0 = wg.y * HEADS;
+    let kv = (h0 / GROUP) * HD;
     let row = Q_DIM + 2u * KV_DIM;
     for (var r = 0u; r < BQ; r++) {
-        let t = q0 + r;
+        let t = q0 + r / HEADS;
+        let h = h0 + r % HEADS;
         for (var i = d; i < HD; i += WG) {
             qt[r * HD + i] = select(0.0, qkv[(row0 + min(t, n - 1u)) * row + h * HD + i] * SCALE, t < n);
         }
     }
     if (d < BQ) {
-        row_max[d] = select(-1.0e30, sinks[h], SINKS);
+        row_max[d] = select(-1.0e30, sinks[h0 + d % HEADS], SINKS);
         row_sum[d] = select(0.0, 1.0, SINKS);
     }
     // Output dimension d + v WG of query r at o[r * VPI + v].
     var o: array<f32, BQ * VPI>;
     for (var r = 0u; r < BQ * VPI; r++) { o[r] = 0.0; }
-    let n_keys = start + min(q0 + BQ, n);
+    let n_keys = start + min(q0 + QB, n);
     // Keys before the first query's window are masked for every query of the block.
     var k_first = 0u;
     if (WINDOW > 0u && start + q0 + 1u > WINDOW) { k_first = start + q0 + 1u - WINDOW; }
@@ -85,8 +91,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
             let j = e % BK;
             var acc = 0.0;
             for (var i = 0u; i < HD; i++) { acc += qt[r * HD + i] * kt[j * KS + i]; }
-            let p = start + q0 + r;
-            let visible = k0 + j <= p && q0 + r < n && (WINDOW == 0u || p - (k0 + j) < WINDOW);
+            let t = q0 + r / HEADS;
+            let p = start + t;
+            let visible = k0 + j <= p && t < n && (WINDOW == 0u || p - (k0 + j) < WINDOW);
             st[r * SS + j] = select(-1.0e30, softcap(acc), visible);
         }
         workgroupBarrier();
@@ -116,7 +123,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d
         workgroupBarrier();
     }
     for (var r = 0u; r < BQ; r++) {
-        let t = q0 + r;
+        let t = q0 + r / HEADS;
+        let h = h0 + r % HEADS;
         if (t < n) {
             for (var v = 0u; v < VPI; v++) { out[(row0 + t) * Q_DIM + h * HD + d + v * WG] = o[r * VPI + v] / row_sum[r]; }
         }

@@ -6,8 +6,11 @@ use crate::gpu::{Gpu, KernelStyle};
 use crate::model::reference::AttentionKind;
 use crate::model::ModelConfig;
 
-/// Queries per prefill workgroup (fewer where the workgroup memory is short: `prefill_tiles`).
+/// Queries per prefill workgroup of one head (fewer where the workgroup memory is short; with a
+/// KV head's query heads packed, rows of them: `prefill_tiles`).
 const BQ: u32 = 8;
+/// The most rows (queries times heads) a packed prefill tile takes.
+const PACKED_ROWS: u32 = 32;
 
 /// Keys per tile of decode attention (a split walks whole tiles; shaders/attention_split.wgsl).
 pub const DECODE_CHUNK: usize = 64;
@@ -250,19 +253,28 @@ fn softcapped(kind: AttentionKind, overrides: &mut Vec<(&str, f64)>) -> Needs {
     Needs { kv: true, softcap: true, ..Default::default() }
 }
 
-/// The tiled prefill kernel's (queries, keys) per block within the device's workgroup memory:
-/// BQ queries where that leaves room for 2 keys a block or more (fewer for wide heads on small
-/// limits: Gemma 4's 512-dim heads in WebGPU's minimum 16 KiB), and as many keys as fit, up to 32.
-fn prefill_tiles(head_dim: u32, workgroup_bytes: u32) -> (u32, u32) {
+/// The tiled prefill kernel's block within the device's workgroup memory: (rows, heads a row
+/// block, keys). The `group` query heads of a KV head share a block, so that each K/V tile is
+/// read once for all of them, with ceil(BQ / group) queries each (at least BQ rows: never more
+/// workgroups than one head a block; fewer queries where memory is short), while that leaves
+/// room for 2 keys a block and the rows fit the `invocations` (one a row for the softmax).
+/// Otherwise one head: BQ queries (fewer for wide heads on small limits: Gemma 4's 512-dim
+/// heads in WebGPU's minimum 16 KiB). Keys: as many as fit, up to 32.
+fn prefill_tiles(head_dim: u32, group: u32, invocations: u32, workgroup_bytes: u32) -> (u32, u32, u32) {
     // q tile, the row max/sum/scale and the score rows' padding; per key: its padded K row,
-    // its V row and a score per query (shaders/attention_prefill.wgsl).
-    let keys = |bq: u32| {
-        let fixed = (bq * head_dim + 4 * bq) * 4;
-        let per_key = (2 * head_dim + 1 + bq) * 4;
+    // its V row and a score per row (shaders/attention_prefill.wgsl).
+    let keys = |rows: u32| {
+        let fixed = (rows * head_dim + 4 * rows) * 4;
+        let per_key = (2 * head_dim + 1 + rows) * 4;
         workgroup_bytes.saturating_sub(fixed) / per_key
     };
-    let bq = [BQ, BQ / 2, BQ / 4].into_iter().find(|&bq| keys(bq) >= 2).unwrap_or(1);
-    (bq, keys(bq).clamp(1, 32))
+    let packed = (1..=BQ.div_ceil(group)).rev().map(|queries| queries * group);
+    let packed = packed.filter(|&rows| rows <= PACKED_ROWS.min(invocations)).find(|&rows| keys(rows) >= 2);
+    let (rows, heads) = match packed {
+        Some(rows) if group > 1 => (rows, group),
+        _ => ([BQ, BQ / 2, BQ / 4].into_iter().find(|&bq| keys(bq) >= 2).unwrap_or(1), 1),
+    };
+    (rows, heads, keys(rows).clamp(1, 32))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -280,29 +292,56 @@ pub fn attention_prefill(
     sinks: Option<&wgpu::Buffer>,
 ) -> Dispatch {
     let hd = c.head_dim as u32;
-    let (bq, bk) = prefill_tiles(hd, gpu.limits.max_compute_workgroup_storage_size);
+    let group = (c.n_heads / c.n_kv_heads) as u32;
     let (per, wg) = super::head_invocations(hd);
-    let consts = [("HD", hd), ("VPI", per), ("WG", wg), ("BQ", bq), ("BK", bk)];
+    let (rows, heads, bk) = prefill_tiles(hd, group, wg, gpu.limits.max_compute_workgroup_storage_size);
+    let consts = [("HD", hd), ("VPI", per), ("WG", wg), ("BQ", rows), ("BK", bk), ("HEADS", heads)];
     let mut overrides = vec![
         ("Q_DIM", c.q_dim() as f64),
         ("KV_DIM", c.kv_dim() as f64),
-        ("GROUP", (c.n_heads / c.n_kv_heads) as f64),
+        ("GROUP", group as f64),
         ("SCALE", kind.scale as f64),
         ("WINDOW", kind.window.unwrap_or(0) as f64),
         ("SINKS", sinks.is_some() as u32 as f64),
     ];
     let needs = softcapped(kind, &mut overrides);
     // CPU adapters: one query per invocation, no tiles (shaders/attention_prefill_direct.wgsl).
-    let (source, queries_per_group) = match gpu.style {
-        KernelStyle::Gpu => (include_str!("../../../shaders/attention_prefill.wgsl"), bq),
-        KernelStyle::Cpu => (include_str!("../../../shaders/attention_prefill_direct.wgsl"), 64),
+    let (source, queries_per_group, heads) = match gpu.style {
+        KernelStyle::Gpu => (include_str!("../../../shaders/attention_prefill.wgsl"), rows / heads, heads),
+        KernelStyle::Cpu => (include_str!("../../../shaders/attention_prefill_direct.wgsl"), 64, 1),
     };
     let pipeline = cache.get(gpu, "attention_prefill", source, needs, &consts, &overrides);
     let sinks = sinks.unwrap_or(qkv);
     let bind_group =
         gpu.bind_group("attention_prefill", &pipeline, &[params, qkv, k_cache, v_cache, out, batch, sinks]);
     let mut groups = Groups::per_token(1, 0, queries_per_group);
-    groups.fixed[1] = c.n_heads as u32;
+    groups.fixed[1] = c.n_heads as u32 / heads;
     // Prefill only: the decode ledger never counts it.
     Dispatch { label: "attention_prefill", pipeline, bind_group, groups, traffic: Traffic::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefill_tiles;
+
+    /// Blocks counted by hand from the workgroup memory formula: (rows * HD + 4 rows) floats
+    /// fixed, (2 HD + 1 + rows) floats a key.
+    #[test]
+    fn prefill_tiles_pack_a_kv_heads_query_heads_where_they_fit() {
+        // SmolLM2: 64-dim heads, 3 a KV head, 16 KiB: 3 queries of 3 heads; 2448 bytes fixed,
+        // 552 a key: 25 keys.
+        assert_eq!(prefill_tiles(64, 3, 64, 16384), (9, 3, 25));
+        // Gemma 3 270M: 256-dim heads, 4 a KV head, 32 KiB: 2 queries of 4 heads; 8320 fixed,
+        // 2084 a key: 11 keys.
+        assert_eq!(prefill_tiles(256, 4, 256, 32768), (8, 4, 11));
+        // No grouping: 8 queries of one head.
+        assert_eq!(prefill_tiles(64, 1, 64, 16384), (8, 1, 25));
+        // 8 heads a KV head: one query of the 8. 16 heads would need 16 rows: past 8
+        // invocations, one head a block keeps its 8 queries.
+        assert_eq!(prefill_tiles(64, 8, 64, 16384), (8, 8, 25));
+        assert_eq!(prefill_tiles(64, 16, 8, 16384), (8, 1, 25));
+        // Gemma 4's 512-dim heads in WebGPU's minimum 16 KiB: 2 rows (one query of both heads)
+        // leave room for 2 keys, 4 rows for 1.
+        assert_eq!(prefill_tiles(512, 2, 256, 16384), (2, 2, 2));
+    }
 }
