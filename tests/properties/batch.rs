@@ -832,9 +832,27 @@ fn a_batch_of_every_kind_of_request_gives_each_what_it_gives_alone() {
     for backend in BACKENDS {
         let all: Vec<Option<usize>> = (0..kinds.len()).map(Some).chain([None]).collect();
         let together = run(backend, &all);
+        // The CPU backend and CPU-style kernels (lavapipe's) give a row the same bits in a batch
+        // and alone. GPU-style kernels (a real GPU's, or WEBGPU_LLM_KERNELS=gpu) sum in another
+        // order in a batch's tiled product than in a single row's gemv: the same ids and
+        // hypotheses, log-probabilities within 1e-3 (an f16 KV cache's rounding of a value).
+        let exact = backend == BackendKind::Cpu
+            || engine(backend, 64).gpu_model().is_some_and(|m| m.gpu.style == webgpu_llm::gpu::KernelStyle::Cpu);
         for (i, r) in all.iter().enumerate() {
             let alone = run(backend, &[*r]).remove(0);
-            assert_eq!(together[i], alone, "{backend:?}: request {i} ({r:?}) in the batch vs alone");
+            let what = format!("{backend:?}: request {i} ({r:?}) in the batch vs alone");
+            if exact {
+                assert_eq!(together[i], alone, "{what}");
+            } else {
+                assert_eq!((&together[i].0, &together[i].2), (&alone.0, &alone.2), "{what}");
+                for (a, b) in together[i].1.iter().zip(&alone.1) {
+                    let close = match (a, b) {
+                        (Some(a), Some(b)) => (a - b).abs() < 1e-3,
+                        (a, b) => a.is_none() && b.is_none(),
+                    };
+                    assert!(close, "{what}: logprob {a:?} vs {b:?}");
+                }
+            }
         }
         assert!(together[3].1.iter().all(Option::is_some), "{backend:?}: the logprobs request has them");
         assert_eq!(together[0].0, want(0, 10), "{backend:?}: greedy is the CPU reference's");
