@@ -196,17 +196,19 @@ fn greedy_ids(model: &Path, prompt: &str, n: usize, backend: &str) -> (Vec<u32>,
 
 /// An A/B switch set to a value it does not know is refused by name, not read as its default.
 #[test]
-fn an_unknown_unroll_rows_value_is_refused_naming_the_variable() {
-    let out = exe()
-        .env("WEBGPU_LLM_UNROLL_ROWS", "yes")
-        .args(["generate", "--backend", "gpu", "--prompt", "x", "--max-tokens", "1", "--model"])
-        .arg(default_model())
-        .output()
-        .expect("the CLI runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    // Bad usage (exit code 2), as a flag's bad value.
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("WEBGPU_LLM_UNROLL_ROWS=\"yes\""), "{err}");
+fn unknown_unroll_rows_and_kernels_values_are_refused_naming_the_variable() {
+    for (var, value) in [("WEBGPU_LLM_UNROLL_ROWS", "yes"), ("WEBGPU_LLM_KERNELS", "fast")] {
+        let out = exe()
+            .env(var, value)
+            .args(["generate", "--backend", "gpu", "--prompt", "x", "--max-tokens", "1", "--model"])
+            .arg(default_model())
+            .output()
+            .expect("the CLI runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        // Bad usage (exit code 2), as a flag's bad value.
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(&format!("{var}=\"{value}\"")), "{err}");
+    }
 }
 
 #[test]
