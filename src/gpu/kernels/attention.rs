@@ -344,4 +344,24 @@ mod tests {
         // leave room for 2 keys, 4 rows for 1.
         assert_eq!(prefill_tiles(512, 2, 256, 16384), (2, 2, 2));
     }
+
+    /// What the shader assumes of any block: rows within the workgroup (one invocation a row's
+    /// softmax state), heads 1 or the whole group and dividing the rows, at least one key.
+    #[test]
+    fn prefill_tiles_fit_the_shaders_assumptions_for_every_shape() {
+        for hd in [16, 32, 64, 80, 96, 128, 256, 512] {
+            let (_, wg) = crate::gpu::kernels::head_invocations(hd);
+            for group in [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64] {
+                for bytes in [16384, 32768, 49152] {
+                    let (rows, heads, keys) = prefill_tiles(hd, group, wg, bytes);
+                    let at = format!("HD {hd}, group {group}, {bytes} bytes: {rows} rows of {heads} heads");
+                    assert!(rows >= 1 && rows <= wg && rows % heads == 0, "{at}");
+                    assert!(heads == 1 || heads == group, "{at}");
+                    assert!((1..=32).contains(&keys), "{at}");
+                    let fixed = (rows * hd + 4 * rows) * 4;
+                    assert!(fixed + keys * (2 * hd + 1 + rows) * 4 <= bytes, "{at}: {keys} keys overflow");
+                }
+            }
+        }
+    }
 }
