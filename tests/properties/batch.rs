@@ -43,6 +43,17 @@ fn greedy(max_tokens: usize) -> GenerateOptions {
     GenerateOptions { max_tokens, sampling: SamplingParams::greedy(), ignore_eos: true, ..Default::default() }
 }
 
+/// The ids `Engine::generate` gives for `prompt` alone.
+fn generate_ids(engine: &mut Engine, prompt: &Prompt, options: &GenerateOptions) -> Vec<u32> {
+    let mut ids = Vec::new();
+    pollster::block_on(engine.generate(prompt, options, &mut |ev| {
+        ids.push(ev.id);
+        true
+    }))
+    .unwrap();
+    ids
+}
+
 /// Each sequence's ids and stop reason.
 fn run_batch(engine: &mut Engine, requests: &[(Prompt, GenerateOptions)]) -> (Vec<Vec<u32>>, Vec<StopReason>) {
     let mut ids = vec![Vec::new(); requests.len()];
@@ -67,13 +78,11 @@ fn eight_prompts_in_one_batch_give_the_reference_greedy_tokens() {
         }
         assert!(stops.iter().all(|&s| s == StopReason::MaxTokens));
         // The engine goes on serving single generations after a batch.
-        let mut alone = Vec::new();
-        pollster::block_on(e.generate(&prompt(0), &greedy(8), &mut |ev| {
-            alone.push(ev.id);
-            true
-        }))
-        .unwrap();
-        assert_eq!(alone, want(0, 8), "{backend:?}: a generation after the batch");
+        assert_eq!(
+            generate_ids(&mut e, &prompt(0), &greedy(8)),
+            want(0, 8),
+            "{backend:?}: a generation after the batch"
+        );
     }
 }
 
@@ -113,19 +122,10 @@ fn the_gpu_style_kernels_give_the_reference_tokens_through_the_engine() {
     for (k, (g, r)) in got[5].1.iter().zip(&reference[5].1).enumerate() {
         assert!((g - r).abs() < 1e-3, "token {k}'s logprob: {g} against the CPU backend's {r}");
     }
-    let alone = |e: &mut Engine, i: usize, o: &GenerateOptions| {
-        let mut ids = Vec::new();
-        pollster::block_on(e.generate(&prompt(i), o, &mut |ev| {
-            ids.push(ev.id);
-            true
-        }))
-        .unwrap();
-        ids
-    };
-    assert_eq!(alone(&mut e, 0, &greedy(8)), want(0, 8), "a generation after the batch");
+    assert_eq!(generate_ids(&mut e, &prompt(0), &greedy(8)), want(0, 8), "a generation after the batch");
     let lookup =
         GenerateOptions { speculate: Some(Speculation { drafter: Drafter::Lookup, draft_tokens: 3 }), ..greedy(STEPS) };
-    assert_eq!(alone(&mut e, 4, &lookup), want(4, STEPS), "prompt-lookup speculation");
+    assert_eq!(generate_ids(&mut e, &prompt(4), &lookup), want(4, STEPS), "prompt-lookup speculation");
 }
 
 #[test]
@@ -149,17 +149,8 @@ fn sequences_of_a_batch_keep_their_own_sampling_stops_and_lengths() {
     let stops_at_eos = GenerateOptions { ignore_eos: false, ..greedy(30) };
     for backend in BACKENDS {
         let mut e = engine_of(&bytes, backend, 1024);
-        let alone = |e: &mut Engine, p: Prompt, o: &GenerateOptions| {
-            let mut ids = Vec::new();
-            pollster::block_on(e.generate(&p, o, &mut |ev| {
-                ids.push(ev.id);
-                true
-            }))
-            .unwrap();
-            ids
-        };
-        let want_sampled = alone(&mut e, prompt(1), &sampled);
-        let want_penalized = alone(&mut e, prompt(2), &penalized);
+        let want_sampled = generate_ids(&mut e, &prompt(1), &sampled);
+        let want_penalized = generate_ids(&mut e, &prompt(2), &penalized);
         let requests = vec![
             (prompt(1), sampled.clone()),
             (prompt(eos), stops_at_eos.clone()),
@@ -503,17 +494,8 @@ fn requests_that_outgrow_the_pool_are_preempted_and_recomputed_with_the_same_tok
     let options = |i: usize| if i == sampled_one { sampled.clone() } else { greedy(24) };
     // What each gives alone (`Engine::generate`, its own loop, on the same GPU: the CPU
     // reference's greedy tokens part from the GPU's at a near tie of prompt 2's 23rd token).
-    let alone: Vec<Vec<u32>> = (0..prompts.len())
-        .map(|i| {
-            let mut ids = Vec::new();
-            pollster::block_on(e.generate(&Prompt::Tokens(prompts[i].clone()), &options(i), &mut |ev| {
-                ids.push(ev.id);
-                true
-            }))
-            .unwrap();
-            ids
-        })
-        .collect();
+    let alone: Vec<Vec<u32>> =
+        (0..prompts.len()).map(|i| generate_ids(&mut e, &Prompt::Tokens(prompts[i].clone()), &options(i))).collect();
     assert_eq!(alone[0], want(0, 24), "the GPU alone against the CPU reference");
     let mut b = Batcher::new(&e, usize::MAX);
     let mut which = HashMap::new();
