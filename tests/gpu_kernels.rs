@@ -742,6 +742,27 @@ async fn check_attention(h: &mut Harness, n: usize, start: usize, window: Option
     check_attention_with(h, &small_config(), 256, kind, false, n, start, rng).await;
 }
 
+/// A KV cache of random values (keys within 2, values within 1), `rows` rows of `width`, in the
+/// harness's KV storage; `k_rows` and `v_rows` are the values as stored (f16 rounds them).
+/// Cases of one width share one: the tests' block tables for `keys` keys use its first
+/// `Paging::for_keys(keys).rows()` rows.
+struct RandomKv {
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    k_rows: Vec<f32>,
+    v_rows: Vec<f32>,
+    rows: usize,
+    width: usize,
+}
+
+impl RandomKv {
+    fn new(h: &Harness, rows: usize, width: usize, rng: &mut Rng) -> Self {
+        let (k, k_rows) = h.kv_buf(&random(rng, rows * width, 2.0));
+        let (v, v_rows) = h.kv_buf(&random(rng, rows * width, 1.0));
+        Self { k, v, k_rows, v_rows, rows, width }
+    }
+}
+
 /// `check_attention` for a model shape `c`, a cache of `ctx` keys and a layer's attention
 /// (scale, window, soft-capping) and, with `sinks`, a sink logit per head.
 #[allow(clippy::too_many_arguments)]
@@ -755,16 +776,34 @@ async fn check_attention_with(
     start: usize,
     rng: &mut Rng,
 ) {
+    let shared = RandomKv::new(h, Paging::for_keys(ctx).rows(), c.kv_dim(), rng);
+    check_attention_on(h, c, &shared, ctx, kind, sinks, n, start, rng).await;
+}
+
+/// `check_attention_with` on a given cache (of `c.kv_dim()` values a row, at least as many rows
+/// as `ctx` keys take).
+#[allow(clippy::too_many_arguments)]
+async fn check_attention_on(
+    h: &mut Harness,
+    c: &ModelConfig,
+    shared: &RandomKv,
+    ctx: usize,
+    kind: AttentionKind,
+    sinks: bool,
+    n: usize,
+    start: usize,
+    rng: &mut Rng,
+) {
     let c = c.clone();
     let window = kind.window;
     let (q, kv) = (c.q_dim(), c.kv_dim());
     let row = q + 2 * kv;
     let paging = h.set(n, start, ctx);
+    assert!(shared.width == kv && shared.rows >= paging.rows());
     let qkv = random(rng, n * row, 1.0);
     // The cache in blocks; the reference reads it in position order.
-    let (kc, k_rows) = h.kv_buf(&random(rng, paging.rows() * kv, 2.0));
-    let (vc, v_rows) = h.kv_buf(&random(rng, paging.rows() * kv, 1.0));
-    let (k_seen, v_seen) = (paging.gather(0, &k_rows, kv, ctx), paging.gather(0, &v_rows, kv, ctx));
+    let (kc, vc) = (&shared.k, &shared.v);
+    let (k_seen, v_seen) = (paging.gather(0, &shared.k_rows, kv, ctx), paging.gather(0, &shared.v_rows, kv, ctx));
     let (qb, out) = (h.buf(&qkv), h.buf(&vec![0.0; n * q]));
     // gpt-oss's sinks: a logit per query head (from -2 to 3, the size of the scores).
     let sink_values: Vec<f32> = (0..c.n_heads).map(|i| -2.0 + 5.0 * i as f32 / c.n_heads as f32).collect();
@@ -777,10 +816,10 @@ async fn check_attention_with(
     let ops = if n == 1 {
         let (cache, batch) = (&mut h.cache, &h.batch);
         let short = short_keys > 0;
-        kernels::attention_decode(&h.gpu, cache, &c, kind, ctx, short, &qb, &kc, &vc, &partials, &out, batch, sinks_gpu)
+        kernels::attention_decode(&h.gpu, cache, &c, kind, ctx, short, &qb, kc, vc, &partials, &out, batch, sinks_gpu)
     } else {
         let (cache, params) = (&mut h.cache, &h.params);
-        vec![kernels::attention_prefill(&h.gpu, cache, params, &c, kind, &qb, &kc, &vc, &out, &h.batch, sinks_gpu)]
+        vec![kernels::attention_prefill(&h.gpu, cache, params, &c, kind, &qb, kc, vc, &out, &h.batch, sinks_gpu)]
     };
     h.run(&ops, n);
     let got = h.read(&out, n * q).await;
@@ -874,6 +913,11 @@ gpu_test! {
             };
             let adapter_bytes = h.gpu.limits.max_compute_workgroup_storage_size;
             let memories = |head_dim: usize| if head_dim == 512 { vec![adapter_bytes, 16384] } else { vec![adapter_bytes] };
+            // One random cache a head size (its width is 2 KV heads), as long as its longest case
+            // (the block tables of shorter ones take its first rows): filling and uploading a
+            // 32768-key cache for each case took longer than the case.
+            let mut shared: Option<(usize, RandomKv)> = None;
+            let all_lengths = lengths;
             for (head_dim, group, bytes) in shapes.iter().flat_map(|&(d, g)| memories(d).into_iter().map(move |b| (d, g, b))) {
                 h.gpu.limits.max_compute_workgroup_storage_size = bytes;
                 // Heads of 512 at lengths within and past a few chunks (the longest are the
@@ -883,49 +927,58 @@ gpu_test! {
                 // at every other length).
                 let corner = group == 1 || group == 8;
                 let lengths = if head_dim == 512 || !corner { &lengths[..lengths.len().min(6)] } else { lengths };
-                    let n_kv_heads = 2;
-                    let c = ModelConfig {
-                        n_heads: group * n_kv_heads,
-                        n_kv_heads,
-                        head_dim,
-                        d_model: group * n_kv_heads * head_dim,
-                        ..small_config()
-                    };
-                    let scale = 1.0 / (head_dim as f32).sqrt();
-                    // Decode: an invocation per key (CPU adapters) and several sharing each key
-                    // and each value dimension (GPUs), every KV storage.
-                    // The second style takes the lengths up to a few tiles, where each split is a
-                    // tile, and the longest, where each split walks several (on GPUs past 64
-                    // tiles; natively: the browser twin keeps to its own).
-                    let decode_styles: &[KernelStyle] = if cfg!(target_arch = "wasm32") { &[own] } else { &[own, other(own)] };
-                    let longest = *lengths.last().unwrap();
-                    for &style in decode_styles {
-                        h.gpu.style = style;
-                        let short = |&&k: &&usize| style == own || k <= 1000 || k == longest;
-                        for &keys in lengths.iter().filter(short) {
-                            let kind = AttentionKind { scale, window: None, softcap: None };
-                            check_attention_with(&mut h, &c, keys, kind, false, 1, keys - 1, &mut rng).await;
-                        }
-                        // Sliding windows that start inside a chunk, far from the first key.
-                        let windows = if head_dim == 512 { &[(1000, 300)][..] } else { &[(1000, 300), (16384, 4096)][..] };
-                        for (keys, window) in windows.iter().filter(|(k, _)| short(&k)) {
-                            let kind = AttentionKind { scale, window: Some(*window), softcap: None };
-                            check_attention_with(&mut h, &c, *keys, kind, false, 1, keys - 1, &mut rng).await;
-                        }
-                    }
-                    // Prefill at this head size too, one query per invocation and (on one KV
-                    // storage: a pipeline each costs lavapipe seconds) tiled, whose key tile's
-                    // rows are padded.
-                    let styles: &[KernelStyle] =
-                        if h.gpu.kv == KvStore::F32 { &[KernelStyle::Gpu, KernelStyle::Cpu] } else { &[own] };
-                    for &style in styles {
-                        h.gpu.style = style;
-                        let kind = AttentionKind { scale, window: None, softcap: None };
-                        check_attention_with(&mut h, &c, 256, kind, false, 40, 200, &mut rng).await;
-                    }
-                    h.gpu.style = own;
-                    h.gpu.limits.max_compute_workgroup_storage_size = adapter_bytes;
+                // Sliding windows that start inside a chunk, far from the first key.
+                let windows = if head_dim == 512 { &[(1000, 300)][..] } else { &[(1000, 300), (16384, 4096)][..] };
+                let n_kv_heads = 2;
+                let c = ModelConfig {
+                    n_heads: group * n_kv_heads,
+                    n_kv_heads,
+                    head_dim,
+                    d_model: group * n_kv_heads * head_dim,
+                    ..small_config()
+                };
+                if shared.as_ref().is_none_or(|(d, _)| *d != head_dim) {
+                    drop(shared.take()); // the last head size's cache freed before the next is made
+                    // Every length a narrower head takes at any ratio; 512's own (all its ratios
+                    // take the same); the windows'.
+                    let longest = if head_dim == 512 { lengths.last() } else { all_lengths.last() };
+                    let most = windows.iter().map(|w| w.0).chain(longest.copied()).max().unwrap();
+                    shared = Some((head_dim, RandomKv::new(&h, Paging::for_keys(most).rows(), c.kv_dim(), &mut rng)));
                 }
+                let kvs = &shared.as_ref().unwrap().1;
+                let scale = 1.0 / (head_dim as f32).sqrt();
+                // Decode: an invocation per key (CPU adapters) and several sharing each key and
+                // each value dimension (GPUs), every KV storage. The second style takes the
+                // lengths up to a few tiles, where each split is a tile, and the longest, where
+                // each split walks several (on GPUs past 64 tiles; natively: the browser twin
+                // keeps to its own).
+                let decode_styles: &[KernelStyle] = if cfg!(target_arch = "wasm32") { &[own] } else { &[own, other(own)] };
+                let longest = *lengths.last().unwrap();
+                for &style in decode_styles {
+                    h.gpu.style = style;
+                    let short = |&&k: &&usize| style == own || k <= 1000 || k == longest;
+                    for &keys in lengths.iter().filter(short) {
+                        let kind = AttentionKind { scale, window: None, softcap: None };
+                        check_attention_on(&mut h, &c, kvs, keys, kind, false, 1, keys - 1, &mut rng).await;
+                    }
+                    for (keys, window) in windows.iter().filter(|(k, _)| short(&k)) {
+                        let kind = AttentionKind { scale, window: Some(*window), softcap: None };
+                        check_attention_on(&mut h, &c, kvs, *keys, kind, false, 1, keys - 1, &mut rng).await;
+                    }
+                }
+                // Prefill at this head size too, one query per invocation and (on one KV
+                // storage: a pipeline each costs lavapipe seconds) tiled, whose key tile's rows
+                // are padded.
+                let styles: &[KernelStyle] =
+                    if h.gpu.kv == KvStore::F32 { &[KernelStyle::Gpu, KernelStyle::Cpu] } else { &[own] };
+                for &style in styles {
+                    h.gpu.style = style;
+                    let kind = AttentionKind { scale, window: None, softcap: None };
+                    check_attention_on(&mut h, &c, kvs, 256, kind, false, 40, 200, &mut rng).await;
+                }
+                h.gpu.style = own;
+                h.gpu.limits.max_compute_workgroup_storage_size = adapter_bytes;
+            }
         }
     }
 }
