@@ -739,7 +739,7 @@ gpu_test! {
 /// random cache, and compares with the CPU reference on the values the GPU stores.
 async fn check_attention(h: &mut Harness, n: usize, start: usize, window: Option<usize>, rng: &mut Rng) {
     let kind = AttentionKind { scale: 0.3, window, softcap: None };
-    check_attention_with(h, &small_config(), 256, kind, false, n, start, rng).await;
+    check_attention_with(h, &small_config(), None, 256, kind, false, n, start, rng).await;
 }
 
 /// A KV cache of random values (keys within 2, values within 1), `rows` rows of `width`, in the
@@ -764,11 +764,13 @@ impl RandomKv {
 }
 
 /// `check_attention` for a model shape `c`, a cache of `ctx` keys and a layer's attention
-/// (scale, window, soft-capping) and, with `sinks`, a sink logit per head.
+/// (scale, window, soft-capping) and, with `sinks`, a sink logit per head; on `shared` (of
+/// `c.kv_dim()` values a row, at least as many rows as `ctx` keys take) or else a cache of its own.
 #[allow(clippy::too_many_arguments)]
 async fn check_attention_with(
     h: &mut Harness,
     c: &ModelConfig,
+    shared: Option<&RandomKv>,
     ctx: usize,
     kind: AttentionKind,
     sinks: bool,
@@ -776,24 +778,14 @@ async fn check_attention_with(
     start: usize,
     rng: &mut Rng,
 ) {
-    let shared = RandomKv::new(h, Paging::for_keys(ctx).rows(), c.kv_dim(), rng);
-    check_attention_on(h, c, &shared, ctx, kind, sinks, n, start, rng).await;
-}
-
-/// `check_attention_with` on a given cache (of `c.kv_dim()` values a row, at least as many rows
-/// as `ctx` keys take).
-#[allow(clippy::too_many_arguments)]
-async fn check_attention_on(
-    h: &mut Harness,
-    c: &ModelConfig,
-    shared: &RandomKv,
-    ctx: usize,
-    kind: AttentionKind,
-    sinks: bool,
-    n: usize,
-    start: usize,
-    rng: &mut Rng,
-) {
+    let own;
+    let shared = match shared {
+        Some(kvs) => kvs,
+        None => {
+            own = RandomKv::new(h, Paging::for_keys(ctx).rows(), c.kv_dim(), rng);
+            &own
+        }
+    };
     let c = c.clone();
     let window = kind.window;
     let (q, kv) = (c.q_dim(), c.kv_dim());
@@ -873,10 +865,10 @@ gpu_test! {
                 h.gpu.style = style;
                 for (n, start, window) in [(1, 100, None), (1, 40, Some(16)), (37, 20, None), (70, 0, Some(9))] {
                     let kind = AttentionKind { scale: 1.0, window, softcap: Some(1.5) };
-                    check_attention_with(&mut h, &small_config(), 256, kind, false, n, start, &mut rng).await;
+                    check_attention_with(&mut h, &small_config(), None, 256, kind, false, n, start, &mut rng).await;
                     // gpt-oss's sinks (without soft-capping, as gpt-oss has them).
                     let kind = AttentionKind { scale: 0.3, window, softcap: None };
-                    check_attention_with(&mut h, &small_config(), 256, kind, true, n, start, &mut rng).await;
+                    check_attention_with(&mut h, &small_config(), None, 256, kind, true, n, start, &mut rng).await;
                 }
             }
             h.gpu.style = own;
@@ -959,11 +951,11 @@ gpu_test! {
                     let short = |&&k: &&usize| style == own || k <= 1000 || k == longest;
                     for &keys in lengths.iter().filter(short) {
                         let kind = AttentionKind { scale, window: None, softcap: None };
-                        check_attention_on(&mut h, &c, kvs, keys, kind, false, 1, keys - 1, &mut rng).await;
+                        check_attention_with(&mut h, &c, Some(kvs), keys, kind, false, 1, keys - 1, &mut rng).await;
                     }
                     for (keys, window) in windows.iter().filter(|(k, _)| short(&k)) {
                         let kind = AttentionKind { scale, window: Some(*window), softcap: None };
-                        check_attention_on(&mut h, &c, kvs, *keys, kind, false, 1, keys - 1, &mut rng).await;
+                        check_attention_with(&mut h, &c, Some(kvs), *keys, kind, false, 1, keys - 1, &mut rng).await;
                     }
                 }
                 // Prefill at this head size too, one query per invocation and (on one KV
@@ -974,7 +966,7 @@ gpu_test! {
                 for &style in styles {
                     h.gpu.style = style;
                     let kind = AttentionKind { scale, window: None, softcap: None };
-                    check_attention_on(&mut h, &c, kvs, 256, kind, false, 40, 200, &mut rng).await;
+                    check_attention_with(&mut h, &c, Some(kvs), 256, kind, false, 40, 200, &mut rng).await;
                 }
                 h.gpu.style = own;
                 h.gpu.limits.max_compute_workgroup_storage_size = adapter_bytes;
