@@ -327,14 +327,20 @@ impl Engine {
         match &self.backend {
             Backend::Cpu { .. } => "cpu (f32 reference)".into(),
             Backend::Gpu(m) => format!(
-                "gpu: {}; {} KV cache, {}",
+                "gpu: {}; {} KV cache, {}{}",
                 m.gpu.adapter_name(),
                 match m.gpu.kv {
                     KvStore::F32 => "f32",
                     KvStore::F16 => "f16",
                     KvStore::PackedF16 => "packed f16",
                 },
-                if m.gpu.subgroups { "subgroups" } else { "no subgroups" }
+                if m.gpu.subgroups { "subgroups" } else { "no subgroups" },
+                match m.gpu.coop {
+                    Some(side) if m.gpu.style == crate::gpu::KernelStyle::Gpu => {
+                        format!(", prefill gemms on {side}x{side} cooperative matrices")
+                    }
+                    _ => String::new(),
+                }
             ),
         }
     }

@@ -83,7 +83,9 @@ impl Harness {
         Self::with(GpuOptions { force_f32, ..Default::default() }).await
     }
     async fn with(options: GpuOptions) -> Self {
-        let gpu = Gpu::new(options).await.expect("a GPU adapter (lavapipe in CI, WebGPU in the browser)");
+        Self::of(Gpu::new(options).await.expect("a GPU adapter (lavapipe in CI, WebGPU in the browser)"))
+    }
+    fn of(gpu: Gpu) -> Self {
         let params = gpu.uniform("params", 16);
         let batch = gpu.storage("batch", LAYOUT.words() as u64 * 4).unwrap();
         let own = gpu.style;
@@ -257,6 +259,38 @@ fn after(a: &TensorInfo, a_bytes: &[u8], b: &TensorInfo, b_bytes: &[u8]) -> (Ten
     (TensorInfo { file_offset: a_bytes.len() as u64, ..b.clone() }, [a_bytes, b_bytes].concat())
 }
 
+/// A gated pair of random `ty` tensors of `rows` x `cols` (gate, then up after it in one file) on
+/// the GPU, and the gate's and up's dequantized values.
+async fn random_pair(
+    h: &Harness,
+    rng: &mut Rng,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> (Linear, Vec<f32>, Vec<f32>) {
+    let (gi, gb) = random_tensor(rng, ty, rows, cols);
+    let (ui, ub) = random_tensor(rng, ty, rows, cols);
+    let (up_info, file) = after(&gi, &gb, &ui, &ub);
+    let pair = Linear::gated_pair(&h.gpu, "gate_up", Rows::of(&gi).unwrap(), Rows::of(&up_info).unwrap(), &file[..])
+        .await
+        .unwrap()
+        .expect("same types pair up");
+    (pair, dequantize(&gi, &gb).unwrap(), dequantize(&ui, &ub).unwrap())
+}
+
+/// `reference_matmul` of a gated pair's gemm as it writes Y: each token's gate rows, then its up rows.
+fn pair_matmul(gate: &[f32], up: &[f32], x: &[f32], cols: usize) -> (Vec<f64>, Vec<f64>) {
+    let rows = gate.len() / cols;
+    let (g, gs) = reference_matmul(gate, x, cols);
+    let (u, us) = reference_matmul(up, x, cols);
+    let (mut want, mut scale) = (Vec::new(), Vec::new());
+    for t in 0..x.len() / cols {
+        want.extend([&g[t * rows..][..rows], &u[t * rows..][..rows]].concat());
+        scale.extend([&gs[t * rows..][..rows], &us[t * rows..][..rows]].concat());
+    }
+    (want, scale)
+}
+
 /// |got - want| <= rel * scale + 1e-5 where scale is the sum of |terms| of the dot product.
 fn assert_close(what: &str, got: &[f32], want: &[f64], scale: &[f64], rel: f64) {
     assert_eq!(got.len(), want.len(), "{what}: length");
@@ -377,6 +411,64 @@ gpu_test! {
                 assert_close(&what, &h.read(&yb, n * rows).await, &added, &scale, MATMUL_REL);
             }
         }
+    }
+}
+
+// The prefill gemm on cooperative matrices (shaders/gemm_coop.wgsl, `Gpu::coop`, natively where
+// the adapter lists square f16 products into f32): its tiles hold X and the dequantized W
+// rounded to f16, whose products f32 holds exactly, so each output is the f64 product of those
+// rounded values within the f32 bound of the other matrix products; and within 2^-10 of the
+// sum of |terms| (two roundings of 2^-11) of the unrounded product. Past one tile of 64 tokens
+// and of 64 rows, rows that end inside a K step of 32, added to the residual, a gated pair's
+// columns, every weight type. On an adapter without them, asking for them is an error that
+// says what is missing.
+gpu_test! {
+    async fn coop_gemm_sums_f16_rounded_tiles_in_f32() {
+        let gpu = match Gpu::new(GpuOptions { coop: Some(true), ..Default::default() }).await {
+            Ok(gpu) => gpu,
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(msg.starts_with("invalid coop = true: off (0) on ") && msg.contains("cooperative"), "{msg}");
+                eprintln!("no cooperative matrices on this adapter: {msg}");
+                return;
+            }
+        };
+        let side = gpu.coop.expect("coop asked for and granted");
+        let mut h = Harness::of(gpu);
+        h.gpu.style = KernelStyle::Gpu;
+        eprintln!("cooperative matrices of {side}, subgroups of {}", h.gpu.adapter_info.subgroup_max_size);
+        let mut rng = Rng::new(21);
+        let (n, rows) = (70, 130);
+        let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&v| f16::from_f32(v).to_f32()).collect() };
+        h.set(n, 0, 16);
+        let cases = types().map(|t| (t, 256)).chain([(GgmlType::F16, 200), (GgmlType::Q8_0, 96)]);
+        for (ty, cols) in cases {
+            let (info, bytes) = random_tensor(&mut rng, ty, rows, cols);
+            let w = dequantize(&info, &bytes).unwrap();
+            let lin = linear(&h, &info, &bytes).await;
+            let x = random(&mut rng, n * cols, 3.0);
+            let y0 = random(&mut rng, n * rows, 1.0);
+            let (xb, yb) = (h.buf(&x), h.buf(&y0));
+            let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, None, &lin, Epilogue::Add, &xb, &yb, rows);
+            h.run(&ops, n);
+            let got = h.read(&yb, n * rows).await;
+            let what = format!("coop gemm {ty:?} {cols} columns");
+            let (want, scale) = reference_matmul(&round(&w), &round(&x), cols);
+            let added: Vec<f64> = want.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
+            assert_close(&what, &got, &added, &scale, MATMUL_REL);
+            let (exact, scale) = reference_matmul(&w, &x, cols);
+            let added: Vec<f64> = exact.iter().zip(&y0).map(|(a, &b)| a + b as f64).collect();
+            assert_close(&format!("{what}, against the unrounded product"), &got, &added, &scale, 1.0 / 1024.0 + MATMUL_REL);
+        }
+        let cols = 64;
+        let (pair, gw, uw) = random_pair(&h, &mut rng, GgmlType::Q4_0, rows, cols).await;
+        let x = random(&mut rng, n * cols, 1.0);
+        let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; n * 2 * rows]));
+        let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, None, &pair, Epilogue::Store, &xb, &yb, 2 * rows);
+        h.run(&ops, n);
+        let xr = round(&x);
+        let (want, scale) = pair_matmul(&round(&gw), &round(&uw), &xr, cols);
+        assert_close("coop gemm, gated pair", &h.read(&yb, n * 2 * rows).await, &want, &scale, MATMUL_REL);
     }
 }
 
@@ -1503,29 +1595,15 @@ gpu_test! {
             }
         }
         let cols = 256;
-        let (gi, gb) = random_tensor(&mut rng, GgmlType::Q4_1, rows, cols);
-        let (ui, ub) = random_tensor(&mut rng, GgmlType::Q4_1, rows, cols);
-        let (up_info, file) = after(&gi, &gb, &ui, &ub);
-        let pair = Linear::gated_pair(&h.gpu, "gate_up", Rows::of(&gi).unwrap(), Rows::of(&up_info).unwrap(), &file[..])
-            .await
-            .unwrap()
-            .expect("same types pair up");
+        let (pair, gw, uw) = random_pair(&h, &mut rng, GgmlType::Q4_1, rows, cols).await;
         let x = random(&mut rng, n * cols, 3.0);
         let (xb, yb) = (h.buf(&x), h.buf(&vec![0.0; n * 2 * rows]));
         let ops = kernels::gemm(&h.gpu, &mut h.cache, &h.params, Some(kernels::Int8Scratch { buffer: &xq, rows: kernels::BASE_ROWS }), &pair, Epilogue::Store, &xb, &yb, 2 * rows);
         h.run(&ops, n);
         let words: Vec<u32> = bytemuck::cast_slice(&h.read(&xq, n * cols / 32 * INT8_RECORD_WORDS).await).to_vec();
         let xv = int8_record_values("int8 gemm, gated pair", &words, &x);
-        let (g, gs) = reference_matmul(&dequantize(&gi, &gb).unwrap(), &xv, cols);
-        let (u, us) = reference_matmul(&dequantize(&ui, &ub).unwrap(), &xv, cols);
+        let (want, scale) = pair_matmul(&gw, &uw, &xv, cols);
         let got = h.read(&yb, n * 2 * rows).await;
-        let (mut want, mut scale) = (Vec::new(), Vec::new());
-        for t in 0..n {
-            want.extend_from_slice(&g[t * rows..][..rows]);
-            want.extend_from_slice(&u[t * rows..][..rows]);
-            scale.extend_from_slice(&gs[t * rows..][..rows]);
-            scale.extend_from_slice(&us[t * rows..][..rows]);
-        }
         assert_close("int8 gemm, gated pair", &got, &want, &scale, MATMUL_REL);
     }
 }

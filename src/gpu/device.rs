@@ -25,6 +25,14 @@ pub const GEMV_LANES_ENV: &str = "WEBGPU_LLM_GEMV_LANES";
 /// A/B measurements of the int8 dot-product path (off by default: see `Gpu::int8`).
 pub const INT8_ENV: &str = "WEBGPU_LLM_INT8";
 
+/// Environment variable: `1` gives GPU-style prefill gemms cooperative matrices (`Gpu::coop`;
+/// an error where the adapter has none of the shape they take), `0` or unset leaves them off.
+pub const COOP_ENV: &str = "WEBGPU_LLM_COOP";
+
+/// Workgroup memory of the cooperative-matrix gemm (shaders/gemm_coop.wgsl: two f16 X tiles and
+/// two f16 W tiles of 64 x 40 halves, and 1024 f32 for the subgroups' accumulator tiles).
+const COOP_WORKGROUP_BYTES: u32 = 4 * 64 * 40 * 2 + 4 * 256 * 4;
+
 /// Environment variable: `1` or `0` sets `Gpu::unroll_rows`, for A/B measurements of CPU-style
 /// gemvs and gemms on either CPU adapter.
 pub const UNROLL_ROWS_ENV: &str = "WEBGPU_LLM_UNROLL_ROWS";
@@ -71,6 +79,9 @@ pub struct GpuOptions {
     /// The kernel variants to run (default: KERNELS_ENV's, else by the adapter's type: CPU-style
     /// on CPU adapters), so that either style can be run, and tested, on any adapter.
     pub kernels: Option<KernelStyle>,
+    /// Cooperative matrices for GPU-style prefill gemms (`Gpu::coop`; default: COOP_ENV's, else
+    /// off). Asked for on an adapter without them, the device request fails saying what is missing.
+    pub coop: Option<bool>,
 }
 
 impl GpuOptions {
@@ -176,6 +187,13 @@ pub struct Gpu {
     /// default until a GPU with native dot4I8Packed shows it pays (`scripts/device-bench`'s A/B):
     /// on lavapipe it does (prefill 1.25x, decode 1.26x), but that is a CPU.
     pub int8: bool,
+    /// GPU-style prefill gemms multiply f16 tiles into f32 on cooperative matrices of this
+    /// side (shaders/gemm_coop.wgsl: 16, tensor cores on NVIDIA; 8 on lavapipe), with their X
+    /// and W tiles rounded to f16 (relative error 2^-11 a value, products and sums in f32).
+    /// Natively, where the adapter lists that square shape at subgroup scope, with one subgroup
+    /// size, shader-f16 and subgroups (`GpuOptions::coop`, COOP_ENV; `coop_side`). Off by
+    /// default until a GPU shows it pays and holds the golden bounds (`scripts/device-bench`).
+    pub coop: Option<u32>,
     /// CPU-style gemvs (a single batch row) and prefill gemms take their 8 weight rows in
     /// straight-line code (gemv.wgsl's and gemm_f32.wgsl's UNROLL_ROWS): SwiftShader's Subzero
     /// keeps a loop over those rows and their private arrays in memory, and without them takes
@@ -213,6 +231,45 @@ impl Drop for Gpu {
 /// stalled: a load must never wait forever on another process (headless Chromium has been seen,
 /// rarely and under load, to leave a load waiting between its download and its upload).
 pub const DEVICE_REQUEST_DEADLINE_MS: u32 = 60_000;
+
+/// The side of the cooperative matrices shaders/gemm_coop.wgsl takes on `adapter` (16, else 8),
+/// or why it cannot run there: it needs square products of f16 matrices into f32 at subgroup
+/// scope, shader-f16 and subgroups (`f16_subgroups`), one subgroup size (its workgroup is a
+/// fixed number of subgroups) and the workgroup memory of its tiles.
+fn coop_side(
+    adapter: &wgpu::Adapter,
+    info: &wgpu::AdapterInfo,
+    f16_subgroups: bool,
+) -> std::result::Result<u32, String> {
+    use wgpu::CooperativeScalarType::{F16, F32};
+    if !adapter.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        return Err("the adapter offers no cooperative matrices (natively: Vulkan's VK_KHR_cooperative_matrix)".into());
+    }
+    let shapes = adapter.cooperative_matrix_properties();
+    let square = |side: u32| {
+        shapes.iter().any(|p| (p.m_size, p.n_size, p.k_size, p.ab_type, p.cr_type) == (side, side, side, F16, F32))
+    };
+    let Some(side) = [16, 8].into_iter().find(|&side| square(side)) else {
+        let listed: Vec<String> = shapes
+            .iter()
+            .map(|p| format!("{}x{}x{} {:?}->{:?}", p.m_size, p.n_size, p.k_size, p.ab_type, p.cr_type))
+            .collect();
+        return Err(format!("it lists no 16x16x16 or 8x8x8 F16->F32 product (it lists {})", listed.join(", ")));
+    };
+    if !f16_subgroups {
+        return Err("it needs shader-f16 and subgroups (left out or absent)".into());
+    }
+    if info.subgroup_min_size != info.subgroup_max_size {
+        return Err(format!(
+            "its subgroups are {} to {} wide, and the kernel's workgroup needs one width",
+            info.subgroup_min_size, info.subgroup_max_size
+        ));
+    }
+    if adapter.limits().max_compute_workgroup_storage_size < COOP_WORKGROUP_BYTES {
+        return Err(format!("its workgroups hold under the {COOP_WORKGROUP_BYTES} bytes the tiles take"));
+    }
+    Ok(side)
+}
 
 impl Gpu {
     /// Picks the high-performance adapter and creates a device with the features and limits the
@@ -263,6 +320,36 @@ impl Gpu {
         if subgroups {
             features |= wgpu::Features::SUBGROUP;
         }
+        let coop = match (options.coop, std::env::var(COOP_ENV).as_deref()) {
+            (Some(c), _) => c,
+            (None, Ok("1")) => true,
+            (None, Ok("0")) => false,
+            (None, Ok(v)) if !v.is_empty() => {
+                return Err(Error::InvalidOption {
+                    name: "coop",
+                    value: format!("{COOP_ENV}={v:?}"),
+                    expected: "1 (cooperative matrices for prefill gemms) or 0".into(),
+                });
+            }
+            _ => false,
+        };
+        let coop = match coop {
+            true => Some(coop_side(&adapter, &adapter_info, f16 && subgroups).map_err(|why| Error::InvalidOption {
+                name: "coop",
+                value: match options.coop {
+                    Some(_) => "true".into(),
+                    None => format!("{COOP_ENV}=1"),
+                },
+                expected: format!(
+                    "off (0) on {}, which cannot run the cooperative-matrix gemm: {why}",
+                    adapter_info.name
+                ),
+            })?),
+            false => None,
+        };
+        if coop.is_some() {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         let timestamps = cfg!(not(target_arch = "wasm32")) && available.contains(wgpu::Features::TIMESTAMP_QUERY);
         if timestamps {
             features |= wgpu::Features::TIMESTAMP_QUERY;
@@ -283,6 +370,13 @@ impl Gpu {
                 label: Some("webgpu-llm"),
                 required_features: features,
                 required_limits: limits.clone(),
+                // SAFETY: the one experimental feature requested is the cooperative matrices of
+                // `coop_side`'s shape, used by shaders/gemm_coop.wgsl only.
+                experimental_features: if coop.is_some() {
+                    unsafe { wgpu::ExperimentalFeatures::enabled() }
+                } else {
+                    wgpu::ExperimentalFeatures::disabled()
+                },
                 ..Default::default()
             })
             .await
@@ -373,6 +467,7 @@ impl Gpu {
             counters: Counters::default(),
             style,
             int8: !options.force_f32 && std::env::var(INT8_ENV).is_ok_and(|v| v == "1"),
+            coop,
             unroll_rows,
             kick_maps: false,
             failure,

@@ -37,6 +37,8 @@ pub struct Needs {
     /// Calls `q8w` and `q8_dot_add` (shaders/quant/int8.wgsl) for `weights` (a stub `q8w` for
     /// formats without int8 blocks, whose kernels never call it).
     pub int8: bool,
+    /// Uses cooperative matrices (`enable wgpu_cooperative_matrix;`: `Gpu::coop`).
+    pub coop: bool,
 }
 
 /// What a kernel's WGSL is assembled for: the device's features (`Target::of`), or another
@@ -66,6 +68,9 @@ pub fn assemble_for(gpu: Target, kernel: &str, needs: Needs, consts: &[(&str, u3
     let mut src = String::new();
     if gpu.f16 {
         src.push_str("enable f16;\n");
+    }
+    if needs.coop {
+        src.push_str("enable wgpu_cooperative_matrix;\n");
     }
     // naga accepts subgroup built-ins without the directive and rejects it; browsers require it.
     if gpu.subgroups && needs.reduce && cfg!(target_arch = "wasm32") {

@@ -380,4 +380,38 @@ mod tests {
         let words = compile(source, &[]).unwrap();
         assert_eq!(Module::parse(&words).unwrap().loop_trip("main", "dq8").unwrap(), 2 + 2 + 2 + 3 + 1 + 1);
     }
+
+    /// The cooperative-matrix gemm (shaders/gemm_coop.wgsl) for a GPU's 16 x 16 matrices (which
+    /// no adapter here runs: lavapipe's are 8 x 8) and for 8 x 8 ones compiles to SPIR-V whose
+    /// K step is four cooperative products of four cooperative loads, and whose accumulators
+    /// leave by one cooperative store.
+    #[test]
+    fn the_coop_gemm_compiles_to_cooperative_products_for_either_side() {
+        use crate::gpu::kernels::{coop_gemm_kernel, coop_subgroups};
+        const OP_COOP_LOAD: u32 = 4457;
+        const OP_COOP_STORE: u32 = 4458;
+        const OP_COOP_MUL_ADD: u32 = 4459;
+        let format = crate::quant::format(crate::gguf::GgmlType::Q4_0).unwrap();
+        for side in [16, 8] {
+            let target = Target { f16: true, subgroups: true, subgroup_min: GPU_LANES, kv: KvStore::F16 };
+            let needs = crate::gpu::shader::Needs { weights: Some(format), coop: true, ..Default::default() };
+            let source = assemble_for(target, &coop_gemm_kernel(side), needs, &[]);
+            let overrides = [
+                ("COLS", COLS as f64),
+                ("ROW_WORDS", format.gpu_row_words(COLS).unwrap() as f64),
+                ("ROW_COUNT", COLS as f64),
+                ("Y_STRIDE", COLS as f64),
+                ("WG", (coop_subgroups(side) * GPU_LANES) as f64),
+            ];
+            let words = compile(&source, &overrides).unwrap_or_else(|e| panic!("side {side}: {e}"));
+            let mut ops = HashMap::new();
+            let mut at = 5;
+            while at < words.len() {
+                *ops.entry(words[at] & 0xffff).or_insert(0) += 1;
+                at += (words[at] >> 16) as usize;
+            }
+            let count = |op| ops.get(&op).copied().unwrap_or(0);
+            assert_eq!((count(OP_COOP_LOAD), count(OP_COOP_MUL_ADD), count(OP_COOP_STORE)), (4, 4, 1), "side {side}");
+        }
+    }
 }

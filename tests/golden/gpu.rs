@@ -11,7 +11,11 @@
 //!   lavapipe is a CPU adapter, so the other paths run the CPU-style kernels there;
 //! - int8: the GPU-style kernels with int8 activations (`Gpu::int8`, `WEBGPU_LLM_INT8=1`: the
 //!   decode gemvs and prefill gemms over 32-value integer blocks sum dot4I8Packed products),
-//!   held to the f16 path's bounds on any adapter (its activations' rounding is its own).
+//!   held to the f16 path's bounds on any adapter (its activations' rounding is its own);
+//! - coop: the GPU-style kernels with the prefill gemms on cooperative matrices (`Gpu::coop`,
+//!   `WEBGPU_LLM_COOP=1`: f16 tiles, f32 sums), held to the f16 path's bounds, where the adapter
+//!   has them (this VM's lavapipe 22.3 has none: the coop tests say so and pass; Mesa 26's
+//!   lavapipe has 8x8 ones, README "Cooperative matrices").
 //!
 //! Each path runs its own golden prompts (one or two SmolLM2 prompts, one or two Gemma 3 prompts,
 //! so that the paths together cover every SmolLM2 case and five of Gemma's; the CPU reference runs
@@ -51,9 +55,10 @@ enum Path {
     PackedF16Kv,
     GpuStyle,
     Int8,
+    Coop,
 }
 
-const PATHS: [Path; 5] = [Path::F32, Path::F16, Path::PackedF16Kv, Path::GpuStyle, Path::Int8];
+const PATHS: [Path; 6] = [Path::F32, Path::F16, Path::PackedF16Kv, Path::GpuStyle, Path::Int8, Path::Coop];
 
 /// The model on `path` with that path's bounds, or None (with a note) where the adapter lacks
 /// the path (the f16 path without shader-f16: asked of the adapter before the model uploads).
@@ -62,8 +67,15 @@ fn load(reference: Reference, path: Path) -> Option<(GpuModel, &'static Toleranc
         Path::F32 => GpuOptions { force_f32: true, ..Default::default() },
         Path::PackedF16Kv => GpuOptions { force_f32: true, packed_kv: true, ..Default::default() },
         Path::F16 | Path::GpuStyle | Path::Int8 => GpuOptions::default(),
+        Path::Coop => GpuOptions { coop: Some(true), ..Default::default() },
     };
-    let mut gpu = pollster::block_on(Gpu::new(options)).expect("a GPU adapter (lavapipe in CI)");
+    let mut gpu = match pollster::block_on(Gpu::new(options)) {
+        Err(e) if path == Path::Coop => {
+            eprintln!("the adapter cannot run the coop path: {e}");
+            return None;
+        }
+        gpu => gpu.expect("a GPU adapter (lavapipe in CI)"),
+    };
     let tol = match path {
         Path::F32 => {
             assert!(!gpu.f16 && !gpu.subgroups && gpu.kv == KvStore::F32);
@@ -96,10 +108,14 @@ fn load(reference: Reference, path: Path) -> Option<(GpuModel, &'static Toleranc
             gpu.int8 = true;
             &F16
         }
+        Path::Coop => {
+            gpu.style = KernelStyle::Gpu;
+            &F16
+        }
     };
     eprintln!(
-        "{reference:?} on the {path:?} path: f16 {}, subgroups {}, KV {:?}, {:?}-style kernels, int8 {}",
-        gpu.f16, gpu.subgroups, gpu.kv, gpu.style, gpu.int8
+        "{reference:?} on the {path:?} path: f16 {}, subgroups {}, KV {:?}, {:?}-style kernels, int8 {}, coop {:?}",
+        gpu.f16, gpu.subgroups, gpu.kv, gpu.style, gpu.int8, gpu.coop
     );
     let start = std::time::Instant::now();
     let model = pollster::block_on(GpuModel::load(gpu, reference.gguf(), reference.bytes(), 2048, &mut |_, _| {}))
@@ -119,11 +135,13 @@ fn cases(reference: Reference, path: Path) -> &'static [usize] {
         (SmolLm2, Path::PackedF16Kv) => &[1, 3, 7],
         (SmolLm2, Path::GpuStyle) => &[4],
         (SmolLm2, Path::Int8) => &[3],
+        (SmolLm2, Path::Coop) => &[1],
         (Gemma3, Path::F32) => &[2, 4],
         (Gemma3, Path::F16) => &[5, 7],
         (Gemma3, Path::PackedF16Kv) => &[6],
         (Gemma3, Path::GpuStyle) => &[0],
         (Gemma3, Path::Int8) => &[2],
+        (Gemma3, Path::Coop) => &[4],
     }
 }
 
@@ -319,6 +337,27 @@ fn int8_path_greedy_tokens_logits_and_perplexity_match_the_golden_data() {
     let (mut model, tol) = load(SmolLm2, Path::Int8).unwrap();
     check_generations(SmolLm2, &mut model, tol, 8, cases(SmolLm2, Path::Int8));
     check_perplexity(SmolLm2, &mut model, tol, 0, Some(56), Some(65));
+}
+
+/// The prefill gemms on cooperative matrices (GPU-style kernels): a golden generation, and the
+/// passage's first 64 positions, 0..56 from a prefill pass (the coop gemm), 56..64 one decode
+/// step each; where the adapter has them.
+#[test]
+fn coop_path_greedy_tokens_logits_and_perplexity_match_the_golden_data() {
+    let _t = Timer::new("SmolLM2 generations and perplexity 0..64 on the Coop path");
+    if let Some((mut model, tol)) = load(SmolLm2, Path::Coop) {
+        check_generations(SmolLm2, &mut model, tol, 8, cases(SmolLm2, Path::Coop));
+        check_perplexity(SmolLm2, &mut model, tol, 0, Some(56), Some(65));
+    }
+}
+
+/// Gemma's K-quants, Q5_0 and Q8_0 and its wider activations through the coop gemm.
+#[test]
+fn gemma3_coop_path_gives_the_golden_greedy_tokens_and_logits() {
+    let _t = Timer::new("Gemma 3 generations on the Coop path");
+    if let Some((mut model, tol)) = load(Gemma3, Path::Coop) {
+        check_generations(Gemma3, &mut model, tol, 4, cases(Gemma3, Path::Coop));
+    }
 }
 
 /// Gemma 3 270M Q4_K_M: K-quants and the gemma3 plan (post-norms, q/k norms, GELU, NeoX RoPE,

@@ -161,6 +161,7 @@ const ADAPTER: GpuOptions = GpuOptions {
     pass_rows: None,
     kv_tokens: None,
     kernels: None,
+    coop: None,
 };
 
 /// Bytes of one key or value element in the cache, by its storage.

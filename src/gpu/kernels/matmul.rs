@@ -16,6 +16,7 @@ const GEMV_FEED: &str = include_str!("../../../shaders/gemv_feed.wgsl");
 const GEMM: &str = include_str!("../../../shaders/gemm.wgsl");
 const GEMM_F32: &str = include_str!("../../../shaders/gemm_f32.wgsl");
 const GEMM_INT8: &str = include_str!("../../../shaders/gemm_int8.wgsl");
+const GEMM_COOP: &str = include_str!("../../../shaders/gemm_coop.wgsl");
 
 /// Adjacent rows one invocation of a CPU-style gemv takes (shaders/gemv.wgsl's CPU_ROWS).
 const CPU_ROWS: u32 = 8;
@@ -305,6 +306,24 @@ const NW_INT8: &str = "@group(0) @binding(1) var<storage, read> wv: array<vec4<u
     fn weight_vec(i: u32) -> vec4<u32> { return wv[i]; }\n\
     fn x_record(i: u32) -> XRec { return nw[i]; }\n";
 
+/// Subgroups in a workgroup of shaders/gemm_coop.wgsl with matrices of `side` (`Gpu::coop`): one
+/// for each 2 side x 2 side block of its 64 x 64 tile.
+pub(crate) fn coop_subgroups(side: u32) -> u32 {
+    (32 / side).pow(2)
+}
+
+/// shaders/gemm.wgsl and gemm_coop.wgsl with the matrices' side CT and types declared, for
+/// `Gpu::coop`'s side (`gemm` sets the part's overrides and WG: `coop_subgroups` subgroups).
+pub(crate) fn coop_gemm_kernel(side: u32) -> String {
+    let types = format!(
+        "const CT: u32 = {side}u;\n\
+         alias CoopA = coop_mat{side}x{side}<f16, A>;\n\
+         alias CoopB = coop_mat{side}x{side}<f16, B>;\n\
+         alias CoopC = coop_mat{side}x{side}<f32, C>;\n"
+    );
+    [GEMM, &types, GEMM_COOP].concat()
+}
+
 /// gemm_f32.wgsl's NORM_FED scales (binding 5, a float a token).
 const GEMM_SCALES: &str = "@group(0) @binding(5) var<storage, read> row_scales: array<f32>;\n\
     fn row_scale(t: u32) -> f32 { return row_scales[t]; }\n";
@@ -567,7 +586,11 @@ pub fn gemm_normed(
             ("HALF", p.rows as f64),
             ("PAIR_OFFSET", w.rows as f64),
         ];
-        if !int8 {
+        // GPU-style f32-activation parts on cooperative matrices where the device has them.
+        let coop = gpu.coop.filter(|_| !int8 && !cpu);
+        if let Some(side) = coop {
+            overrides.push(("WG", coop_subgroups(side) as f64 * gpu.adapter_info.subgroup_max_size as f64));
+        } else if !int8 {
             overrides.extend([
                 ("DIRECT", cpu as u32 as f64),
                 ("WG", if cpu { 64.0 } else { 256.0 }),
@@ -575,11 +598,12 @@ pub fn gemm_normed(
                 ("NORM_FED", scales.is_some() as u32 as f64),
             ]);
         }
-        let kernel = match int8 {
-            true => [GEMM, GEMM_INT8].concat(),
-            false => [GEMM, GEMM_F32, if scales.is_some() { GEMM_SCALES } else { NO_GEMM_SCALES }].concat(),
+        let kernel = match (int8, coop) {
+            (true, _) => [GEMM, GEMM_INT8].concat(),
+            (false, Some(side)) => coop_gemm_kernel(side),
+            (false, None) => [GEMM, GEMM_F32, if scales.is_some() { GEMM_SCALES } else { NO_GEMM_SCALES }].concat(),
         };
-        let needs = Needs { weights: Some(p.format), int8, ..Default::default() };
+        let needs = Needs { weights: Some(p.format), int8, coop: coop.is_some(), ..Default::default() };
         let pipeline = cache.get(gpu, "gemm", &kernel, needs, &[], &overrides);
         let xb = match xq {
             Some(xq) if int8 => xq,

@@ -31,6 +31,8 @@ pub use matmul::{
     int8_scratch_bytes, takes_int8, ArgmaxRecords, Epilogue, Feed, GemvBatch, GemvProgram, Int8Scratch, NormIn,
     INT8_RECORD_BYTES,
 };
+#[cfg(test)]
+pub(crate) use matmul::{coop_gemm_kernel, coop_subgroups};
 pub use moe::{check_experts, moe_combine, moe_gemv, moe_group, moe_route, MoeGroups};
 pub use mtp::{concat_rows, hidden};
 pub use norm::{rms_norm, rms_norm_feed, NormOut};
