@@ -14,6 +14,7 @@ override KV_DIM: u32;
 override GROUP: u32;
 override SCALE: f32;
 override WINDOW: u32 = 0u;
+override UNIFORM_KEYS: bool = true;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
@@ -55,14 +56,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (WINDOW > 0u && p + 1u > WINDOW) { first = p + 1u - WINDOW; }
     let p0 = start + wg.x * 64u;
     if (WINDOW > 0u && p0 + 1u > WINDOW) { k_first = p0 + 1u - WINDOW; }
+    // UNIFORM_KEYS: every lane walks the keys up to the workgroup's last query, so that the
+    // key, its row and its loads are the same for all lanes (uniform: one load, not a gather
+    // of 64, where the compiler sees it: Mesa 26's lavapipe), and a lane's keys past its own
+    // query weigh 0 and leave its sums as they were (a rescale by 1): the same bits. Without
+    // it (SwiftShader, which gathers either way) each lane stops at its own query.
+    let p_last = select(p, start + min(wg.x * 64u + 63u, n - 1u), UNIFORM_KEYS);
     var m = select(-1.0e30, sinks[h], SINKS);
     var sum = select(0.0, 1.0, SINKS);
-    for (var s0 = k_first; s0 <= p; s0 += 4u) {
-        // The 4 keys' rows in the cache (a key past the query read at the query's own row),
-        // written out: no loop over them and no picked component, which SwiftShader's Subzero
-        // would keep (it unrolls nothing).
-        let r = vec4<u32>(kv_slot(table, min(s0, p)), kv_slot(table, min(s0 + 1u, p)),
-                          kv_slot(table, min(s0 + 2u, p)), kv_slot(table, min(s0 + 3u, p))) * KV_DIM + kv;
+    for (var s0 = k_first; s0 <= p_last; s0 += 4u) {
+        // The 4 keys' rows in the cache (a key past the workgroup's last query read at that
+        // query's row), written out: no loop over them and no picked component, which
+        // SwiftShader's Subzero would keep (it unrolls nothing).
+        let r = vec4<u32>(kv_slot(table, min(s0, p_last)), kv_slot(table, min(s0 + 1u, p_last)),
+                          kv_slot(table, min(s0 + 2u, p_last)), kv_slot(table, min(s0 + 3u, p_last))) * KV_DIM + kv;
         var score = vec4<f32>(0.0);
         for (var d = 0u; d < HD / 4u; d++) {
             let e = 4u * d;

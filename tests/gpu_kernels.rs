@@ -1131,9 +1131,15 @@ gpu_test! {
     async fn prefill_attention_matches_the_cpu_reference_across_query_and_key_blocks_and_windows() {
         let mut rng = Rng::new(9);
         for mut h in Harness::kv_paths().await {
-            // Tiled (GPUs) and one query per invocation (CPU adapters).
-            for style in [KernelStyle::Gpu, KernelStyle::Cpu] {
+            // Tiled (GPUs), and one query per invocation (CPU adapters) with the lanes on the
+            // workgroup's keys (lavapipe) and on their own (SwiftShader, `Gpu::unroll_rows`).
+            let unrolled = h.gpu.unroll_rows;
+            for (style, unroll) in [(KernelStyle::Gpu, unrolled), (KernelStyle::Cpu, false), (KernelStyle::Cpu, true)] {
+                if cfg!(target_arch = "wasm32") && style == KernelStyle::Cpu && unroll != unrolled {
+                    continue;
+                }
                 h.gpu.style = style;
+                h.gpu.unroll_rows = unroll;
                 let all: &[(usize, usize, Option<usize>)] = &[
                     (2, 0, None),
                     (70, 0, None),

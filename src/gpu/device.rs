@@ -200,7 +200,9 @@ pub struct Gpu {
     /// ~20% less time on the gemv and half on the gemm, while lavapipe's LLVM unrolls the loops
     /// itself and runs the straight-line forms ~5% slower (2026-12-06, README). On for
     /// SwiftShader: natively by its name, in the browser for any CPU adapter (Chrome's software
-    /// adapter is SwiftShader); UNROLL_ROWS_ENV sets it.
+    /// adapter is SwiftShader); UNROLL_ROWS_ENV sets it. It also keeps the CPU-style prefill
+    /// attention's lanes to their own keys (attention_prefill_direct.wgsl's UNIFORM_KEYS off):
+    /// Subzero gathers every load whether the lanes share its address or not.
     pub unroll_rows: bool,
     /// The browser settles buffer maps only when it polls the device (Firefox: on a 100 ms timer
     /// or a submit), so read-backs submit nothing every few ms while they wait.

@@ -305,10 +305,16 @@ pub fn attention_prefill(
         ("SINKS", sinks.is_some() as u32 as f64),
     ];
     let needs = softcapped(kind, &mut overrides);
-    // CPU adapters: one query per invocation, no tiles (shaders/attention_prefill_direct.wgsl).
+    // CPU adapters: one query per invocation, no tiles (shaders/attention_prefill_direct.wgsl),
+    // the lanes of a workgroup on the same keys (UNIFORM_KEYS) but where SwiftShader's compiler
+    // runs them (`Gpu::unroll_rows`), which gathers every load anyway and would only do the
+    // extra keys (attention 3.1-3.4 -> 3.7-3.8 s at 256 tokens; lavapipe 26: 1.7 -> 0.6 s at 512).
     let (source, queries_per_group, heads) = match gpu.style {
         KernelStyle::Gpu => (include_str!("../../../shaders/attention_prefill.wgsl"), rows / heads, heads),
-        KernelStyle::Cpu => (include_str!("../../../shaders/attention_prefill_direct.wgsl"), 64, 1),
+        KernelStyle::Cpu => {
+            overrides.push(("UNIFORM_KEYS", !gpu.unroll_rows as u32 as f64));
+            (include_str!("../../../shaders/attention_prefill_direct.wgsl"), 64, 1)
+        }
     };
     let pipeline = cache.get(gpu, "attention_prefill", source, needs, &consts, &overrides);
     let sinks = sinks.unwrap_or(qkv);
