@@ -335,11 +335,15 @@ impl Engine {
                     KvStore::PackedF16 => "packed f16",
                 },
                 if m.gpu.subgroups { "subgroups" } else { "no subgroups" },
-                match m.gpu.coop {
-                    Some(side) if m.gpu.style == crate::gpu::KernelStyle::Gpu => {
+                match (m.gpu.coop, m.gpu.style) {
+                    (Some(side), crate::gpu::KernelStyle::Gpu) => {
                         format!(", prefill gemms on {side}x{side} cooperative matrices")
                     }
-                    _ => String::new(),
+                    (Some(_), crate::gpu::KernelStyle::Cpu) => {
+                        ", cooperative matrices unused (the CPU-style kernels take none: WEBGPU_LLM_KERNELS=gpu does)"
+                            .into()
+                    }
+                    (None, _) => String::new(),
                 }
             ),
         }
