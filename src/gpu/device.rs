@@ -234,6 +234,19 @@ impl Drop for Gpu {
 /// rarely and under load, to leave a load waiting between its download and its upload).
 pub const DEVICE_REQUEST_DEADLINE_MS: u32 = 60_000;
 
+/// An on/off environment switch `var` (the option `name`): `1` on, `0` off, None where it is unset
+/// or empty; any other value refused in words (`expected`).
+fn env_switch(var: &str, name: &'static str, expected: &str) -> Result<Option<bool>> {
+    match std::env::var(var).as_deref() {
+        Ok("1") => Ok(Some(true)),
+        Ok("0") => Ok(Some(false)),
+        Ok(v) if !v.is_empty() => {
+            Err(Error::InvalidOption { name, value: format!("{var}={v:?}"), expected: expected.into() })
+        }
+        _ => Ok(None),
+    }
+}
+
 /// The side of the cooperative matrices shaders/gemm_coop.wgsl takes on `adapter` (16, else 8),
 /// or why it cannot run there: it needs square products of f16 matrices into f32 at subgroup
 /// scope, shader-f16 and subgroups (`f16_subgroups`), one subgroup size (its workgroup is a
@@ -322,18 +335,9 @@ impl Gpu {
         if subgroups {
             features |= wgpu::Features::SUBGROUP;
         }
-        let coop = match (options.coop, std::env::var(COOP_ENV).as_deref()) {
-            (Some(c), _) => c,
-            (None, Ok("1")) => true,
-            (None, Ok("0")) => false,
-            (None, Ok(v)) if !v.is_empty() => {
-                return Err(Error::InvalidOption {
-                    name: "coop",
-                    value: format!("{COOP_ENV}={v:?}"),
-                    expected: "1 (cooperative matrices for prefill gemms) or 0".into(),
-                });
-            }
-            _ => false,
+        let coop = match options.coop {
+            Some(c) => c,
+            None => env_switch(COOP_ENV, "coop", "1 (cooperative matrices for prefill gemms) or 0")?.unwrap_or(false),
         };
         let coop = match coop {
             true => Some(coop_side(&adapter, &adapter_info, f16 && subgroups).map_err(|why| Error::InvalidOption {
@@ -414,21 +418,15 @@ impl Gpu {
             _ => KernelStyle::Gpu,
         };
         let max_buffer_size = limits.max_buffer_size;
-        let unroll_rows = match std::env::var(UNROLL_ROWS_ENV).as_deref() {
-            Ok("1") => true,
-            Ok("0") => false,
-            Ok(v) if !v.is_empty() => {
-                return Err(Error::InvalidOption {
-                    name: "unroll_rows",
-                    value: format!("{UNROLL_ROWS_ENV}={v:?}"),
-                    expected: "1 (write a CPU-style matmul's rows out) or 0 (keep their loop)".into(),
-                });
-            }
-            _ => {
-                style == KernelStyle::Cpu
-                    && (cfg!(target_arch = "wasm32") || adapter_info.name.to_lowercase().contains("swiftshader"))
-            }
-        };
+        let unroll_rows = env_switch(
+            UNROLL_ROWS_ENV,
+            "unroll_rows",
+            "1 (write a CPU-style matmul's rows out) or 0 (keep their loop)",
+        )?
+        .unwrap_or(
+            style == KernelStyle::Cpu
+                && (cfg!(target_arch = "wasm32") || adapter_info.name.to_lowercase().contains("swiftshader")),
+        );
         Ok(Self {
             device,
             queue,
