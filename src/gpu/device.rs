@@ -418,6 +418,8 @@ impl Gpu {
             _ => KernelStyle::Gpu,
         };
         let max_buffer_size = limits.max_buffer_size;
+        let int8 =
+            env_switch(INT8_ENV, "int8", "1 (int8 activations for GPU-style gemvs and gemms) or 0")?.unwrap_or(false);
         let unroll_rows = env_switch(
             UNROLL_ROWS_ENV,
             "unroll_rows",
@@ -466,7 +468,7 @@ impl Gpu {
             kv_tokens: options.kv_tokens,
             counters: Counters::default(),
             style,
-            int8: !options.force_f32 && std::env::var(INT8_ENV).is_ok_and(|v| v == "1"),
+            int8: !options.force_f32 && int8,
             coop,
             unroll_rows,
             kick_maps: false,

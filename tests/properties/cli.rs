@@ -196,8 +196,13 @@ fn greedy_ids(model: &Path, prompt: &str, n: usize, backend: &str) -> (Vec<u32>,
 
 /// An A/B switch set to a value it does not know is refused by name, not read as its default.
 #[test]
-fn unknown_unroll_rows_and_kernels_values_are_refused_naming_the_variable() {
-    for (var, value) in [("WEBGPU_LLM_UNROLL_ROWS", "yes"), ("WEBGPU_LLM_KERNELS", "fast")] {
+fn unknown_switch_values_are_refused_naming_the_variable() {
+    for (var, value) in [
+        ("WEBGPU_LLM_UNROLL_ROWS", "yes"),
+        ("WEBGPU_LLM_KERNELS", "fast"),
+        ("WEBGPU_LLM_INT8", "on"),
+        ("WEBGPU_LLM_COOP", "yes"),
+    ] {
         let out = exe()
             .env(var, value)
             .args(["generate", "--backend", "gpu", "--prompt", "x", "--max-tokens", "1", "--model"])
